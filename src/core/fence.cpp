@@ -1,0 +1,28 @@
+#include "core/fence.hpp"
+
+#include "core/error.hpp"
+
+namespace idem {
+
+FenceVerdict check_fence(HolderCall call, const KeyState& key, std::int64_t token) {
+    const bool current = key.token && *key.token == token;
+    const bool processing = key.status == Status::Processing;
+    if (call == HolderCall::AssertOwner)
+        return current && processing ? FenceVerdict::Proceed : FenceVerdict::StaleToken;
+    if (!current) return FenceVerdict::StaleToken;
+    if (processing) return FenceVerdict::Proceed;
+
+    const bool expired_under_holder =
+        key.lease_expired &&
+        (key.status == Status::FailedRetryable || key.status == Status::FailedFinal);
+    if (expired_under_holder) return FenceVerdict::Proceed;
+    if (call == HolderCall::Complete && key.status == Status::Completed)
+        return FenceVerdict::AlreadyCompleted;
+    return FenceVerdict::WrongState;
+}
+
+const char* fence_sqlstate(FenceVerdict verdict) {
+    return verdict == FenceVerdict::StaleToken ? sqlstate::stale_token : sqlstate::wrong_state;
+}
+
+}  // namespace idem

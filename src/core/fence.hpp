@@ -1,0 +1,27 @@
+// Where a holder's call is checked against the key: the fencing rules of
+// complete, fail, heartbeat, release and assert_owner.
+#pragma once
+
+#include <cstdint>
+
+#include "core/key_state.hpp"
+
+namespace idem {
+
+enum class HolderCall { Complete, Fail, Heartbeat, Release, AssertOwner };
+
+enum class FenceVerdict {
+    Proceed,           // the call may make its transition
+    AlreadyCompleted,  // complete repeated by the completing token: replay, change nothing
+    StaleToken,        // IK001
+    WrongState,        // IK003
+};
+
+// A holder whose lease expired keeps its token until the key is claimed
+// again; until then its complete, fail, heartbeat and release still count.
+FenceVerdict check_fence(HolderCall call, const KeyState& key, std::int64_t token);
+
+// The SQLSTATE and the words for a verdict that refuses the call.
+const char* fence_sqlstate(FenceVerdict verdict);
+
+}  // namespace idem

@@ -1,0 +1,37 @@
+// Where a failure and a release are decided: the next state, and when a
+// retryable key may be claimed again (exponential backoff with jitter).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/key_state.hpp"
+
+namespace idem {
+
+struct RetryPolicy {
+    int max_attempts;
+    Micros base_delay;
+    Micros max_delay;
+};
+
+// Backoff after the n-th failed attempt (n >= 1): base * 2^(n-1), capped at
+// max_delay, then drawn uniformly from its upper half by `jitter` in [0, 1)
+// so that workers that failed together do not retry together.
+Micros backoff_delay(std::int32_t attempts, Micros base_delay, Micros max_delay, double jitter);
+
+struct FailDecision {
+    Status next;                    // FailedRetryable or FailedFinal
+    std::optional<Micros> delay;    // until the next claim, for FailedRetryable
+};
+
+FailDecision decide_fail(std::int32_t attempts, bool retryable, std::optional<Micros> retry_in,
+                         const RetryPolicy& policy, double jitter);
+
+// After a release the attempt is given back. A registered key goes back to
+// RECEIVED; a key with earlier attempts keeps its history as FAILED_RETRYABLE,
+// claimable at once; a key that this claim created disappears.
+enum class ReleaseAction { BackToReceived, BackToRetryable, Delete };
+ReleaseAction decide_release(const KeyState& key);
+
+}  // namespace idem

@@ -1,0 +1,182 @@
+// SQL entry points that create or claim keys: idem_register, idem_claim,
+// and idem_get. The decisions are the core's; the SQL is key_store's.
+#include "core/claim_decision.hpp"
+#include "core/error.hpp"
+#include "pg/args.hpp"
+#include "pg/fingerprint.hpp"
+#include "pg/guard.hpp"
+#include "pg/key_store.hpp"
+#include "pg/outcome.hpp"
+#include "pg/pause.hpp"
+#include "pg/settings.hpp"
+#include "pg/spi.hpp"
+
+namespace idem::pg {
+
+namespace {
+
+// A claim or register re-reads after losing a race to a concurrent insert or
+// delete. Under READ COMMITTED each round sees the winner's commit, so a
+// few rounds suffice; the bound only stops a pathological livelock.
+constexpr int kMaxRaceRounds = 100;
+
+struct Request {
+    Datum fingerprint;
+    bool has_fingerprint;
+};
+
+Request request_arg(FunctionCallInfo fcinfo, int n) {
+    const Datum request = optional_jsonb_arg(fcinfo, n, "request");
+    if (PG_ARGISNULL(n)) return Request{0, false};
+    return Request{fingerprint_of(request), true};
+}
+
+bool fingerprint_conflict(const StoredKey& stored, const Request& request) {
+    return stored.has_fingerprint && request.has_fingerprint &&
+           fingerprints_differ(stored.fingerprint, request.fingerprint);
+}
+
+// The answer that reports a stored key as it is.
+void describe(const StoredKey& stored, const ClaimDecision& decision, OutcomeFields* out) {
+    out->outcome = decision.outcome;
+    out->status = stored.state.status;
+    out->token.reset();
+    out->attempt = stored.state.attempts;
+    out->retry_after = decision.retry_after;
+    out->job_ref = stored.job_ref;
+    out->has_job_ref = stored.has_job_ref;
+    out->has_result = decision.outcome == Outcome::Completed && stored.has_result;
+    out->result = stored.result;
+    out->has_error = decision.outcome == Outcome::Failed && stored.has_last_error;
+    out->error = stored.last_error;
+}
+
+[[noreturn]] void raise_race_lost() {
+    throw Error("40001", "could not settle the key against concurrent changes; retry the call");
+}
+
+struct ClaimArgs {
+    KeyId id;
+    Request request;
+    Micros lease;
+};
+
+void claim_once(const ClaimArgs& args, OutcomeFields* out) {
+    for (int round = 0; round < kMaxRaceRounds; ++round) {
+        Micros now = GetCurrentTimestamp();
+        StoredKey stored;
+        if (!read_key(args.id, RowLock::None, &stored)) {
+            std::int64_t token = 0;
+            if (!insert_claimed(args.id, now + args.lease, args.request.fingerprint,
+                                args.request.has_fingerprint, now, &token))
+                continue;  // created concurrently; that transaction has ended: read again
+            *out = OutcomeFields{};
+            out->outcome = Outcome::Claimed;
+            out->status = Status::Processing;
+            out->token = token;
+            out->attempt = 1;
+            return;
+        }
+        const int max_attempts = settings::max_attempts;
+        ClaimDecision decision =
+            decide_claim(stored.state, fingerprint_conflict(stored, args.request), now, max_attempts);
+        if (claim_may_change(decision)) {
+            // Lock the row and decide again on what is there now.
+            if (!read_key(args.id, RowLock::ForUpdate, &stored)) continue;
+            now = GetCurrentTimestamp();
+            decision = decide_claim(stored.state, fingerprint_conflict(stored, args.request), now,
+                                    max_attempts);
+        }
+        describe(stored, decision, out);
+        switch (decision.action) {
+            case ClaimAction::Answer:
+                return;
+            case ClaimAction::Grant:
+                grant_claim(args.id, now + args.lease, args.request.fingerprint,
+                            args.request.has_fingerprint, now, &out->token.emplace(),
+                            &out->attempt);
+                out->status = Status::Processing;
+                return;
+            case ClaimAction::ExpireToFinal:
+                expire_lease(args.id, Status::FailedFinal, now,
+                             now + settings::seconds(settings::retention_s));
+                out->status = Status::FailedFinal;
+                out->has_error = true;
+                out->error = CStringGetTextDatum("lease expired");
+                return;
+        }
+    }
+    raise_race_lost();
+}
+
+Datum claim_body(FunctionCallInfo fcinfo) {
+    ClaimArgs args;
+    args.id.key = name_arg(fcinfo, 0, "key");
+    args.id.scope = scope_arg(fcinfo, 3);
+    args.request = request_arg(fcinfo, 1);
+    args.lease = lease_arg(fcinfo, 2, "lease");
+    const std::optional<Micros> wait = wait_arg(fcinfo, 4);
+    const Micros deadline = GetCurrentTimestamp() + wait.value_or(0);
+
+    OutcomeFields out;
+    connect_spi();
+    for (int round = 0;; ++round) {
+        claim_once(args, &out);
+        if (out.outcome != Outcome::InProgress || GetCurrentTimestamp() >= deadline) break;
+        pause_before_retry(round, deadline);
+    }
+    finish_spi();
+    return outcome_datum(fcinfo, out);
+}
+
+Datum register_body(FunctionCallInfo fcinfo) {
+    KeyId id;
+    id.key = name_arg(fcinfo, 0, "key");
+    id.scope = scope_arg(fcinfo, 3);
+    const Request request = request_arg(fcinfo, 1);
+    const text* job_ref = optional_name_arg(fcinfo, 2, "job_ref");
+
+    OutcomeFields out;
+    connect_spi();
+    for (int round = 0;; ++round) {
+        if (round == kMaxRaceRounds) raise_race_lost();
+        const Micros now = GetCurrentTimestamp();
+        StoredKey stored;
+        if (read_key(id, RowLock::None, &stored)) {
+            describe(stored,
+                     decide_register(stored.state, fingerprint_conflict(stored, request), now),
+                     &out);
+            break;
+        }
+        if (insert_registered(id, request.fingerprint, request.has_fingerprint, job_ref, now)) {
+            out.outcome = Outcome::Registered;
+            out.status = Status::Received;
+            out.attempt = 0;
+            out.has_job_ref = job_ref != nullptr;
+            out.job_ref = PointerGetDatum(job_ref);
+            break;
+        }
+    }
+    finish_spi();
+    return outcome_datum(fcinfo, out);
+}
+
+Datum get_body(FunctionCallInfo fcinfo) {
+    KeyId id;
+    id.key = name_arg(fcinfo, 0, "key");
+    id.scope = scope_arg(fcinfo, 1);
+    Datum row = 0;
+    connect_spi();
+    const bool found = key_row(id, &row);
+    finish_spi();
+    if (!found) PG_RETURN_NULL();
+    return row;
+}
+
+}  // namespace
+
+}  // namespace idem::pg
+
+IDEM_SQL_FUNCTION(idem_register, idem::pg::register_body)
+IDEM_SQL_FUNCTION(idem_claim, idem::pg::claim_body)
+IDEM_SQL_FUNCTION(idem_get, idem::pg::get_body)

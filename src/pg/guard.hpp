@@ -1,0 +1,28 @@
+// The C++ -> PostgreSQL boundary. Every function PostgreSQL calls runs its
+// C++ body through guarded(): any exception is caught, its message copied
+// into a plain buffer, the try scope left (so every destructor has run),
+// and only then is ereport(ERROR) raised with the exception's SQLSTATE.
+//
+// The reverse direction is kept safe by convention: code that calls anything
+// that can ereport (SPI, palloc, detoasting) holds only trivially
+// destructible locals, so a PostgreSQL error may longjmp over it.
+#pragma once
+
+#include "pg/postgres.hpp"
+
+namespace idem::pg {
+
+using Body = Datum (*)(FunctionCallInfo fcinfo);
+
+Datum guarded(FunctionCallInfo fcinfo, Body body);
+
+}  // namespace idem::pg
+
+// Defines the C-linkage SQL entry point `name` as a shim over `body`.
+#define IDEM_SQL_FUNCTION(name, body)                                   \
+    extern "C" {                                                         \
+    PG_FUNCTION_INFO_V1(name);                                           \
+    }                                                                    \
+    extern "C" Datum name(PG_FUNCTION_ARGS) {                            \
+        return ::idem::pg::guarded(fcinfo, body);                        \
+    }

@@ -1,0 +1,190 @@
+#include "pg/key_store.hpp"
+
+#include "pg/spi.hpp"
+#include "pg/status_enum.hpp"
+
+namespace idem::pg {
+
+namespace {
+
+// Columns of a key read, in this order, by kRead and kReadForUpdate.
+#define KEY_COLUMNS                                                                   \
+    "status, token, attempts, lease_until, next_attempt_at, fingerprint, result, "   \
+    "last_error, job_ref, lease_expired, registered"
+#define KEY_WHERE " WHERE scope = $1 AND key = $2"
+#define KEYS " idempotency.idempotency_keys "
+#define NEXT_TOKEN "pg_catalog.nextval('idempotency.token_seq'::pg_catalog.regclass)"
+
+Statement kRead = {"SELECT " KEY_COLUMNS " FROM" KEYS KEY_WHERE, 2, {TEXTOID, TEXTOID}, nullptr};
+
+Statement kReadForUpdate = {
+    "SELECT " KEY_COLUMNS " FROM" KEYS KEY_WHERE " FOR NO KEY UPDATE", 2, {TEXTOID, TEXTOID},
+    nullptr};
+
+Statement kRow = {"SELECT k FROM" KEYS "k" KEY_WHERE, 2, {TEXTOID, TEXTOID}, nullptr};
+
+Statement kInsertClaimed = {
+    "INSERT INTO" KEYS "(scope, key, status, token, attempts, lease_until, fingerprint, "
+    "created_at, updated_at, claimed_at, holder_pid) "
+    "VALUES ($1, $2, 'PROCESSING', " NEXT_TOKEN ", 1, $3, $4, $5, $5, $5, $6) "
+    "ON CONFLICT (scope, key) DO NOTHING RETURNING token",
+    6, {TEXTOID, TEXTOID, TIMESTAMPTZOID, BYTEAOID, TIMESTAMPTZOID, INT4OID}, nullptr};
+
+Statement kInsertRegistered = {
+    "INSERT INTO" KEYS "(scope, key, status, fingerprint, job_ref, registered, created_at, "
+    "updated_at) VALUES ($1, $2, 'RECEIVED', $3, $4, true, $5, $5) "
+    "ON CONFLICT (scope, key) DO NOTHING RETURNING true",
+    5, {TEXTOID, TEXTOID, BYTEAOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kGrant = {
+    "UPDATE" KEYS "SET status = 'PROCESSING', token = " NEXT_TOKEN ", attempts = attempts + 1, "
+    "lease_until = $3, fingerprint = COALESCE(fingerprint, $4), claimed_at = $5, updated_at = $5, "
+    "next_attempt_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = $6"
+    KEY_WHERE " RETURNING token, attempts",
+    6, {TEXTOID, TEXTOID, TIMESTAMPTZOID, BYTEAOID, TIMESTAMPTZOID, INT4OID}, nullptr};
+
+// The WHERE clause is check_fence(Complete) == Proceed, written in SQL so
+// that the common complete is one statement.
+Statement kComplete = {
+    "UPDATE" KEYS "SET status = 'COMPLETED', result = $4, completed_at = $5, updated_at = $5, "
+    "expires_at = $6, next_attempt_at = NULL, lease_expired = false, holder_pid = NULL"
+    KEY_WHERE " AND token = $3 AND (status = 'PROCESSING' OR (lease_expired AND status IN "
+    "('FAILED_RETRYABLE', 'FAILED_FINAL'))) RETURNING attempts, result, job_ref",
+    6, {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kExpire = {
+    "UPDATE" KEYS "SET status = $3::pg_catalog.text::idempotency.idem_status, "
+    "last_error = 'lease expired', lease_expired = true, next_attempt_at = $4, updated_at = $4, "
+    "expires_at = $5, holder_pid = NULL" KEY_WHERE,
+    5, {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kFail = {
+    "UPDATE" KEYS "SET status = $3::pg_catalog.text::idempotency.idem_status, last_error = $4, "
+    "updated_at = $5, next_attempt_at = $6, expires_at = $7, lease_expired = false, "
+    "holder_pid = NULL" KEY_WHERE,
+    7, {TEXTOID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID},
+    nullptr};
+
+Statement kRenew = {
+    "UPDATE" KEYS "SET lease_until = $3, updated_at = CASE WHEN status = 'PROCESSING' "
+    "THEN updated_at ELSE $4 END, status = 'PROCESSING', next_attempt_at = NULL, "
+    "expires_at = NULL, lease_expired = false" KEY_WHERE,
+    4, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kRelease = {
+    "UPDATE" KEYS "SET status = $3::pg_catalog.text::idempotency.idem_status, token = NULL, "
+    "attempts = attempts - 1, lease_until = NULL, next_attempt_at = $4, updated_at = $4, "
+    "claimed_at = NULL, lease_expired = false, holder_pid = NULL" KEY_WHERE,
+    4, {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kDelete = {"DELETE FROM" KEYS KEY_WHERE, 2, {TEXTOID, TEXTOID}, nullptr};
+
+Params key_params(const KeyId& id) {
+    Params params;
+    params.add_text(id.scope).add_text(id.key);
+    return params;
+}
+
+Datum status_text(Status status) { return CStringGetTextDatum(status_label(status)); }
+
+}  // namespace
+
+bool read_key(const KeyId& id, RowLock lock, StoredKey* out) {
+    Statement& statement = lock == RowLock::ForUpdate ? kReadForUpdate : kRead;
+    if (execute(statement, key_params(id), 1) == 0) return false;
+
+    bool isnull = false;
+    KeyState& state = out->state;
+    state.status = status_from_datum(SPI_gettypeid(SPI_tuptable->tupdesc, 1), column(1, &isnull));
+    state.token = column_int8(2);
+    state.attempts = DatumGetInt32(column(3, &isnull));
+    state.lease_until = column_timestamp(4);
+    state.next_attempt_at = column_timestamp(5);
+    out->fingerprint = column_copy(6, &out->has_fingerprint);
+    out->result = column_copy(7, &out->has_result);
+    out->last_error = column_copy(8, &out->has_last_error);
+    out->job_ref = column_copy(9, &out->has_job_ref);
+    state.lease_expired = DatumGetBool(column(10, &isnull));
+    state.registered = DatumGetBool(column(11, &isnull));
+    return true;
+}
+
+bool key_row(const KeyId& id, Datum* row) {
+    if (execute(kRow, key_params(id), 1) == 0) return false;
+    bool present = false;
+    *row = column_copy(1, &present);
+    return present;
+}
+
+bool insert_claimed(const KeyId& id, Micros lease_until, Datum fingerprint, bool has_fingerprint,
+                    Micros now, std::int64_t* token) {
+    Params params = key_params(id);
+    params.add_timestamp(lease_until).add_datum(fingerprint, has_fingerprint);
+    params.add_timestamp(now).add_int4(MyProcPid);
+    if (execute(kInsertClaimed, params) == 0) return false;
+    *token = *column_int8(1);
+    return true;
+}
+
+bool insert_registered(const KeyId& id, Datum fingerprint, bool has_fingerprint,
+                       const text* job_ref, Micros now) {
+    Params params = key_params(id);
+    params.add_datum(fingerprint, has_fingerprint).add_text(job_ref).add_timestamp(now);
+    return execute(kInsertRegistered, params) > 0;
+}
+
+void grant_claim(const KeyId& id, Micros lease_until, Datum fingerprint, bool has_fingerprint,
+                 Micros now, std::int64_t* token, std::int32_t* attempts) {
+    Params params = key_params(id);
+    params.add_timestamp(lease_until).add_datum(fingerprint, has_fingerprint);
+    params.add_timestamp(now).add_int4(MyProcPid);
+    if (execute(kGrant, params) != 1) elog(ERROR, "idempotency: claimed key vanished");
+    bool isnull = false;
+    *token = *column_int8(1);
+    *attempts = DatumGetInt32(column(2, &isnull));
+}
+
+bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool has_result,
+                        Micros now, Micros expires_at, StoredKey* out) {
+    Params params = key_params(id);
+    params.add_int8(token).add_datum(result, has_result).add_timestamp(now);
+    params.add_timestamp(expires_at);
+    if (execute(kComplete, params) == 0) return false;
+    bool isnull = false;
+    out->state.status = Status::Completed;
+    out->state.token = token;
+    out->state.attempts = DatumGetInt32(column(1, &isnull));
+    out->result = column_copy(2, &out->has_result);
+    out->job_ref = column_copy(3, &out->has_job_ref);
+    return true;
+}
+
+void expire_lease(const KeyId& id, Status next, Micros now, std::optional<Micros> expires_at) {
+    Params params = key_params(id);
+    params.add(status_text(next)).add_timestamp(now).add_timestamp(expires_at);
+    execute(kExpire, params);
+}
+
+void record_failure(const KeyId& id, Status next, const text* error, Micros now,
+                    std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at) {
+    Params params = key_params(id);
+    params.add(status_text(next)).add_text(error).add_timestamp(now);
+    params.add_timestamp(next_attempt_at).add_timestamp(expires_at);
+    execute(kFail, params);
+}
+
+void renew_lease(const KeyId& id, Micros lease_until, Micros now) {
+    Params params = key_params(id);
+    params.add_timestamp(lease_until).add_timestamp(now);
+    execute(kRenew, params);
+}
+
+void release_to(const KeyId& id, Status next, Micros now) {
+    Params params = key_params(id);
+    params.add(status_text(next)).add_timestamp(now);
+    execute(kRelease, params);
+}
+
+void delete_key(const KeyId& id) { execute(kDelete, key_params(id)); }
+
+}  // namespace idem::pg

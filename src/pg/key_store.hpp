@@ -1,0 +1,72 @@
+// Where the SQL of idempotency keys lives: every statement that reads or
+// changes idempotency.idempotency_keys. Callers hold an SPI connection.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/key_state.hpp"
+#include "pg/postgres.hpp"
+
+namespace idem::pg {
+
+struct KeyId {
+    text* scope;
+    text* key;
+};
+
+// A stored key: its state for the decisions, and the values outcomes report
+// (copied out of SPI memory).
+struct StoredKey {
+    KeyState state;
+    Datum fingerprint;
+    bool has_fingerprint;
+    Datum result;
+    bool has_result;
+    Datum last_error;
+    bool has_last_error;
+    Datum job_ref;
+    bool has_job_ref;
+};
+
+enum class RowLock { None, ForUpdate };
+
+// False when the key does not exist (in this statement's snapshot).
+bool read_key(const KeyId& id, RowLock lock, StoredKey* out);
+
+// The key's row as a composite datum (copied out of SPI memory), or false.
+bool key_row(const KeyId& id, Datum* row);
+
+// A new key already PROCESSING under a new token. False when another
+// transaction created the key first (after waiting for it to finish).
+bool insert_claimed(const KeyId& id, Micros lease_until, Datum fingerprint, bool has_fingerprint,
+                    Micros now, std::int64_t* token);
+
+// A new key in RECEIVED. False when another transaction created it first.
+bool insert_registered(const KeyId& id, Datum fingerprint, bool has_fingerprint,
+                       const text* job_ref, Micros now);
+
+// An existing key becomes PROCESSING under a new token; attempts grows by one.
+void grant_claim(const KeyId& id, Micros lease_until, Datum fingerprint, bool has_fingerprint,
+                 Micros now, std::int64_t* token, std::int32_t* attempts);
+
+// PROCESSING -> COMPLETED when `token` is current and the call is allowed
+// (check_fence's Proceed). False when no row qualified.
+bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool has_result,
+                        Micros now, Micros expires_at, StoredKey* out);
+
+// A lease that ran out: FAILED_RETRYABLE or FAILED_FINAL with 'lease expired'.
+void expire_lease(const KeyId& id, Status next, Micros now, std::optional<Micros> expires_at);
+
+// A failure the holder reported.
+void record_failure(const KeyId& id, Status next, const text* error, Micros now,
+                    std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at);
+
+// A heartbeat: PROCESSING with a new lease.
+void renew_lease(const KeyId& id, Micros lease_until, Micros now);
+
+// A release: back to RECEIVED or FAILED_RETRYABLE with the attempt given back.
+void release_to(const KeyId& id, Status next, Micros now);
+void delete_key(const KeyId& id);
+
+}  // namespace idem::pg

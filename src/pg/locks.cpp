@@ -1,0 +1,122 @@
+// Resource locks: pooler-safe leases with fencing tokens (the durable form
+// of SET NX PX). A live lock is read without locking; only a free or expired
+// one is taken, by an upsert that waits for a concurrent taker to finish.
+#include "core/error.hpp"
+#include "pg/args.hpp"
+#include "pg/guard.hpp"
+#include "pg/pause.hpp"
+#include "pg/settings.hpp"
+#include "pg/spi.hpp"
+
+namespace idem::pg {
+
+namespace {
+
+Statement kHolder = {
+    "SELECT expires_at FROM idempotency.locks WHERE resource = $1", 1, {TEXTOID}, nullptr};
+
+Statement kTake = {
+    "INSERT INTO idempotency.locks AS l (resource, token, owner, acquired_at, expires_at) "
+    "VALUES ($1, pg_catalog.nextval('idempotency.token_seq'::pg_catalog.regclass), $2, $3, $4) "
+    "ON CONFLICT (resource) DO UPDATE SET token = excluded.token, owner = excluded.owner, "
+    "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at "
+    "WHERE l.expires_at <= $3 RETURNING l.token",
+    4, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kRenew = {
+    "UPDATE idempotency.locks SET expires_at = $3 "
+    "WHERE resource = $1 AND token = $2 AND expires_at > $4",
+    4, {TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kUnlock = {"DELETE FROM idempotency.locks WHERE resource = $1 AND token = $2", 2,
+                     {TEXTOID, INT8OID}, nullptr};
+
+Statement kAssert = {
+    "SELECT expires_at FROM idempotency.locks WHERE resource = $1 AND token = $2 FOR SHARE", 2,
+    {TEXTOID, INT8OID}, nullptr};
+
+// A new token when the lock is free or expired; nothing while a holder lives.
+std::optional<std::int64_t> try_take(const text* resource, const text* owner, Micros ttl) {
+    const Micros now = GetCurrentTimestamp();
+    Params probe;
+    probe.add_text(resource);
+    if (execute(kHolder, probe, 1) > 0 && *column_timestamp(1) > now) return std::nullopt;
+
+    Params params;
+    params.add_text(resource).add_text(owner).add_timestamp(now).add_timestamp(now + ttl);
+    if (execute(kTake, params) == 0) return std::nullopt;
+    return column_int8(1);
+}
+
+Datum lock_body(FunctionCallInfo fcinfo) {
+    const text* resource = name_arg(fcinfo, 0, "resource");
+    const Micros ttl = lease_arg(fcinfo, 1, "ttl");
+    const text* owner = optional_name_arg(fcinfo, 2, "owner");
+    const std::optional<Micros> wait = wait_arg(fcinfo, 3);
+    const Micros deadline = GetCurrentTimestamp() + wait.value_or(0);
+
+    connect_spi();
+    std::optional<std::int64_t> token;
+    for (int round = 0;; ++round) {
+        token = try_take(resource, owner, ttl);
+        if (token || GetCurrentTimestamp() >= deadline) break;
+        pause_before_retry(round, deadline);
+    }
+    finish_spi();
+    if (!token) PG_RETURN_NULL();
+    PG_RETURN_INT64(*token);
+}
+
+Datum renew_body(FunctionCallInfo fcinfo) {
+    const text* resource = name_arg(fcinfo, 0, "resource");
+    const std::int64_t token = token_arg(fcinfo, 1);
+    const Micros ttl = lease_arg(fcinfo, 2, "ttl");
+    const Micros now = GetCurrentTimestamp();
+
+    Params params;
+    params.add_text(resource).add_int8(token).add_timestamp(now + ttl).add_timestamp(now);
+    connect_spi();
+    const bool renewed = execute(kRenew, params) > 0;
+    finish_spi();
+    PG_RETURN_BOOL(renewed);
+}
+
+Datum unlock_body(FunctionCallInfo fcinfo) {
+    const text* resource = name_arg(fcinfo, 0, "resource");
+    const std::int64_t token = token_arg(fcinfo, 1);
+
+    Params params;
+    params.add_text(resource).add_int8(token);
+    connect_spi();
+    const bool released = execute(kUnlock, params) > 0;
+    finish_spi();
+    PG_RETURN_BOOL(released);
+}
+
+Datum assert_body(FunctionCallInfo fcinfo) {
+    const text* resource = name_arg(fcinfo, 0, "resource");
+    const std::int64_t token = token_arg(fcinfo, 1);
+
+    Params params;
+    params.add_text(resource).add_int8(token);
+    connect_spi();
+    const bool held = execute(kAssert, params, 1) > 0 && *column_timestamp(1) > GetCurrentTimestamp();
+    finish_spi();
+    if (!held) {
+        char message[400];
+        snprintf(message, sizeof message,
+                 "token %lld does not hold the lock on resource \"%s\"",
+                 static_cast<long long>(token), text_to_cstring(resource));
+        throw Error(sqlstate::stale_token, message);
+    }
+    PG_RETURN_VOID();
+}
+
+}  // namespace
+
+}  // namespace idem::pg
+
+IDEM_SQL_FUNCTION(idem_lock, idem::pg::lock_body)
+IDEM_SQL_FUNCTION(idem_lock_renew, idem::pg::renew_body)
+IDEM_SQL_FUNCTION(idem_unlock, idem::pg::unlock_body)
+IDEM_SQL_FUNCTION(idem_lock_assert, idem::pg::assert_body)

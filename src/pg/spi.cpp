@@ -1,0 +1,54 @@
+#include "pg/spi.hpp"
+
+namespace idem::pg {
+
+std::uint64_t execute(Statement& statement, const Params& params, long limit) {
+    if (statement.plan == nullptr) {
+        SPIPlanPtr plan = SPI_prepare(statement.sql, statement.nargs, statement.argtypes);
+        if (plan == nullptr)
+            elog(ERROR, "idempotency: could not prepare statement: %s",
+                 SPI_result_code_string(SPI_result));
+        SPI_keepplan(plan);
+        statement.plan = plan;
+    }
+    const int rc = SPI_execute_plan(statement.plan, const_cast<Datum*>(params.values),
+                                    params.nulls, false, limit);
+    if (rc < 0) elog(ERROR, "idempotency: statement failed: %s", SPI_result_code_string(rc));
+    return SPI_processed;
+}
+
+Datum column(int column, bool* isnull, std::uint64_t row) {
+    return SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, column, isnull);
+}
+
+std::optional<std::int64_t> column_int8(int index, std::uint64_t row) {
+    bool isnull = false;
+    const Datum value = column(index, &isnull, row);
+    if (isnull) return std::nullopt;
+    return DatumGetInt64(value);
+}
+
+std::optional<Micros> column_timestamp(int index, std::uint64_t row) {
+    bool isnull = false;
+    const Datum value = column(index, &isnull, row);
+    if (isnull) return std::nullopt;
+    return DatumGetTimestampTz(value);
+}
+
+Datum column_copy(int index, bool* present, std::uint64_t row) {
+    bool isnull = false;
+    const Datum value = column(index, &isnull, row);
+    *present = !isnull;
+    if (isnull) return 0;
+    return SPI_datumTransfer(value, false, -1);
+}
+
+void connect_spi() {
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "idempotency: SPI_connect failed");
+}
+
+void finish_spi() {
+    if (SPI_finish() != SPI_OK_FINISH) elog(ERROR, "idempotency: SPI_finish failed");
+}
+
+}  // namespace idem::pg

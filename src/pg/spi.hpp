@@ -1,0 +1,62 @@
+// Prepared SPI statements, planned once per backend and kept, and the small
+// helpers every store uses to bind parameters and read a result row.
+// Plans hold only query text and parameter types: when an extension object
+// they use is dropped and created again, PostgreSQL re-plans them by name.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "pg/postgres.hpp"
+
+namespace idem::pg {
+
+struct Statement {
+    const char* sql;
+    int nargs;
+    Oid argtypes[10];
+    SPIPlanPtr plan;  // prepared on first use, kept for the backend's life
+};
+
+// Parameters of one execution. Trivially destructible.
+struct Params {
+    Datum values[10];
+    char nulls[10];
+    int count = 0;
+
+    Params& add(Datum value) {
+        values[count] = value;
+        nulls[count++] = ' ';
+        return *this;
+    }
+    Params& add_null() {
+        values[count] = 0;
+        nulls[count++] = 'n';
+        return *this;
+    }
+    Params& add_text(const text* value) {
+        return value ? add(PointerGetDatum(value)) : add_null();
+    }
+    Params& add_datum(Datum value, bool present) { return present ? add(value) : add_null(); }
+    Params& add_timestamp(std::optional<Micros> value) {
+        return value ? add(TimestampTzGetDatum(*value)) : add_null();
+    }
+    Params& add_int8(std::int64_t value) { return add(Int64GetDatum(value)); }
+    Params& add_int4(std::int32_t value) { return add(Int32GetDatum(value)); }
+};
+
+// Runs the statement (planning it on first use); returns SPI_processed.
+std::uint64_t execute(Statement& statement, const Params& params, long limit = 0);
+
+// Column `column` (1-based) of result row `row`.
+Datum column(int column, bool* isnull, std::uint64_t row = 0);
+std::optional<std::int64_t> column_int8(int column, std::uint64_t row = 0);
+std::optional<Micros> column_timestamp(int column, std::uint64_t row = 0);
+// A by-reference column copied into the caller's memory context, so it
+// survives SPI_finish; *present tells whether it was not NULL.
+Datum column_copy(int column, bool* present, std::uint64_t row = 0);
+
+void connect_spi();
+void finish_spi();
+
+}  // namespace idem::pg
