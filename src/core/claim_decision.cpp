@@ -44,7 +44,7 @@ ClaimDecision decide_register(const KeyState& key, bool fingerprint_conflict, Mi
     if (fingerprint_conflict) return answer(Outcome::Mismatch);
     switch (key.status) {
         case Status::Received:
-            return answer(Outcome::InProgress);  // queued: no lease to wait for
+            return answer(Outcome::InProgress, 0);  // queued: no lease left to wait for
         case Status::Processing:
             return answer(Outcome::InProgress, time_left(key.lease_until, now));
         case Status::FailedRetryable:

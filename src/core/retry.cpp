@@ -12,7 +12,8 @@ Micros backoff_delay(std::int32_t attempts, Micros base_delay, Micros max_delay,
     delay = std::min(delay, max_delay);
     jitter = std::clamp(jitter, 0.0, 1.0);
     const Micros half = delay / 2;
-    return half + static_cast<Micros>(static_cast<double>(delay - half) * jitter);
+    // Above 2^53 the double rounds and could land past the cap: clamp.
+    return std::min(delay, half + static_cast<Micros>(static_cast<double>(delay - half) * jitter));
 }
 
 FailDecision decide_fail(std::int32_t attempts, bool retryable, std::optional<Micros> retry_in,
@@ -26,9 +27,7 @@ FailDecision decide_fail(std::int32_t attempts, bool retryable, std::optional<Mi
 }
 
 ReleaseAction decide_release(const KeyState& key) {
-    if (key.registered) return ReleaseAction::BackToReceived;
-    if (key.attempts > 1) return ReleaseAction::BackToRetryable;
-    return ReleaseAction::Delete;
+    return key.registered ? ReleaseAction::BackToReceived : ReleaseAction::Delete;
 }
 
 }  // namespace idem

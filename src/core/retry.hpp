@@ -28,10 +28,9 @@ struct FailDecision {
 FailDecision decide_fail(std::int32_t attempts, bool retryable, std::optional<Micros> retry_in,
                          const RetryPolicy& policy, double jitter);
 
-// After a release the attempt is given back. A registered key goes back to
-// RECEIVED; a key with earlier attempts keeps its history as FAILED_RETRYABLE,
-// claimable at once; a key that this claim created disappears.
-enum class ReleaseAction { BackToReceived, BackToRetryable, Delete };
+// After a release the attempt is given back: a registered key goes back to
+// RECEIVED, any other key is removed.
+enum class ReleaseAction { BackToReceived, Delete };
 ReleaseAction decide_release(const KeyState& key);
 
 }  // namespace idem

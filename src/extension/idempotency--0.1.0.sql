@@ -227,7 +227,12 @@ SELECT k.scope, k.key, k.status, k.token, k.attempts, k.lease_until, k.job_ref,
     OR (k.status OPERATOR(pg_catalog.=) 'RECEIVED'
         AND k.updated_at OPERATOR(pg_catalog.<) n.stuck_before);
 
+-- "now" is taken once per query (a materialized CTE): a volatile subquery in
+-- the join would be re-evaluated per row and split the groups of a scope.
 CREATE VIEW idempotency.idem_stats AS
+WITH n AS MATERIALIZED (
+    SELECT c.now, c.now OPERATOR(pg_catalog.-) idempotency.stuck_after() AS stuck_before
+      FROM (SELECT pg_catalog.clock_timestamp() AS now) c)
 SELECT k.scope,
        pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'RECEIVED') AS received,
        pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'PROCESSING') AS processing,
@@ -242,10 +247,10 @@ SELECT k.scope,
             AND k.updated_at OPERATOR(pg_catalog.<) n.stuck_before)) AS stuck,
        n.now OPERATOR(pg_catalog.-) pg_catalog.min(k.updated_at)
            FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'PROCESSING') AS oldest_processing_age
-  FROM idempotency.idempotency_keys k,
-       (SELECT c.now, c.now OPERATOR(pg_catalog.-) idempotency.stuck_after() AS stuck_before
-          FROM (SELECT pg_catalog.clock_timestamp() AS now) c) n
+  FROM idempotency.idempotency_keys k, n
  GROUP BY k.scope, n.now;
 
 REVOKE ALL ON idempotency.idem_stuck, idempotency.idem_stats FROM PUBLIC;
 GRANT SELECT ON idempotency.idem_stuck, idempotency.idem_stats TO pg_monitor;
+-- Members of pg_monitor read the views without any other grant.
+GRANT USAGE ON SCHEMA idempotency TO pg_monitor;

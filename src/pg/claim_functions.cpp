@@ -15,9 +15,10 @@ namespace idem::pg {
 
 namespace {
 
-// A claim or register re-reads after losing a race to a concurrent insert or
-// delete. Under READ COMMITTED each round sees the winner's commit, so a
-// few rounds suffice; the bound only stops a pathological livelock.
+// A claim or register re-reads after losing a race to a concurrent insert,
+// delete or row lock. Under READ COMMITTED each round sees the winner's
+// commit, so a few rounds suffice; the bound only stops a pathological
+// livelock.
 constexpr int kMaxRaceRounds = 100;
 
 struct Request {
@@ -81,8 +82,15 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
         ClaimDecision decision =
             decide_claim(stored.state, fingerprint_conflict(stored, args.request), now, max_attempts);
         if (claim_may_change(decision)) {
-            // Lock the row and decide again on what is there now.
-            if (!read_key(args.id, RowLock::ForUpdate, &stored)) continue;
+            // Lock the row and decide again on what is there now. A row that
+            // another transaction has locked is waited for without taking
+            // the lock, then read afresh: a claim that ends up only answering
+            // (in_progress, completed) keeps no lock that would hold back the
+            // key's holder until the caller's transaction ends.
+            if (!read_key(args.id, RowLock::ForUpdateIfFree, &stored)) {
+                wait_for_key_lockers(args.id);
+                continue;
+            }
             now = GetCurrentTimestamp();
             decision = decide_claim(stored.state, fingerprint_conflict(stored, args.request), now,
                                     max_attempts);
@@ -93,7 +101,7 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
                 return;
             case ClaimAction::Grant:
                 grant_claim(args.id, now + args.lease, args.request.fingerprint,
-                            args.request.has_fingerprint, now, &out->token.emplace(),
+                            args.request.has_fingerprint, decision.takeover, now, &out->token.emplace(),
                             &out->attempt);
                 out->status = Status::Processing;
                 return;

@@ -43,7 +43,13 @@ const char* call_name(HolderCall call) {
 [[noreturn]] void raise_refused(FenceVerdict verdict, HolderCall call, const KeyId& id,
                                 std::int64_t token, Status status) {
     char message[700];
-    if (verdict == FenceVerdict::StaleToken)
+    if (call == HolderCall::AssertOwner)
+        snprintf(message, sizeof message,
+                 "token %lld does not own key \"%s\" in scope \"%s\" (the key is %s%s)",
+                 static_cast<long long>(token), text_to_cstring(id.key),
+                 text_to_cstring(id.scope), status_label(status),
+                 status == Status::Processing ? " under another token" : "");
+    else if (verdict == FenceVerdict::StaleToken)
         snprintf(message, sizeof message,
                       "stale token %lld for key \"%s\" in scope \"%s\": the key was claimed "
                       "again, released, or never had this token",
@@ -155,7 +161,6 @@ Datum release_body(FunctionCallInfo fcinfo) {
     const Micros now = GetCurrentTimestamp();
     switch (decide_release(stored.state)) {
         case ReleaseAction::BackToReceived: release_to(id, Status::Received, now); break;
-        case ReleaseAction::BackToRetryable: release_to(id, Status::FailedRetryable, now); break;
         case ReleaseAction::Delete: delete_key(id); break;
     }
     finish_spi();

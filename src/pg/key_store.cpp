@@ -7,7 +7,7 @@ namespace idem::pg {
 
 namespace {
 
-// Columns of a key read, in this order, by kRead and kReadForUpdate.
+// Columns of a key read, in this order, by kRead and the kReadForUpdate* statements.
 #define KEY_COLUMNS                                                                   \
     "status, token, attempts, lease_until, next_attempt_at, fingerprint, result, "   \
     "last_error, job_ref, lease_expired, registered"
@@ -20,6 +20,14 @@ Statement kRead = {"SELECT " KEY_COLUMNS " FROM" KEYS KEY_WHERE, 2, {TEXTOID, TE
 Statement kReadForUpdate = {
     "SELECT " KEY_COLUMNS " FROM" KEYS KEY_WHERE " FOR NO KEY UPDATE", 2, {TEXTOID, TEXTOID},
     nullptr};
+
+Statement kReadForUpdateIfFree = {
+    "SELECT " KEY_COLUMNS " FROM" KEYS KEY_WHERE " FOR NO KEY UPDATE SKIP LOCKED", 2,
+    {TEXTOID, TEXTOID}, nullptr};
+
+// Run in a subtransaction that is rolled back: it only waits for lockers.
+Statement kAwaitLockers = {
+    "SELECT 1 FROM" KEYS KEY_WHERE " FOR NO KEY UPDATE", 2, {TEXTOID, TEXTOID}, nullptr};
 
 Statement kRow = {"SELECT k FROM" KEYS "k" KEY_WHERE, 2, {TEXTOID, TEXTOID}, nullptr};
 
@@ -39,9 +47,10 @@ Statement kInsertRegistered = {
 Statement kGrant = {
     "UPDATE" KEYS "SET status = 'PROCESSING', token = " NEXT_TOKEN ", attempts = attempts + 1, "
     "lease_until = $3, fingerprint = COALESCE(fingerprint, $4), claimed_at = $5, updated_at = $5, "
-    "next_attempt_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = $6"
+    "next_attempt_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = $6, "
+    "last_error = CASE WHEN $7 THEN 'lease expired' ELSE last_error END"
     KEY_WHERE " RETURNING token, attempts",
-    6, {TEXTOID, TEXTOID, TIMESTAMPTZOID, BYTEAOID, TIMESTAMPTZOID, INT4OID}, nullptr};
+    7, {TEXTOID, TEXTOID, TIMESTAMPTZOID, BYTEAOID, TIMESTAMPTZOID, INT4OID, BOOLOID}, nullptr};
 
 // The WHERE clause is check_fence(Complete) == Proceed, written in SQL so
 // that the common complete is one statement.
@@ -74,7 +83,7 @@ Statement kRenew = {
 Statement kRelease = {
     "UPDATE" KEYS "SET status = $3::pg_catalog.text::idempotency.idem_status, token = NULL, "
     "attempts = attempts - 1, lease_until = NULL, next_attempt_at = $4, updated_at = $4, "
-    "claimed_at = NULL, lease_expired = false, holder_pid = NULL" KEY_WHERE,
+    "claimed_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = NULL" KEY_WHERE,
     4, {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kDelete = {"DELETE FROM" KEYS KEY_WHERE, 2, {TEXTOID, TEXTOID}, nullptr};
@@ -90,7 +99,9 @@ Datum status_text(Status status) { return CStringGetTextDatum(status_label(statu
 }  // namespace
 
 bool read_key(const KeyId& id, RowLock lock, StoredKey* out) {
-    Statement& statement = lock == RowLock::ForUpdate ? kReadForUpdate : kRead;
+    Statement& statement = lock == RowLock::ForUpdate         ? kReadForUpdate
+                           : lock == RowLock::ForUpdateIfFree ? kReadForUpdateIfFree
+                                                              : kRead;
     if (execute(statement, key_params(id), 1) == 0) return false;
 
     bool isnull = false;
@@ -107,6 +118,10 @@ bool read_key(const KeyId& id, RowLock lock, StoredKey* out) {
     state.lease_expired = DatumGetBool(column(10, &isnull));
     state.registered = DatumGetBool(column(11, &isnull));
     return true;
+}
+
+void wait_for_key_lockers(const KeyId& id) {
+    execute_in_subtransaction(kAwaitLockers, key_params(id), false, 1);
 }
 
 bool key_row(const KeyId& id, Datum* row) {
@@ -134,10 +149,10 @@ bool insert_registered(const KeyId& id, Datum fingerprint, bool has_fingerprint,
 }
 
 void grant_claim(const KeyId& id, Micros lease_until, Datum fingerprint, bool has_fingerprint,
-                 Micros now, std::int64_t* token, std::int32_t* attempts) {
+                 bool takeover, Micros now, std::int64_t* token, std::int32_t* attempts) {
     Params params = key_params(id);
     params.add_timestamp(lease_until).add_datum(fingerprint, has_fingerprint);
-    params.add_timestamp(now).add_int4(MyProcPid);
+    params.add_timestamp(now).add_int4(MyProcPid).add(BoolGetDatum(takeover));
     if (execute(kGrant, params) != 1) elog(ERROR, "idempotency: claimed key vanished");
     bool isnull = false;
     *token = *column_int8(1);

@@ -29,10 +29,16 @@ struct StoredKey {
     bool has_job_ref;
 };
 
-enum class RowLock { None, ForUpdate };
+// ForUpdateIfFree locks the row only when no other transaction holds a
+// conflicting lock on it, and otherwise reads nothing (see wait_for_key_lockers).
+enum class RowLock { None, ForUpdate, ForUpdateIfFree };
 
 // False when the key does not exist (in this statement's snapshot).
 bool read_key(const KeyId& id, RowLock lock, StoredKey* out);
+
+// Waits until no other transaction holds a conflicting lock on the key's
+// row, without keeping a lock on it.
+void wait_for_key_lockers(const KeyId& id);
 
 // The key's row as a composite datum (copied out of SPI memory), or false.
 bool key_row(const KeyId& id, Datum* row);
@@ -47,8 +53,9 @@ bool insert_registered(const KeyId& id, Datum fingerprint, bool has_fingerprint,
                        const text* job_ref, Micros now);
 
 // An existing key becomes PROCESSING under a new token; attempts grows by one.
+// A takeover ends an expired lease: it records 'lease expired' as last_error.
 void grant_claim(const KeyId& id, Micros lease_until, Datum fingerprint, bool has_fingerprint,
-                 Micros now, std::int64_t* token, std::int32_t* attempts);
+                 bool takeover, Micros now, std::int64_t* token, std::int32_t* attempts);
 
 // PROCESSING -> COMPLETED when `token` is current and the call is allowed
 // (check_fence's Proceed). False when no row qualified.

@@ -44,7 +44,10 @@ std::optional<std::int64_t> try_take(const text* resource, const text* owner, Mi
 
     Params params;
     params.add_text(resource).add_text(owner).add_timestamp(now).add_timestamp(now + ttl);
-    if (execute(kTake, params) == 0) return std::nullopt;
+    // ON CONFLICT DO UPDATE locks the row even when its WHERE refuses: a
+    // caller that waited for a concurrent taker and got nothing must not
+    // keep that lock (it would block the holder's renew and unlock).
+    if (execute_in_subtransaction(kTake, params, true) == 0) return std::nullopt;
     return column_int8(1);
 }
 

@@ -17,6 +17,38 @@ std::uint64_t execute(Statement& statement, const Params& params, long limit) {
     return SPI_processed;
 }
 
+std::uint64_t execute_in_subtransaction(Statement& statement, const Params& params,
+                                        bool keep_if_rows, long limit) {
+    MemoryContext const caller_context = CurrentMemoryContext;
+    ResourceOwner const caller_owner = CurrentResourceOwner;
+    volatile std::uint64_t processed = 0;
+    BeginInternalSubTransaction(nullptr);
+    MemoryContextSwitchTo(caller_context);
+    PG_TRY();
+    {
+        processed = execute(statement, params, limit);
+        if (keep_if_rows && processed > 0)
+            ReleaseCurrentSubTransaction();
+        else
+            RollbackAndReleaseCurrentSubTransaction();
+        MemoryContextSwitchTo(caller_context);
+        CurrentResourceOwner = caller_owner;
+    }
+    PG_CATCH();
+    {
+        // Leave the subtransaction before the error goes on to the caller.
+        MemoryContextSwitchTo(caller_context);
+        ErrorData* error = CopyErrorData();
+        FlushErrorState();
+        RollbackAndReleaseCurrentSubTransaction();
+        MemoryContextSwitchTo(caller_context);
+        CurrentResourceOwner = caller_owner;
+        ReThrowError(error);
+    }
+    PG_END_TRY();
+    return processed;
+}
+
 Datum column(int column, bool* isnull, std::uint64_t row) {
     return SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, column, isnull);
 }

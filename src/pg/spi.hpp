@@ -48,6 +48,15 @@ struct Params {
 // Runs the statement (planning it on first use); returns SPI_processed.
 std::uint64_t execute(Statement& statement, const Params& params, long limit = 0);
 
+// Runs the statement in a subtransaction that is kept (its changes and row
+// locks become the caller's) only when `keep_if_rows` and it returned rows;
+// otherwise it is rolled back. A statement that waited for a concurrent
+// transaction and then changed nothing (a locking read, an upsert whose
+// WHERE failed) so leaves no row lock behind to block that row's holder.
+// Result rows are readable only when the subtransaction was kept.
+std::uint64_t execute_in_subtransaction(Statement& statement, const Params& params,
+                                        bool keep_if_rows, long limit = 0);
+
 // Column `column` (1-based) of result row `row`.
 Datum column(int column, bool* isnull, std::uint64_t row = 0);
 std::optional<std::int64_t> column_int8(int column, std::uint64_t row = 0);

@@ -1,0 +1,82 @@
+# Shared shell helpers of the test, demo and benchmark commands.
+# They run as root: packages and `make install` need it; every PostgreSQL
+# process runs as the unprivileged `postgres` OS user, as the server requires.
+
+IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+IDEM_OS_USER=${IDEM_OS_USER:-postgres}
+IDEM_PACKAGES="postgresql-15 postgresql-server-dev-15 postgresql-contrib libpq-dev libipc-run-perl
+  g++ make cmake libgtest-dev python3 python3-psycopg2"
+
+log() { printf '== %s\n' "$*" >&2; }
+
+# Installs whatever of IDEM_PACKAGES is missing (Debian 12).
+ensure_packages() {
+    local missing=() pkg
+    for pkg in $IDEM_PACKAGES; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
+            missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    log "installing ${missing[*]}"
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "missing packages (${missing[*]}) and not root: install them first" >&2
+        return 1
+    fi
+    apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# The pg_config of the newest installed PostgreSQL, unless PG_CONFIG is set.
+pg_config_path() {
+    if [ -n "${PG_CONFIG:-}" ]; then echo "$PG_CONFIG"; return; fi
+    ls /usr/lib/postgresql/*/bin/pg_config 2>/dev/null | sort -V | tail -n 1
+}
+
+pg_bindir() { "$(pg_config_path)" --bindir; }
+
+build_and_install() {
+    log "building and installing the extension"
+    make -C "$IDEM_ROOT" -s PG_CONFIG="$(pg_config_path)" &&
+        make -C "$IDEM_ROOT" -s PG_CONFIG="$(pg_config_path)" install
+}
+
+# Runs a command as the unprivileged OS user (directly when we are that user).
+as_pg() {
+    if [ "$(id -un)" = "$IDEM_OS_USER" ]; then "$@"; else runuser -u "$IDEM_OS_USER" -- "$@"; fi
+}
+
+# Copies the source tree (without .git and build products) to a new folder
+# the OS user owns, since the suites write next to their inputs.
+stage_tree() {
+    local dest
+    dest=$(mktemp -d /tmp/idempotency-test.XXXXXX)
+    tar -C "$IDEM_ROOT" --exclude=.git --exclude='*.o' --exclude='*.so' --exclude=./build \
+        --exclude=./results --exclude=./output_iso --exclude='./tmp_*' -cf - . | tar -C "$dest" -xf -
+    chown -R "$IDEM_OS_USER" "$dest"
+    echo "$dest"
+}
+
+# start_cluster DIR PORT [setting ...]: a throwaway cluster listening only on
+# a Unix socket in DIR, with the library preloaded. Settings are lines of
+# postgresql.conf.
+start_cluster() {
+    local dir=$1 port=$2; shift 2
+    local bindir; bindir=$(pg_bindir)
+    mkdir -p "$dir" && chown "$IDEM_OS_USER" "$dir"
+    as_pg "$bindir/initdb" -D "$dir/data" -A trust -E UTF8 --locale=C.UTF-8 -U postgres >/dev/null ||
+        return 1
+    {
+        echo "shared_preload_libraries = 'idempotency'"
+        echo "listen_addresses = ''"
+        echo "unix_socket_directories = '$dir'"
+        echo "port = $port"
+        printf '%s\n' "$@"
+    } >>"$dir/data/postgresql.conf"
+    as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+}
+
+stop_cluster() {
+    local dir=$1
+    [ -d "$dir/data" ] || return 0
+    as_pg "$(pg_bindir)/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true
+}

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# `make test`: installs what is missing, builds and installs the extension,
+# then runs every suite against throwaway clusters as the `postgres` OS user:
+# unit tests (ctest), regression (pg_regress), races (isolation tester),
+# TAP tests against real clusters, and the stress test. Ends with the line
+# "N passed, N failed"; the exit status is non-zero on any failure.
+set -u
+. "$(dirname "$0")/lib/common.sh"
+
+ensure_packages || exit 1
+build_and_install || { echo "0 passed, 1 failed"; exit 1; }
+
+stage=$(stage_tree)
+bindir=$(pg_bindir)
+pgxs_dir=$(dirname "$(dirname "$(dirname "$("$(pg_config_path)" --pgxs)")")")
+passed=0
+failed=0
+failures=()
+
+count() {  # count SUITE PASSED FAILED
+    passed=$((passed + $2))
+    failed=$((failed + $3))
+    [ "$3" -eq 0 ] || failures+=("$1")
+}
+
+# Counts pg_regress-style result lines ("test x ... ok" / "... FAILED").
+count_regress_output() {
+    local suite=$1 out=$2 status=$3 ok bad
+    ok=$(grep -cE '\.\.\. ok|^ok [0-9]' "$out")
+    bad=$(grep -cE '\.\.\. FAILED|\.\.\. failed|^not ok [0-9]' "$out")
+    [ "$status" -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
+    count "$suite" "$ok" "$bad"
+}
+
+run_unit() {
+    [ -f "$stage/CMakeLists.txt" ] || return 0
+    log "unit tests (ctest)"
+    local build=$stage/build out=$stage/unit.log
+    if ! (cmake -S "$stage" -B "$build" -DPG_CONFIG="$(pg_config_path)" >/dev/null &&
+        cmake --build "$build" -j2 >/dev/null); then
+        echo "unit tests: build failed" >&2
+        count unit 0 1
+        return
+    fi
+    (cd "$build" && ctest --output-on-failure) >"$out" 2>&1
+    local status=$? total bad
+    tail -n 3 "$out"
+    total=$(sed -nE 's/.*tests failed out of ([0-9]+).*/\1/p' "$out" | tail -n 1)
+    bad=$(sed -nE 's/.*, ([0-9]+) tests failed out of.*/\1/p' "$out" | tail -n 1)
+    [ -n "$total" ] || { cat "$out"; count unit 0 1; return; }
+    [ "$status" -ne 0 ] && [ "${bad:-0}" -eq 0 ] && bad=1
+    [ "$status" -ne 0 ] && cat "$out"
+    count unit $((total - bad)) "$bad"
+}
+
+run_regress() {
+    local tests
+    tests=$(cd "$stage/sql" 2>/dev/null && ls *.sql 2>/dev/null | sed 's/\.sql$//' |
+        sort | awk '$0=="setup"{print; next} {rest=rest" "$0} END{print rest}')
+    [ -n "$tests" ] || return 0
+    log "regression tests (pg_regress)"
+    local out=$stage/regress.log
+    (cd "$stage" && as_pg "$pgxs_dir/src/test/regress/pg_regress" --bindir="$bindir" \
+        --inputdir=. --outputdir=. --temp-instance=./tmp_regress \
+        --temp-config=test/regress.conf --dbname=contrib_regression $tests) >"$out" 2>&1
+    local status=$?
+    cat "$out"
+    [ "$status" -ne 0 ] && [ -f "$stage/regression.diffs" ] && cat "$stage/regression.diffs"
+    count_regress_output regress "$out" "$status"
+}
+
+run_isolation() {
+    local specs
+    specs=$(cd "$stage/test/isolation/specs" 2>/dev/null && ls *.spec 2>/dev/null | sed 's/\.spec$//' | sort)
+    [ -n "$specs" ] || return 0
+    log "race tests (isolation tester)"
+    local out=$stage/isolation.log
+    (cd "$stage" && as_pg "$pgxs_dir/src/test/isolation/pg_isolation_regress" --bindir="$bindir" \
+        --inputdir=test/isolation --outputdir=output_iso --temp-instance=./tmp_isolation \
+        --temp-config=test/regress.conf --dbname=isolation_regression $specs) >"$out" 2>&1
+    local status=$?
+    cat "$out"
+    [ "$status" -ne 0 ] && [ -f "$stage/output_iso/regression.diffs" ] &&
+        cat "$stage/output_iso/regression.diffs"
+    count_regress_output isolation "$out" "$status"
+}
+
+run_tap() {
+    local file
+    ls "$stage"/test/tap/*.pl >/dev/null 2>&1 || return 0
+    log "TAP tests (PostgreSQL::Test::Cluster)"
+    for file in "$stage"/test/tap/*.pl; do
+        if (cd "$stage" && as_pg env PG_REGRESS="$pgxs_dir/src/test/regress/pg_regress" \
+            PATH="$bindir:$PATH" TESTDIR="$stage" PG_CONFIG="$(pg_config_path)" \
+            prove -I "$pgxs_dir/src/test/perl" "test/tap/$(basename "$file")"); then
+            count "tap/$(basename "$file")" 1 0
+        else
+            count "tap/$(basename "$file")" 0 1
+        fi
+    done
+}
+
+run_stress() {
+    [ -x "$stage/test/stress/run.sh" ] || return 0
+    log "stress test"
+    if "$stage/test/stress/run.sh"; then count stress 1 0; else count stress 0 1; fi
+}
+
+run_unit
+run_regress
+run_isolation
+run_tap
+run_stress
+
+if [ "$failed" -eq 0 ]; then
+    rm -rf "$stage"
+else
+    echo "failed suites: ${failures[*]} (outputs kept in $stage)"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
