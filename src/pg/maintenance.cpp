@@ -1,6 +1,7 @@
 #include "pg/maintenance.hpp"
 
 #include "pg/guard.hpp"
+#include "pg/outbox_store.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
 
@@ -65,9 +66,20 @@ std::uint64_t purge_inbox(int batch) {
 
 std::uint64_t purge_locks(int batch) { return purge(kPurgeLocks, GetCurrentTimestamp(), batch); }
 
+std::uint64_t expire_outbox_leases(int batch) {
+    return expire_event_leases(batch, settings::outbox_max_attempts, GetCurrentTimestamp());
+}
+
+std::uint64_t purge_outbox(int batch) {
+    return purge_delivered_events(
+        batch, GetCurrentTimestamp() - settings::seconds(settings::outbox_retention_s));
+}
+
 constexpr MaintenanceTask kTasks[] = {
     {"expire_leases", expire_leases},
+    {"expire_outbox_leases", expire_outbox_leases},
     {"purge_keys", purge_keys},
+    {"purge_outbox", purge_outbox},
     {"purge_inbox", purge_inbox},
     {"purge_locks", purge_locks},
 };

@@ -1,0 +1,178 @@
+// SQL entry points of the transactional outbox: outbox_enqueue,
+// outbox_claim, outbox_ack, outbox_nack and outbox_redrive.
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/retry.hpp"
+#include "pg/args.hpp"
+#include "pg/guard.hpp"
+#include "pg/outbox_store.hpp"
+#include "pg/settings.hpp"
+#include "pg/spi.hpp"
+
+extern "C" {
+#include "commands/async.h"
+#include "common/pg_prng.h"
+#include "utils/array.h"
+}
+
+namespace idem::pg {
+
+namespace {
+
+constexpr const char* kChannel = "idempotency_outbox";
+constexpr int kDefaultBatch = 100;
+
+// A jsonb argument that must be a JSON object when given.
+Datum headers_arg(FunctionCallInfo fcinfo, int n) {
+    const Datum headers = optional_jsonb_arg(fcinfo, n, "headers");
+    if (PG_ARGISNULL(n)) return 0;
+    Jsonb* jsonb = DatumGetJsonbP(headers);
+    if (!JB_ROOT_IS_OBJECT(jsonb) || JB_ROOT_IS_SCALAR(jsonb))
+        throw Error(sqlstate::invalid_parameter, "headers must be a JSON object");
+    return headers;
+}
+
+// An optional, non-empty name (the outbox key, a dedup_key).
+text* optional_nonempty_name(FunctionCallInfo fcinfo, int n, const char* name) {
+    if (PG_ARGISNULL(n)) return nullptr;
+    return name_arg(fcinfo, n, name);
+}
+
+Micros deliver_at_arg(FunctionCallInfo fcinfo, int n, Micros now) {
+    if (PG_ARGISNULL(n)) return now;
+    const TimestampTz value = PG_GETARG_TIMESTAMPTZ(n);
+    if (TIMESTAMP_NOT_FINITE(value))
+        throw Error(sqlstate::invalid_parameter, "deliver_at must be a finite timestamp");
+    return value;
+}
+
+// A bigint[] argument without NULL elements.
+Datum ids_arg(FunctionCallInfo fcinfo, int n, const char* name) {
+    if (PG_ARGISNULL(n)) throw_null_argument(name);
+    ArrayType* ids = PG_GETARG_ARRAYTYPE_P(n);
+    if (array_contains_nulls(ids)) throw_null_argument("an element of ids");
+    return PointerGetDatum(ids);
+}
+
+// The topics filter: NULL for every topic; each element a valid topic name.
+Datum topics_arg(FunctionCallInfo fcinfo, int n) {
+    ArrayType* topics = PG_GETARG_ARRAYTYPE_P(n);
+    Datum* elements = nullptr;
+    bool* nulls = nullptr;
+    int count = 0;
+    deconstruct_array(topics, TEXTOID, -1, false, TYPALIGN_INT, &elements, &nulls, &count);
+    for (int i = 0; i < count; ++i) {
+        if (nulls[i]) throw_null_argument("an element of topics");
+        check_name("topic", VARSIZE_ANY_EXHDR(DatumGetPointer(elements[i])));
+    }
+    return PointerGetDatum(topics);
+}
+
+Datum enqueue_body(FunctionCallInfo fcinfo) {
+    NewEvent event;
+    event.topic = name_arg(fcinfo, 0, "topic");
+    if (PG_ARGISNULL(1)) throw_null_argument("payload");
+    event.payload = optional_jsonb_arg(fcinfo, 1, "payload");
+    event.key = optional_nonempty_name(fcinfo, 2, "key");
+    event.headers = headers_arg(fcinfo, 3);
+    event.has_headers = !PG_ARGISNULL(3);
+    event.dedup_key = optional_nonempty_name(fcinfo, 4, "dedup_key");
+    const Micros now = GetCurrentTimestamp();
+    event.available_at = deliver_at_arg(fcinfo, 5, now);
+
+    bool inserted = false;
+    connect_spi();
+    const std::int64_t id = insert_event(event, now, &inserted);
+    finish_spi();
+    // Delivered to listeners only if this transaction commits.
+    if (inserted) Async_Notify(kChannel, text_to_cstring(event.topic));
+    PG_RETURN_INT64(id);
+}
+
+Datum claim_body(FunctionCallInfo fcinfo) {
+    ClaimRequest request;
+    request.relay = name_arg(fcinfo, 0, "relay");
+    const std::int64_t batch = PG_ARGISNULL(1) ? kDefaultBatch : PG_GETARG_INT32(1);
+    check_batch("batch", batch);
+    request.batch = static_cast<int>(batch);
+    const Micros lease = lease_arg(fcinfo, 2, "lease");
+    request.has_topics = !PG_ARGISNULL(3);
+    request.topics = request.has_topics ? topics_arg(fcinfo, 3) : 0;
+    request.max_attempts = settings::outbox_max_attempts;
+
+    InitMaterializedSRF(fcinfo, 0);
+    ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+    connect_spi();
+    const Micros now = GetCurrentTimestamp();
+    request.lease_until = now + lease;
+    const std::uint64_t count = claim_events(request, now);
+    for (std::uint64_t row = 0; row < count; ++row)
+        tuplestore_puttuple(rsinfo->setResult, SPI_tuptable->vals[row]);
+    finish_spi();
+    return 0;
+}
+
+Datum ack_body(FunctionCallInfo fcinfo) {
+    const Datum ids = ids_arg(fcinfo, 0, "ids");
+    connect_spi();
+    const std::uint64_t changed = ack_events(ids, GetCurrentTimestamp());
+    finish_spi();
+    PG_RETURN_INT64(static_cast<int64>(changed));
+}
+
+Datum nack_body(FunctionCallInfo fcinfo) {
+    if (PG_ARGISNULL(0)) throw_null_argument("id");
+    const std::int64_t id = PG_GETARG_INT64(0);
+    const text* error = value_text_arg(fcinfo, 1, "error");
+    const bool retryable = PG_ARGISNULL(2) ? true : PG_GETARG_BOOL(2);
+    const std::optional<Micros> retry_in = span_arg(fcinfo, 3, "retry_in");
+    const RetryPolicy policy{settings::outbox_max_attempts,
+                             settings::ms(settings::retry_base_delay_ms),
+                             settings::ms(settings::retry_max_delay_ms)};
+
+    connect_spi();
+    EventState event;
+    if (!lock_event(id, &event)) {
+        char message[100];
+        snprintf(message, sizeof message, "outbox event %lld does not exist",
+                 static_cast<long long>(id));
+        throw Error(sqlstate::no_such_key, message);
+    }
+    // Only an event out for delivery can fail; a delivered or dead event, or
+    // one never handed out, keeps its state.
+    const bool handed_out = strcmp(event.label, "in_flight") == 0 ||
+                            (strcmp(event.label, "pending") == 0 && event.attempts > 0);
+    Datum result = event.state;
+    if (handed_out) {
+        const Micros now = GetCurrentTimestamp();
+        const FailDecision decision = decide_fail(event.attempts, retryable, retry_in, policy,
+                                                  pg_prng_double(&pg_global_prng_state));
+        const bool dead = decision.next == Status::FailedFinal;
+        retry_or_bury(id, dead, error, now + decision.delay.value_or(0), now);
+        result = DirectFunctionCall2(enum_in, CStringGetDatum(dead ? "dead" : "pending"),
+                                     ObjectIdGetDatum(event.state_type));
+    }
+    finish_spi();
+    return result;
+}
+
+Datum redrive_body(FunctionCallInfo fcinfo) {
+    const bool has_ids = !PG_ARGISNULL(0);
+    const Datum ids = has_ids ? ids_arg(fcinfo, 0, "ids") : 0;
+    const text* topic = PG_ARGISNULL(1) ? nullptr : name_arg(fcinfo, 1, "topic");
+    connect_spi();
+    const std::uint64_t changed = redrive_events(ids, has_ids, topic, GetCurrentTimestamp());
+    finish_spi();
+    PG_RETURN_INT64(static_cast<int64>(changed));
+}
+
+}  // namespace
+
+}  // namespace idem::pg
+
+IDEM_SQL_FUNCTION(outbox_enqueue, idem::pg::enqueue_body)
+IDEM_SQL_FUNCTION(outbox_claim, idem::pg::claim_body)
+IDEM_SQL_FUNCTION(outbox_ack, idem::pg::ack_body)
+IDEM_SQL_FUNCTION(outbox_nack, idem::pg::nack_body)
+IDEM_SQL_FUNCTION(outbox_redrive, idem::pg::redrive_body)

@@ -1,0 +1,177 @@
+#include "pg/outbox_store.hpp"
+
+#include "pg/spi.hpp"
+
+namespace idem::pg {
+
+namespace {
+
+#define OUTBOX " idempotency.outbox "
+
+Statement kInsert = {
+    "INSERT INTO" OUTBOX "(topic, key, payload, headers, dedup_key, enqueued_at, available_at, "
+    "updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $6) RETURNING id",
+    7, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kInsertDeduplicated = {
+    "INSERT INTO" OUTBOX "(topic, key, payload, headers, dedup_key, enqueued_at, available_at, "
+    "updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $6) "
+    "ON CONFLICT (topic, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id",
+    7, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kFindDeduplicated = {
+    "SELECT id FROM" OUTBOX "WHERE topic = $1 AND dedup_key = $2", 2, {TEXTOID, TEXTOID},
+    nullptr};
+
+// An event is due when it is pending and its time has come, or in flight
+// with a lease that ran out (and attempts left; maintenance buries the rest).
+// A keyed event waits while an earlier live event of its (topic, key) exists
+// or another one of them is in flight: at most one per key is in flight.
+Statement kClaim = {
+    "WITH picked AS ("
+    "  SELECT o.id FROM" OUTBOX "o"
+    "   WHERE o.state IN ('pending', 'in_flight')"
+    "     AND CASE WHEN o.state = 'pending' THEN o.available_at <= $1"
+    "              ELSE o.lease_until <= $1 AND o.attempts < $6 END"
+    "     AND ($5::pg_catalog.text[] IS NULL OR o.topic = ANY ($5))"
+    "     AND (o.key IS NULL OR ("
+    "          NOT EXISTS (SELECT 1 FROM" OUTBOX "p"
+    "                       WHERE p.topic = o.topic AND p.key = o.key AND p.id < o.id"
+    "                         AND p.state IN ('pending', 'in_flight'))"
+    "      AND NOT EXISTS (SELECT 1 FROM" OUTBOX "f"
+    "                       WHERE f.topic = o.topic AND f.key = o.key AND f.id <> o.id"
+    "                         AND f.state = 'in_flight')))"
+    "   ORDER BY o.id LIMIT $2"
+    "   FOR NO KEY UPDATE OF o SKIP LOCKED),"
+    " claimed AS ("
+    "  UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, lease_until = $3,"
+    "         relay = $4, updated_at = $1"
+    "    FROM picked WHERE o.id = picked.id"
+    "  RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts,"
+    "            o.enqueued_at)"
+    " SELECT * FROM claimed ORDER BY id",
+    6, {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, TEXTOID, TEXTARRAYOID, INT4OID}, nullptr};
+
+// A late ack (after the lease ran out and the event went back to pending)
+// still counts: the event was delivered.
+Statement kAck = {
+    "UPDATE" OUTBOX "SET state = 'delivered', delivered_at = $2, lease_until = NULL, "
+    "updated_at = $2 WHERE id = ANY ($1) AND (state = 'in_flight' OR "
+    "(state = 'pending' AND attempts > 0))",
+    2, {INT8ARRAYOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kLock = {
+    "SELECT state, state::pg_catalog.text, attempts FROM" OUTBOX "WHERE id = $1 "
+    "FOR NO KEY UPDATE",
+    1, {INT8OID}, nullptr};
+
+Statement kRetryOrBury = {
+    "UPDATE" OUTBOX "SET state = CASE WHEN $2 THEN 'dead' ELSE 'pending' END"
+    "::idempotency.outbox_state, last_error = $3, available_at = $4, lease_until = NULL, "
+    "updated_at = $5 WHERE id = $1",
+    5, {INT8OID, BOOLOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kRedrive = {
+    "UPDATE" OUTBOX "SET state = 'pending', attempts = 0, available_at = $3, "
+    "lease_until = NULL, updated_at = $3 WHERE state = 'dead' "
+    "AND ($1::pg_catalog.int8[] IS NULL OR id = ANY ($1)) "
+    "AND ($2::pg_catalog.text IS NULL OR topic = $2)",
+    3, {INT8ARRAYOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kExpireLeases = {
+    "WITH due AS (SELECT id FROM" OUTBOX "WHERE state = 'in_flight' AND lease_until <= $1 "
+    "  LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED) "
+    "UPDATE" OUTBOX "o SET state = CASE WHEN o.attempts >= $3 THEN 'dead' ELSE 'pending' END"
+    "::idempotency.outbox_state, available_at = $1, lease_until = NULL, "
+    "last_error = 'lease expired', updated_at = $1 "
+    "FROM due WHERE o.id = due.id AND o.state = 'in_flight'",
+    3, {TIMESTAMPTZOID, INT4OID, INT4OID}, nullptr};
+
+Statement kPurgeDelivered = {
+    "DELETE FROM" OUTBOX "WHERE id = ANY (ARRAY("
+    "  SELECT id FROM" OUTBOX "WHERE state = 'delivered' AND delivered_at <= $1 "
+    "  LIMIT $2 FOR UPDATE SKIP LOCKED))",
+    2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+
+}  // namespace
+
+std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
+    Params params;
+    params.add_text(event.topic).add_text(event.key).add(event.payload);
+    params.add_datum(event.headers, event.has_headers).add_text(event.dedup_key);
+    params.add_timestamp(now).add_timestamp(event.available_at);
+    if (event.dedup_key == nullptr) {
+        execute(kInsert, params);
+        *inserted = true;
+        return *column_int8(1);
+    }
+    // A concurrent enqueue of the same dedup_key: ON CONFLICT waits for its
+    // transaction; then its row is visible (or gone after a rollback, or
+    // purged): loop until one of the two statements finds an id.
+    Params lookup;
+    lookup.add_text(event.topic).add_text(event.dedup_key);
+    for (;;) {
+        if (execute(kInsertDeduplicated, params) > 0) {
+            *inserted = true;
+            return *column_int8(1);
+        }
+        if (execute(kFindDeduplicated, lookup, 1) > 0) {
+            *inserted = false;
+            return *column_int8(1);
+        }
+        CHECK_FOR_INTERRUPTS();
+    }
+}
+
+std::uint64_t claim_events(const ClaimRequest& request, Micros now) {
+    Params params;
+    params.add_timestamp(now).add_int4(request.batch).add_timestamp(request.lease_until);
+    params.add_text(request.relay).add_datum(request.topics, request.has_topics);
+    params.add_int4(request.max_attempts);
+    return execute(kClaim, params);
+}
+
+std::uint64_t ack_events(Datum ids, Micros now) {
+    Params params;
+    params.add(ids).add_timestamp(now);
+    return execute(kAck, params);
+}
+
+bool lock_event(std::int64_t id, EventState* out) {
+    Params params;
+    params.add_int8(id);
+    if (execute(kLock, params, 1) == 0) return false;
+    bool isnull = false;
+    out->state = column(1, &isnull);
+    out->state_type = SPI_gettypeid(SPI_tuptable->tupdesc, 1);
+    out->label = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+    out->attempts = DatumGetInt32(column(3, &isnull));
+    return true;
+}
+
+void retry_or_bury(std::int64_t id, bool dead, const text* error, Micros available_at, Micros now) {
+    Params params;
+    params.add_int8(id).add(BoolGetDatum(dead)).add_text(error).add_timestamp(available_at);
+    params.add_timestamp(now);
+    execute(kRetryOrBury, params);
+}
+
+std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros now) {
+    Params params;
+    params.add_datum(ids, has_ids).add_text(topic).add_timestamp(now);
+    return execute(kRedrive, params);
+}
+
+std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now) {
+    Params params;
+    params.add_timestamp(now).add_int4(batch).add_int4(max_attempts);
+    return execute(kExpireLeases, params);
+}
+
+std::uint64_t purge_delivered_events(int batch, Micros cutoff) {
+    Params params;
+    params.add_timestamp(cutoff).add_int4(batch);
+    return execute(kPurgeDelivered, params);
+}
+
+}  // namespace idem::pg

@@ -1,0 +1,58 @@
+// Where the SQL of the transactional outbox lives: every statement that
+// reads or changes idempotency.outbox. Callers hold an SPI connection.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "pg/postgres.hpp"
+
+namespace idem::pg {
+
+struct NewEvent {
+    text* topic;
+    Datum payload;
+    text* key;        // may be null
+    Datum headers;    // jsonb, when has_headers
+    bool has_headers;
+    text* dedup_key;  // may be null
+    Micros available_at;
+};
+
+// Inserts the event; with a dedup_key already taken by (topic, dedup_key),
+// inserts nothing and returns the existing event's id. *inserted tells which.
+std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted);
+
+struct ClaimRequest {
+    text* relay;
+    int batch;
+    Micros lease_until;
+    Datum topics;  // text[], when has_topics
+    bool has_topics;
+    int max_attempts;
+};
+
+// Hands out due events (see the statement for the rules); the rows are left
+// in SPI_tuptable as outbox_delivery columns, in id order. Returns the count.
+std::uint64_t claim_events(const ClaimRequest& request, Micros now);
+
+std::uint64_t ack_events(Datum ids, Micros now);
+
+struct EventState {
+    Datum state;  // outbox_state enum value
+    Oid state_type;
+    const char* label;
+    std::int32_t attempts;
+};
+// Locks the event's row; false when it does not exist.
+bool lock_event(std::int64_t id, EventState* out);
+// pending (due at available_at) or dead, with the error.
+void retry_or_bury(std::int64_t id, bool dead, const text* error, Micros available_at, Micros now);
+
+std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros now);
+
+// Maintenance batches.
+std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now);
+std::uint64_t purge_delivered_events(int batch, Micros cutoff);
+
+}  // namespace idem::pg
