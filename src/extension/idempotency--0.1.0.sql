@@ -382,3 +382,46 @@ SELECT o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts, o.la
 
 REVOKE ALL ON idempotency.outbox_lag, idempotency.outbox_dead_letters FROM PUBLIC;
 GRANT SELECT ON idempotency.outbox_lag, idempotency.outbox_dead_letters TO pg_monitor;
+
+-- ---------------------------------------------------------------- metrics
+
+-- Cumulative counters kept in shared memory (needs shared_preload_libraries).
+CREATE FUNCTION idempotency.idem_metrics_row(
+    OUT claims pg_catalog.int8,
+    OUT replays pg_catalog.int8,
+    OUT in_progress pg_catalog.int8,
+    OUT mismatches pg_catalog.int8,
+    OUT completions pg_catalog.int8,
+    OUT failures_retryable pg_catalog.int8,
+    OUT failures_final pg_catalog.int8,
+    OUT lease_expirations pg_catalog.int8,
+    OUT late_completions pg_catalog.int8,
+    OUT stale_tokens pg_catalog.int8,
+    OUT inbox_duplicates pg_catalog.int8,
+    OUT outbox_enqueued pg_catalog.int8,
+    OUT outbox_deduplicated pg_catalog.int8,
+    OUT outbox_delivered pg_catalog.int8,
+    OUT outbox_retried pg_catalog.int8,
+    OUT outbox_dead pg_catalog.int8,
+    OUT locks_acquired pg_catalog.int8,
+    OUT locks_contended pg_catalog.int8,
+    OUT processing_count pg_catalog.int8,
+    OUT processing_ms_sum pg_catalog.int8,
+    OUT processing_ms_buckets pg_catalog.int8[],
+    OUT stats_reset pg_catalog.timestamptz)
+RETURNS record
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_metrics_row';
+
+CREATE VIEW idempotency.idem_metrics AS SELECT * FROM idempotency.idem_metrics_row();
+
+CREATE FUNCTION idempotency.idem_metrics_reset()
+RETURNS void
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_metrics_reset';
+
+REVOKE ALL ON FUNCTION idempotency.idem_metrics_row() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_metrics_row() TO pg_monitor;
+REVOKE ALL ON FUNCTION idempotency.idem_metrics_reset() FROM PUBLIC;
+REVOKE ALL ON idempotency.idem_metrics FROM PUBLIC;
+GRANT SELECT ON idempotency.idem_metrics TO pg_monitor;

@@ -1,15 +1,19 @@
 // SQL entry points that create or claim keys: idem_register, idem_claim,
 // and idem_get. The decisions are the core's; the SQL is key_store's.
+#include <algorithm>
+
 #include "core/claim_decision.hpp"
 #include "core/error.hpp"
 #include "pg/args.hpp"
 #include "pg/fingerprint.hpp"
 #include "pg/guard.hpp"
 #include "pg/key_store.hpp"
+#include "pg/metrics.hpp"
 #include "pg/outcome.hpp"
-#include "pg/pause.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
+#include "pg/transition_log.hpp"
+#include "pg/wakeup.hpp"
 
 namespace idem::pg {
 
@@ -52,6 +56,17 @@ void describe(const StoredKey& stored, const ClaimDecision& decision, OutcomeFie
     out->error = stored.last_error;
 }
 
+// Answers are counted once per call, whatever the caller then does.
+void count_answer_of(Outcome outcome) {
+    switch (outcome) {
+        case Outcome::Completed: count_answer(Counter::Replays); break;
+        case Outcome::InProgress:
+        case Outcome::RetryLater: count_answer(Counter::InProgress); break;
+        case Outcome::Mismatch: count_answer(Counter::Mismatches); break;
+        default: break;
+    }
+}
+
 [[noreturn]] void raise_race_lost() {
     throw Error("40001", "could not settle the key against concurrent changes; retry the call");
 }
@@ -76,6 +91,8 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
             out->status = Status::Processing;
             out->token = token;
             out->attempt = 1;
+            count_on_commit(Counter::Claims);
+            log_transition(args.id.scope, args.id.key, std::nullopt, Status::Processing, token, 1);
             return;
         }
         const int max_attempts = settings::max_attempts;
@@ -104,6 +121,11 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
                             args.request.has_fingerprint, decision.takeover, now, &out->token.emplace(),
                             &out->attempt);
                 out->status = Status::Processing;
+                count_on_commit(Counter::Claims);
+                if (decision.takeover) count_on_commit(Counter::LeaseExpirations);
+                log_transition(args.id.scope, args.id.key, stored.state.status, Status::Processing,
+                               out->token, out->attempt,
+                               decision.takeover ? "lease expired" : nullptr);
                 return;
             case ClaimAction::ExpireToFinal:
                 expire_lease(args.id, Status::FailedFinal, now,
@@ -111,6 +133,10 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
                 out->status = Status::FailedFinal;
                 out->has_error = true;
                 out->error = CStringGetTextDatum("lease expired");
+                count_on_commit(Counter::LeaseExpirations);
+                log_transition(args.id.scope, args.id.key, Status::Processing, Status::FailedFinal,
+                               stored.state.token, stored.state.attempts,
+                               "lease expired, attempts exhausted");
                 return;
         }
     }
@@ -126,14 +152,23 @@ Datum claim_body(FunctionCallInfo fcinfo) {
     const std::optional<Micros> wait = wait_arg(fcinfo, 4);
     const Micros deadline = GetCurrentTimestamp() + wait.value_or(0);
 
+    // A waiting claim sleeps until the holder's transaction commits a change
+    // of the key (or its lease runs out, or the wait ends), then asks again.
+    const std::uint32_t channel = wake_channel(WaitTopic::Key, args.id.scope, args.id.key);
     OutcomeFields out;
     connect_spi();
     for (int round = 0;; ++round) {
+        if (wait) prepare_to_wait(channel);
         claim_once(args, &out);
-        if (out.outcome != Outcome::InProgress || GetCurrentTimestamp() >= deadline) break;
-        pause_before_retry(round, deadline);
+        const Micros now = GetCurrentTimestamp();
+        if (out.outcome != Outcome::InProgress || now >= deadline) break;
+        const Micros lease_end = now + out.retry_after.value_or(0) + kMillisecond;
+        wait_for_wakeup(channel, std::min(deadline, lease_end), round);
+        CHECK_FOR_INTERRUPTS();
     }
+    if (wait) stop_waiting();
     finish_spi();
+    count_answer_of(out.outcome);
     return outcome_datum(fcinfo, out);
 }
 
@@ -157,6 +192,7 @@ Datum register_body(FunctionCallInfo fcinfo) {
             break;
         }
         if (insert_registered(id, request.fingerprint, request.has_fingerprint, job_ref, now)) {
+            log_transition(id.scope, id.key, std::nullopt, Status::Received, std::nullopt, 0);
             out.outcome = Outcome::Registered;
             out.status = Status::Received;
             out.attempt = 0;
@@ -166,6 +202,7 @@ Datum register_body(FunctionCallInfo fcinfo) {
         }
     }
     finish_spi();
+    count_answer_of(out.outcome);
     return outcome_datum(fcinfo, out);
 }
 

@@ -9,10 +9,13 @@
 #include "pg/args.hpp"
 #include "pg/guard.hpp"
 #include "pg/key_store.hpp"
+#include "pg/metrics.hpp"
 #include "pg/outcome.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
 #include "pg/status_enum.hpp"
+#include "pg/transition_log.hpp"
+#include "pg/wakeup.hpp"
 
 extern "C" {
 #include "common/pg_prng.h"
@@ -68,8 +71,10 @@ FenceVerdict lock_as_holder(HolderCall call, const KeyId& id, std::int64_t token
                             StoredKey* stored) {
     if (!read_key(id, RowLock::ForUpdate, stored)) raise_no_such_key(id);
     const FenceVerdict verdict = check_fence(call, stored->state, token);
-    if (verdict == FenceVerdict::StaleToken || verdict == FenceVerdict::WrongState)
+    if (verdict == FenceVerdict::StaleToken || verdict == FenceVerdict::WrongState) {
+        if (verdict == FenceVerdict::StaleToken) count_answer(Counter::StaleTokens);
         raise_refused(verdict, call, id, token, stored->state.status);
+    }
     return verdict;
 }
 
@@ -89,13 +94,29 @@ Datum complete_body(FunctionCallInfo fcinfo) {
         span_arg(fcinfo, 4, "retain").value_or(settings::seconds(settings::retention_s));
 
     connect_spi();
-    const Micros now = GetCurrentTimestamp();
+    // Logging a transition needs the state it leaves: read it first then.
+    std::optional<Status> from;
     StoredKey stored;
-    if (!complete_by_holder(id, token, result, has_result, now, now + retain, &stored)) {
+    if (settings::log_transitions) {
+        lock_as_holder(HolderCall::Complete, id, token, &stored);
+        from = stored.state.status;
+    }
+    const Micros now = GetCurrentTimestamp();
+    std::optional<Micros> claimed_at;
+    if (complete_by_holder(id, token, result, has_result, now, now + retain, &stored, &claimed_at)) {
+        count_on_commit(Counter::Completions);
+        if (stored.state.lease_until && *stored.state.lease_until < now)
+            count_on_commit(Counter::LateCompletions);
+        if (claimed_at) observe_processing_on_commit(now - *claimed_at);
+        wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
+        log_transition(id.scope, id.key, from.value_or(Status::Processing), Status::Completed,
+                       token, stored.state.attempts);
+    } else {
         // Not completed now: a replay of an earlier complete, or a refusal.
         if (lock_as_holder(HolderCall::Complete, id, token, &stored) == FenceVerdict::Proceed)
             elog(ERROR, "idempotency: complete of key with token %lld found no row to change",
                  static_cast<long long>(token));
+        count_answer(Counter::Replays);
     }
     finish_spi();
 
@@ -133,6 +154,12 @@ Datum fail_body(FunctionCallInfo fcinfo) {
         expires_at = now + settings::seconds(settings::retention_s);
     record_failure(id, decision.next, error, now, next_attempt_at, expires_at);
     finish_spi();
+    const bool final = decision.next == Status::FailedFinal;
+    count_on_commit(final ? Counter::FailuresFinal : Counter::FailuresRetryable);
+    wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
+    log_transition(id.scope, id.key, stored.state.status, decision.next, token,
+                   stored.state.attempts,
+                   !retryable ? "not retryable" : final ? "attempts exhausted" : "retryable");
 
     return status_datum(get_fn_expr_rettype(fcinfo->flinfo), decision.next);
 }
@@ -148,6 +175,9 @@ Datum heartbeat_body(FunctionCallInfo fcinfo) {
     const Micros now = GetCurrentTimestamp();
     renew_lease(id, now + extend, now);
     finish_spi();
+    if (stored.state.status != Status::Processing)
+        log_transition(id.scope, id.key, stored.state.status, Status::Processing, token,
+                       stored.state.attempts, "late heartbeat");
     PG_RETURN_TIMESTAMPTZ(now + extend);
 }
 
@@ -159,11 +189,17 @@ Datum release_body(FunctionCallInfo fcinfo) {
     StoredKey stored;
     lock_as_holder(HolderCall::Release, id, token, &stored);
     const Micros now = GetCurrentTimestamp();
-    switch (decide_release(stored.state)) {
+    const ReleaseAction action = decide_release(stored.state);
+    switch (action) {
         case ReleaseAction::BackToReceived: release_to(id, Status::Received, now); break;
         case ReleaseAction::Delete: delete_key(id); break;
     }
     finish_spi();
+    wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
+    log_transition(id.scope, id.key, stored.state.status,
+                   action == ReleaseAction::BackToReceived ? std::optional<Status>(Status::Received)
+                                                           : std::nullopt,
+                   token, stored.state.attempts - 1, "released");
     PG_RETURN_VOID();
 }
 

@@ -3,6 +3,7 @@
 // first transaction and then sees its row (or takes its place after a rollback).
 #include "pg/args.hpp"
 #include "pg/guard.hpp"
+#include "pg/metrics.hpp"
 #include "pg/spi.hpp"
 
 namespace idem::pg {
@@ -25,6 +26,7 @@ Datum receive_body(FunctionCallInfo fcinfo) {
     connect_spi();
     const bool first_time = execute(kReceive, params) > 0;
     finish_spi();
+    if (!first_time) count_answer(Counter::InboxDuplicates);
     PG_RETURN_BOOL(first_time);
 }
 

@@ -58,7 +58,8 @@ Statement kComplete = {
     "UPDATE" KEYS "SET status = 'COMPLETED', result = $4, completed_at = $5, updated_at = $5, "
     "expires_at = $6, next_attempt_at = NULL, lease_expired = false, holder_pid = NULL"
     KEY_WHERE " AND token = $3 AND (status = 'PROCESSING' OR (lease_expired AND status IN "
-    "('FAILED_RETRYABLE', 'FAILED_FINAL'))) RETURNING attempts, result, job_ref",
+    "('FAILED_RETRYABLE', 'FAILED_FINAL'))) "
+    "RETURNING attempts, result, job_ref, lease_until, claimed_at",
     6, {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kExpire = {
@@ -160,7 +161,8 @@ void grant_claim(const KeyId& id, Micros lease_until, Datum fingerprint, bool ha
 }
 
 bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool has_result,
-                        Micros now, Micros expires_at, StoredKey* out) {
+                        Micros now, Micros expires_at, StoredKey* out,
+                        std::optional<Micros>* claimed_at) {
     Params params = key_params(id);
     params.add_int8(token).add_datum(result, has_result).add_timestamp(now);
     params.add_timestamp(expires_at);
@@ -171,6 +173,8 @@ bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool 
     out->state.attempts = DatumGetInt32(column(1, &isnull));
     out->result = column_copy(2, &out->has_result);
     out->job_ref = column_copy(3, &out->has_job_ref);
+    out->state.lease_until = column_timestamp(4);
+    *claimed_at = column_timestamp(5);
     return true;
 }
 

@@ -59,8 +59,11 @@ void grant_claim(const KeyId& id, Micros lease_until, Datum fingerprint, bool ha
 
 // PROCESSING -> COMPLETED when `token` is current and the call is allowed
 // (check_fence's Proceed). False when no row qualified.
+// On success `out` holds the completed key (its lease_until as it was) and
+// `claimed_at` when the token was granted.
 bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool has_result,
-                        Micros now, Micros expires_at, StoredKey* out);
+                        Micros now, Micros expires_at, StoredKey* out,
+                        std::optional<Micros>* claimed_at);
 
 // A lease that ran out: FAILED_RETRYABLE or FAILED_FINAL with 'lease expired'.
 void expire_lease(const KeyId& id, Status next, Micros now, std::optional<Micros> expires_at);

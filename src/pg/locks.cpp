@@ -1,12 +1,15 @@
 // Resource locks: pooler-safe leases with fencing tokens (the durable form
 // of SET NX PX). A live lock is read without locking; only a free or expired
 // one is taken, by an upsert that waits for a concurrent taker to finish.
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "pg/args.hpp"
 #include "pg/guard.hpp"
-#include "pg/pause.hpp"
+#include "pg/metrics.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
+#include "pg/wakeup.hpp"
 
 namespace idem::pg {
 
@@ -35,12 +38,18 @@ Statement kAssert = {
     "SELECT expires_at FROM idempotency.locks WHERE resource = $1 AND token = $2 FOR SHARE", 2,
     {TEXTOID, INT8OID}, nullptr};
 
-// A new token when the lock is free or expired; nothing while a holder lives.
-std::optional<std::int64_t> try_take(const text* resource, const text* owner, Micros ttl) {
+// A new token when the lock is free or expired; nothing while a holder
+// lives (then *holder_until tells until when, as far as is known).
+std::optional<std::int64_t> try_take(const text* resource, const text* owner, Micros ttl,
+                                     Micros* holder_until) {
     const Micros now = GetCurrentTimestamp();
+    *holder_until = now + 10 * kMillisecond;  // a concurrent taker: look again soon
     Params probe;
     probe.add_text(resource);
-    if (execute(kHolder, probe, 1) > 0 && *column_timestamp(1) > now) return std::nullopt;
+    if (execute(kHolder, probe, 1) > 0 && *column_timestamp(1) > now) {
+        *holder_until = *column_timestamp(1);
+        return std::nullopt;
+    }
 
     Params params;
     params.add_text(resource).add_text(owner).add_timestamp(now).add_timestamp(now + ttl);
@@ -58,15 +67,26 @@ Datum lock_body(FunctionCallInfo fcinfo) {
     const std::optional<Micros> wait = wait_arg(fcinfo, 3);
     const Micros deadline = GetCurrentTimestamp() + wait.value_or(0);
 
+    // A waiting caller sleeps until the holder's unlock commits, its lock
+    // expires, or the wait ends.
+    const std::uint32_t channel = wake_channel(WaitTopic::Lock, resource);
     connect_spi();
     std::optional<std::int64_t> token;
     for (int round = 0;; ++round) {
-        token = try_take(resource, owner, ttl);
+        if (wait) prepare_to_wait(channel);
+        Micros holder_until = 0;
+        token = try_take(resource, owner, ttl, &holder_until);
         if (token || GetCurrentTimestamp() >= deadline) break;
-        pause_before_retry(round, deadline);
+        wait_for_wakeup(channel, std::min(deadline, holder_until + kMillisecond), round);
+        CHECK_FOR_INTERRUPTS();
     }
+    if (wait) stop_waiting();
     finish_spi();
-    if (!token) PG_RETURN_NULL();
+    if (!token) {
+        count_answer(Counter::LocksContended);
+        PG_RETURN_NULL();
+    }
+    count_on_commit(Counter::LocksAcquired);
     PG_RETURN_INT64(*token);
 }
 
@@ -93,6 +113,7 @@ Datum unlock_body(FunctionCallInfo fcinfo) {
     connect_spi();
     const bool released = execute(kUnlock, params) > 0;
     finish_spi();
+    if (released) wake_on_commit(wake_channel(WaitTopic::Lock, resource));
     PG_RETURN_BOOL(released);
 }
 
@@ -106,6 +127,7 @@ Datum assert_body(FunctionCallInfo fcinfo) {
     const bool held = execute(kAssert, params, 1) > 0 && *column_timestamp(1) > GetCurrentTimestamp();
     finish_spi();
     if (!held) {
+        count_answer(Counter::StaleTokens);
         char message[400];
         snprintf(message, sizeof message,
                  "token %lld does not hold the lock on resource \"%s\"",

@@ -1,23 +1,41 @@
 #include "pg/maintenance.hpp"
 
 #include "pg/guard.hpp"
+#include "pg/metrics.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
+#include "pg/transition_log.hpp"
 
 namespace idem::pg {
 
 namespace {
 
+// An expiry: FAILED_RETRYABLE, or FAILED_FINAL when attempts are exhausted.
+#define EXPIRE_LEASES_OF(due_keys)                                                              \
+    "WITH due AS (" due_keys " LIMIT $2 FOR NO KEY UPDATE OF k SKIP LOCKED) "                  \
+    "UPDATE idempotency.idempotency_keys k SET "                                                \
+    "  status = CASE WHEN k.attempts >= $3 THEN 'FAILED_FINAL' ELSE 'FAILED_RETRYABLE' END"     \
+    "::idempotency.idem_status, "                                                               \
+    "  last_error = 'lease expired', lease_expired = true, next_attempt_at = $1, "             \
+    "  updated_at = $1, expires_at = CASE WHEN k.attempts >= $3 THEN $1 + $4 END, "            \
+    "  holder_pid = NULL "                                                                      \
+    "FROM due WHERE k.ctid = due.ctid AND k.status = 'PROCESSING' "                             \
+    "RETURNING k.scope, k.key, k.token, k.attempts, k.status = 'FAILED_FINAL'"
+
 Statement kExpireLeases = {
-    "WITH due AS (SELECT ctid FROM idempotency.idempotency_keys "
-    "  WHERE status = 'PROCESSING' AND lease_until <= $1 LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED) "
-    "UPDATE idempotency.idempotency_keys k SET "
-    "  status = CASE WHEN k.attempts >= $3 THEN 'FAILED_FINAL' ELSE 'FAILED_RETRYABLE' END"
-    "::idempotency.idem_status, "
-    "  last_error = 'lease expired', lease_expired = true, next_attempt_at = $1, updated_at = $1, "
-    "  expires_at = CASE WHEN k.attempts >= $3 THEN $1 + $4 END, holder_pid = NULL "
-    "FROM due WHERE k.ctid = due.ctid AND k.status = 'PROCESSING'",
+    EXPIRE_LEASES_OF("SELECT k.ctid FROM idempotency.idempotency_keys k "
+                     "WHERE k.status = 'PROCESSING' AND k.lease_until <= $1"),
+    4, {TIMESTAMPTZOID, INT4OID, INT4OID, INTERVALOID}, nullptr};
+
+// A claim whose backend has exited: no backend with its pid, or only one
+// that started after the claim (the pid was reused).
+Statement kExpireDisconnected = {
+    EXPIRE_LEASES_OF("SELECT k.ctid FROM idempotency.idempotency_keys k "
+                     "WHERE k.status = 'PROCESSING' AND k.holder_pid IS NOT NULL "
+                     "AND k.lease_until > $1 AND NOT EXISTS ("
+                     "  SELECT 1 FROM pg_catalog.pg_stat_get_activity(NULL) a "
+                     "  WHERE a.pid = k.holder_pid AND a.backend_start <= k.claimed_at)"),
     4, {TIMESTAMPTZOID, INT4OID, INT4OID, INTERVALOID}, nullptr};
 
 Statement kPurgeKeys = {
@@ -44,11 +62,28 @@ Datum interval_of(Micros value) {
     return IntervalPGetDatum(interval);
 }
 
-std::uint64_t expire_leases(int batch) {
+std::uint64_t expire(Statement& statement, int batch, const char* reason) {
     Params params;
     params.add_timestamp(GetCurrentTimestamp()).add_int4(batch).add_int4(settings::max_attempts);
     params.add(interval_of(settings::seconds(settings::retention_s)));
-    return execute(kExpireLeases, params);
+    const std::uint64_t expired = execute(statement, params);
+    count_on_commit(Counter::LeaseExpirations, expired);
+    for (std::uint64_t row = 0; settings::log_transitions && row < expired; ++row) {
+        bool isnull = false;
+        const bool final = DatumGetBool(column(5, &isnull, row));
+        log_transition(DatumGetTextPP(column(1, &isnull, row)), DatumGetTextPP(column(2, &isnull, row)),
+                       Status::Processing, final ? Status::FailedFinal : Status::FailedRetryable,
+                       column_int8(3, row), DatumGetInt32(column(4, &isnull, row)), reason);
+    }
+    return expired;
+}
+
+std::uint64_t expire_leases(int batch) { return expire(kExpireLeases, batch, "lease expired"); }
+
+// idempotency.expire_on_disconnect: claims whose backend has gone.
+std::uint64_t expire_disconnected(int batch) {
+    if (!settings::expire_on_disconnect) return 0;
+    return expire(kExpireDisconnected, batch, "holder disconnected");
 }
 
 std::uint64_t purge(Statement& statement, Micros cutoff, int batch) {
@@ -67,7 +102,12 @@ std::uint64_t purge_inbox(int batch) {
 std::uint64_t purge_locks(int batch) { return purge(kPurgeLocks, GetCurrentTimestamp(), batch); }
 
 std::uint64_t expire_outbox_leases(int batch) {
-    return expire_event_leases(batch, settings::outbox_max_attempts, GetCurrentTimestamp());
+    std::uint64_t dead = 0;
+    const std::uint64_t expired =
+        expire_event_leases(batch, settings::outbox_max_attempts, GetCurrentTimestamp(), &dead);
+    count_on_commit(Counter::OutboxRetried, expired - dead);
+    count_on_commit(Counter::OutboxDead, dead);
+    return expired;
 }
 
 std::uint64_t purge_outbox(int batch) {
@@ -77,6 +117,7 @@ std::uint64_t purge_outbox(int batch) {
 
 constexpr MaintenanceTask kTasks[] = {
     {"expire_leases", expire_leases},
+    {"expire_disconnected", expire_disconnected},
     {"expire_outbox_leases", expire_outbox_leases},
     {"purge_keys", purge_keys},
     {"purge_outbox", purge_outbox},

@@ -1,13 +1,23 @@
 // The module's entry: the magic block and _PG_init.
 #include "pg/guard.hpp"
+#include "pg/metrics.hpp"
 #include "pg/settings.hpp"
+#include "pg/shared_state.hpp"
+#include "pg/wakeup.hpp"
+#include "pg/workers.hpp"
 
 extern "C" {
 PG_MODULE_MAGIC;
 PGDLLEXPORT void _PG_init(void);
 }
 
+// Nothing here allocates C++ objects or throws.
 extern "C" void _PG_init(void) {
-    // Defining GUCs cannot throw; nothing here allocates C++ objects.
     idem::pg::settings::define();
+    idem::pg::install_metrics_callbacks();
+    idem::pg::install_wakeup_callbacks();
+    // Shared memory and the workers need the library to be preloaded.
+    if (!process_shared_preload_libraries_in_progress) return;
+    idem::pg::install_shared_state_hooks();
+    idem::pg::register_launcher();
 }

@@ -6,6 +6,7 @@
 #include "core/retry.hpp"
 #include "pg/args.hpp"
 #include "pg/guard.hpp"
+#include "pg/metrics.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
@@ -87,6 +88,7 @@ Datum enqueue_body(FunctionCallInfo fcinfo) {
     finish_spi();
     // Delivered to listeners only if this transaction commits.
     if (inserted) Async_Notify(kChannel, text_to_cstring(event.topic));
+    count_on_commit(inserted ? Counter::OutboxEnqueued : Counter::OutboxDeduplicated);
     PG_RETURN_INT64(id);
 }
 
@@ -118,6 +120,7 @@ Datum ack_body(FunctionCallInfo fcinfo) {
     connect_spi();
     const std::uint64_t changed = ack_events(ids, GetCurrentTimestamp());
     finish_spi();
+    count_on_commit(Counter::OutboxDelivered, changed);
     PG_RETURN_INT64(static_cast<int64>(changed));
 }
 
@@ -150,6 +153,7 @@ Datum nack_body(FunctionCallInfo fcinfo) {
                                                   pg_prng_double(&pg_global_prng_state));
         const bool dead = decision.next == Status::FailedFinal;
         retry_or_bury(id, dead, error, now + decision.delay.value_or(0), now);
+        count_on_commit(dead ? Counter::OutboxDead : Counter::OutboxRetried);
         result = DirectFunctionCall2(enum_in, CStringGetDatum(dead ? "dead" : "pending"),
                                      ObjectIdGetDatum(event.state_type));
     }

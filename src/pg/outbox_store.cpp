@@ -84,7 +84,7 @@ Statement kExpireLeases = {
     "UPDATE" OUTBOX "o SET state = CASE WHEN o.attempts >= $3 THEN 'dead' ELSE 'pending' END"
     "::idempotency.outbox_state, available_at = $1, lease_until = NULL, "
     "last_error = 'lease expired', updated_at = $1 "
-    "FROM due WHERE o.id = due.id AND o.state = 'in_flight'",
+    "FROM due WHERE o.id = due.id AND o.state = 'in_flight' RETURNING o.state = 'dead'",
     3, {TIMESTAMPTZOID, INT4OID, INT4OID}, nullptr};
 
 Statement kPurgeDelivered = {
@@ -162,10 +162,16 @@ std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros 
     return execute(kRedrive, params);
 }
 
-std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now) {
+std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now, std::uint64_t* dead) {
     Params params;
     params.add_timestamp(now).add_int4(batch).add_int4(max_attempts);
-    return execute(kExpireLeases, params);
+    const std::uint64_t expired = execute(kExpireLeases, params);
+    *dead = 0;
+    for (std::uint64_t row = 0; row < expired; ++row) {
+        bool isnull = false;
+        if (DatumGetBool(column(1, &isnull, row))) ++*dead;
+    }
+    return expired;
 }
 
 std::uint64_t purge_delivered_events(int batch, Micros cutoff) {

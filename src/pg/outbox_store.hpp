@@ -52,7 +52,9 @@ void retry_or_bury(std::int64_t id, bool dead, const text* error, Micros availab
 std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros now);
 
 // Maintenance batches.
-std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now);
+// In-flight events whose lease ran out go back to pending, or to dead when
+// their attempts are used up (*dead counts those).
+std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now, std::uint64_t* dead);
 std::uint64_t purge_delivered_events(int batch, Micros cutoff);
 
 }  // namespace idem::pg
