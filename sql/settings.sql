@@ -12,6 +12,7 @@ END $f$;
 
 -- Every setting with its default, unit and context (user: any session;
 -- superuser: superusers only; sighup: server-wide, reloaded on SIGHUP).
+-- (The test clusters set worker_enabled = off: see test/regress.conf.)
 SELECT name, setting, unit, context, vartype, boot_val, min_val, max_val
   FROM pg_settings WHERE name LIKE 'idempotency.%' ORDER BY name COLLATE "C";
 -- As SHOW prints them.

@@ -12,6 +12,11 @@ SELECT enum_range(NULL::idempotency.idem_status);
 SELECT a.attname, format_type(a.atttypid, a.atttypmod) AS type
   FROM pg_attribute a WHERE a.attrelid = 'idempotency.idem_outcome'::regclass AND a.attnum > 0
  ORDER BY a.attnum;
+-- The outbox: the states of an event, and the row outbox_claim returns.
+SELECT enum_range(NULL::idempotency.outbox_state);
+SELECT a.attname, format_type(a.atttypid, a.atttypmod) AS type
+  FROM pg_attribute a WHERE a.attrelid = 'idempotency.outbox_delivery'::regclass AND a.attnum > 0
+ ORDER BY a.attnum;
 -- The columns of idempotency_keys that users rely on (idem_get's row type).
 SELECT c AS column_name, format_type(a.atttypid, a.atttypmod) AS type
   FROM unnest(ARRAY['scope', 'key', 'status', 'token', 'attempts', 'lease_until', 'next_attempt_at',
@@ -33,6 +38,15 @@ ALTER EXTENSION idempotency SET SCHEMA public;
 -- Only a superuser may create the extension.
 SELECT token AS t FROM idempotency.idem_claim('setup-1') \gset
 SELECT outcome FROM idempotency.idem_complete('setup-1', :t, '"before"');
+-- Every outbox statement runs once in this session before the DROP.
+SELECT idempotency.outbox_enqueue('setup.t', '"before"', dedup_key => 'setup-d') AS e \gset
+SELECT idempotency.outbox_enqueue('setup.t', '"before, again"', dedup_key => 'setup-d') = :e AS deduplicated;
+SELECT idempotency.outbox_enqueue('setup.t', '"before 2"') > :e AS enqueued;
+SELECT payload, attempt FROM idempotency.outbox_claim('setup-relay') ORDER BY id;
+SELECT idempotency.outbox_nack(:e, 'e', false);
+SELECT idempotency.outbox_redrive() AS redriven;
+SELECT idempotency.outbox_ack(ARRAY[:e]) AS acked;
+SELECT task, rows FROM idempotency.idem_maintenance() WHERE task LIKE '%outbox%' ORDER BY task COLLATE "C";
 DROP EXTENSION idempotency;
 CREATE ROLE regress_idem_creator;
 GRANT CREATE ON DATABASE contrib_regression TO regress_idem_creator;
@@ -56,5 +70,15 @@ SELECT outcome, status FROM idempotency.idem_register('setup-2', NULL, 'job');
 SELECT idempotency.idem_fail('setup-3', (idempotency.idem_claim('setup-3')).token, 'e', false);
 SELECT idempotency.inbox_receive('setup-m1') AS first_time;
 SELECT idempotency.idem_lock('setup-r1') IS NOT NULL AS locked;
+SELECT idempotency.outbox_enqueue('setup.t', '"after"', dedup_key => 'setup-d') AS e \gset
+SELECT count(*) AS events, min(payload::text) AS payload FROM idempotency.outbox;
+SELECT idempotency.outbox_enqueue('setup.t', '"after, again"', dedup_key => 'setup-d') = :e AS deduplicated;
+SELECT payload, attempt FROM idempotency.outbox_claim('setup-relay');
+SELECT idempotency.outbox_nack(:e, 'e', false);
+SELECT idempotency.outbox_redrive() AS redriven;
+SELECT payload, attempt FROM idempotency.outbox_claim('setup-relay');
+SELECT idempotency.outbox_ack(ARRAY[:e]) AS acked;
+SELECT topic, pending, in_flight, retrying, dead, last_delivered_at IS NOT NULL AS delivered FROM idempotency.outbox_lag;
+SELECT count(*) AS dead_letters FROM idempotency.outbox_dead_letters;
 SELECT task FROM idempotency.idem_maintenance() ORDER BY task COLLATE "C";
 SELECT scope, received, completed, failed_final FROM idempotency.idem_stats WHERE scope = 'default';

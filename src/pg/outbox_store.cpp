@@ -23,10 +23,23 @@ Statement kFindDeduplicated = {
     "SELECT id FROM" OUTBOX "WHERE topic = $1 AND dedup_key = $2", 2, {TEXTOID, TEXTOID},
     nullptr};
 
+// Producers of one (topic, key) take turns: an enqueue of a keyed event holds
+// a transaction-level advisory lock on the (topic, key) until its transaction
+// ends, taken before the event gets its id. So within a key ids are assigned
+// in commit order, and a relay can never see event n+1 committed while event
+// n is still uncommitted (it would hand out n+1 first, then n).
+Statement kLockKey = {
+    "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1, 1861) "
+    "OPERATOR(pg_catalog.#) pg_catalog.hashtextextended($2, 7411))",
+    2, {TEXTOID, TEXTOID}, nullptr};
+
 // An event is due when it is pending and its time has come, or in flight
 // with a lease that ran out (and attempts left; maintenance buries the rest).
-// A keyed event waits while an earlier live event of its (topic, key) exists
-// or another one of them is in flight: at most one per key is in flight.
+// A pending keyed event waits while an earlier live event of its (topic, key)
+// exists or another one of them is in flight: at most one per key is in
+// flight. An expired in-flight event is the key's one in flight: it is handed
+// out again even when an earlier event of its key was redriven meanwhile
+// (that one waits behind it), or the key would be stuck until maintenance.
 Statement kClaim = {
     "WITH picked AS ("
     "  SELECT o.id FROM" OUTBOX "o"
@@ -35,9 +48,10 @@ Statement kClaim = {
     "              ELSE o.lease_until <= $1 AND o.attempts < $6 END"
     "     AND ($5::pg_catalog.text[] IS NULL OR o.topic = ANY ($5))"
     "     AND (o.key IS NULL OR ("
-    "          NOT EXISTS (SELECT 1 FROM" OUTBOX "p"
+    "          (o.state = 'in_flight' OR"
+    "           NOT EXISTS (SELECT 1 FROM" OUTBOX "p"
     "                       WHERE p.topic = o.topic AND p.key = o.key AND p.id < o.id"
-    "                         AND p.state IN ('pending', 'in_flight'))"
+    "                         AND p.state IN ('pending', 'in_flight')))"
     "      AND NOT EXISTS (SELECT 1 FROM" OUTBOX "f"
     "                       WHERE f.topic = o.topic AND f.key = o.key AND f.id <> o.id"
     "                         AND f.state = 'in_flight')))"
@@ -96,6 +110,11 @@ Statement kPurgeDelivered = {
 }  // namespace
 
 std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
+    if (event.key != nullptr) {
+        Params key;
+        key.add_text(event.topic).add_text(event.key);
+        execute(kLockKey, key);
+    }
     Params params;
     params.add_text(event.topic).add_text(event.key).add(event.payload);
     params.add_datum(event.headers, event.has_headers).add_text(event.dedup_key);
