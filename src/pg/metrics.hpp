@@ -31,7 +31,7 @@ enum class Counter : int {
     LocksAcquired,
     LocksContended,
     ProcessingCount,
-    ProcessingMsSum,
+    ProcessingMsSum,  // kept in microseconds, shown in ms
 };
 
 // An answer given: counted now, whatever becomes of the transaction.
