@@ -100,17 +100,21 @@ run_tap() {
     done
 }
 
-run_stress() {
-    [ -x "$stage/test/stress/run.sh" ] || return 0
-    log "stress test"
-    if "$stage/test/stress/run.sh"; then count stress 1 0; else count stress 0 1; fi
+# Harnesses that run real processes: each script is one test.
+run_harnesses() {
+    local script
+    for script in "$stage"/test/stress/*.sh "$stage"/test/relay/run.sh; do
+        [ -x "$script" ] || continue
+        log "harness ${script#$stage/}"
+        if "$script"; then count "${script#$stage/}" 1 0; else count "${script#$stage/}" 0 1; fi
+    done
 }
 
 run_unit
 run_regress
 run_isolation
 run_tap
-run_stress
+run_harnesses
 
 if [ "$failed" -eq 0 ]; then
     rm -rf "$stage"

@@ -5,6 +5,7 @@
 #include "pg/outbox_store.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
+#include "pg/status_enum.hpp"
 #include "pg/transition_log.hpp"
 
 namespace idem::pg {
@@ -38,11 +39,16 @@ Statement kExpireDisconnected = {
                      "  WHERE a.pid = k.holder_pid AND a.backend_start <= k.claimed_at)"),
     4, {TIMESTAMPTZOID, INT4OID, INT4OID, INTERVALOID}, nullptr};
 
-Statement kPurgeKeys = {
-    "DELETE FROM idempotency.idempotency_keys WHERE ctid = ANY (ARRAY("
-    "  SELECT ctid FROM idempotency.idempotency_keys WHERE expires_at <= $1 "
-    "  LIMIT $2 FOR UPDATE SKIP LOCKED))",
-    2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+#define PURGE_KEYS                                                                  \
+    "DELETE FROM idempotency.idempotency_keys WHERE ctid = ANY (ARRAY("             \
+    "  SELECT ctid FROM idempotency.idempotency_keys WHERE expires_at <= $1 "      \
+    "  LIMIT $2 FOR UPDATE SKIP LOCKED))"
+
+Statement kPurgeKeys = {PURGE_KEYS, 2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+
+// With idempotency.log_transitions: also returns what is logged of each key.
+Statement kPurgeKeysLogged = {PURGE_KEYS " RETURNING scope, key, status, token, attempts", 2,
+                              {TIMESTAMPTZOID, INT4OID}, nullptr};
 
 Statement kPurgeInbox = {
     "DELETE FROM idempotency.inbox WHERE ctid = ANY (ARRAY("
@@ -92,7 +98,20 @@ std::uint64_t purge(Statement& statement, Micros cutoff, int batch) {
     return execute(statement, params);
 }
 
-std::uint64_t purge_keys(int batch) { return purge(kPurgeKeys, GetCurrentTimestamp(), batch); }
+// COMPLETED / FAILED_FINAL --retention--> deleted: a transition to log.
+std::uint64_t purge_keys(int batch) {
+    if (!settings::log_transitions) return purge(kPurgeKeys, GetCurrentTimestamp(), batch);
+    const std::uint64_t purged = purge(kPurgeKeysLogged, GetCurrentTimestamp(), batch);
+    for (std::uint64_t row = 0; row < purged; ++row) {
+        bool isnull = false;
+        const Status from =
+            status_from_datum(SPI_gettypeid(SPI_tuptable->tupdesc, 3), column(3, &isnull, row));
+        log_transition(DatumGetTextPP(column(1, &isnull, row)), DatumGetTextPP(column(2, &isnull, row)),
+                       from, std::nullopt, column_int8(4, row), DatumGetInt32(column(5, &isnull, row)),
+                       "retention");
+    }
+    return purged;
+}
 
 std::uint64_t purge_inbox(int batch) {
     return purge(kPurgeInbox,

@@ -1,5 +1,6 @@
 #include "pg/outbox_store.hpp"
 
+#include "pg/producer_turn.hpp"
 #include "pg/spi.hpp"
 
 namespace idem::pg {
@@ -22,16 +23,6 @@ Statement kInsertDeduplicated = {
 Statement kFindDeduplicated = {
     "SELECT id FROM" OUTBOX "WHERE topic = $1 AND dedup_key = $2", 2, {TEXTOID, TEXTOID},
     nullptr};
-
-// Producers of one (topic, key) take turns: an enqueue of a keyed event holds
-// a transaction-level advisory lock on the (topic, key) until its transaction
-// ends, taken before the event gets its id. So within a key ids are assigned
-// in commit order, and a relay can never see event n+1 committed while event
-// n is still uncommitted (it would hand out n+1 first, then n).
-Statement kLockKey = {
-    "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1, 1861) "
-    "OPERATOR(pg_catalog.#) pg_catalog.hashtextextended($2, 7411))",
-    2, {TEXTOID, TEXTOID}, nullptr};
 
 // An event is due when it is pending and its time has come, or in flight
 // with a lease that ran out (and attempts left; maintenance buries the rest).
@@ -110,11 +101,7 @@ Statement kPurgeDelivered = {
 }  // namespace
 
 std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
-    if (event.key != nullptr) {
-        Params key;
-        key.add_text(event.topic).add_text(event.key);
-        execute(kLockKey, key);
-    }
+    if (event.key != nullptr) take_producer_turn(event.topic, event.key);
     Params params;
     params.add_text(event.topic).add_text(event.key).add(event.payload);
     params.add_datum(event.headers, event.has_headers).add_text(event.dedup_key);

@@ -10,10 +10,12 @@
 #include "pg/shared_state.hpp"
 
 extern "C" {
+#include "catalog/pg_database.h"
 #include "commands/extension.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
+#include "storage/lock.h"
 #include "tcop/tcopprot.h"
 #include "utils/snapmgr.h"
 
@@ -41,11 +43,28 @@ void report(int slot, Oid database, bool installed) {
     SpinLockRelease(&shared->mutex);
 }
 
+// DROP DATABASE (like ALTER DATABASE RENAME or SET TABLESPACE, and CREATE
+// DATABASE from this one as template) locks the database object, then waits
+// at most five seconds for the other backends to leave. Before each batch the
+// worker takes, without waiting, the lock a new connection takes; when it
+// cannot, it ends its sweep so that the command succeeds. The lock is the
+// batch transaction's, released at its commit.
+bool database_wanted_elsewhere(Oid database) {
+    LOCKTAG tag;
+    SET_LOCKTAG_OBJECT(tag, InvalidOid, DatabaseRelationId, database, 0);
+    return LockAcquire(&tag, RowExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL;
+}
+
 // One batch of one task in its own transaction, so that no lock is held
-// longer than a batch.
-std::uint64_t run_batch(const MaintenanceTask& task, int batch) {
+// longer than a batch. Returns false, having done nothing, when the
+// database is wanted by a command that needs the worker gone.
+bool run_batch(const MaintenanceTask& task, int batch, std::uint64_t* changed_out) {
     SetCurrentStatementStartTimestamp();
     StartTransactionCommand();
+    if (database_wanted_elsewhere(MyDatabaseId)) {
+        CommitTransactionCommand();
+        return false;
+    }
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "idempotency worker: SPI_connect failed");
     PushActiveSnapshot(GetTransactionSnapshot());
     pgstat_report_activity(STATE_RUNNING, task.name);
@@ -55,7 +74,8 @@ std::uint64_t run_batch(const MaintenanceTask& task, int batch) {
     CommitTransactionCommand();
     pgstat_report_stat(false);
     pgstat_report_activity(STATE_IDLE, nullptr);
-    return changed;
+    *changed_out = changed;
+    return true;
 }
 
 void sweep(Oid database, int slot) {
@@ -68,8 +88,11 @@ void sweep(Oid database, int slot) {
     const MaintenanceTask* tasks = maintenance_tasks(&count);
     for (int i = 0; i < count; ++i) {
         const int batch = settings::purge_batch;
-        while (run_batch(tasks[i], batch) >= static_cast<std::uint64_t>(batch))
+        std::uint64_t changed = 0;
+        do {
             CHECK_FOR_INTERRUPTS();
+            if (!run_batch(tasks[i], batch, &changed)) return;
+        } while (changed >= static_cast<std::uint64_t>(batch));
     }
 }
 

@@ -1,0 +1,32 @@
+#include "pg/producer_turn.hpp"
+
+extern "C" {
+#include "common/hashfn.h"
+#include "storage/lock.h"
+}
+
+namespace idem::pg {
+
+namespace {
+
+constexpr uint32 kTurns = 1024;
+// Advisory lock tags of SQL's pg_advisory_* functions use field4 1 or 2;
+// this class keeps the extension's turns apart from the application's.
+constexpr uint16 kTurnLockClass = 0x49;
+constexpr uint32 kTurnLockSpace = 0x4944454D;  // "IDEM"
+
+uint32 hash_of(const text* value) {
+    return hash_bytes(reinterpret_cast<const unsigned char*>(VARDATA_ANY(value)),
+                      static_cast<int>(VARSIZE_ANY_EXHDR(value)));
+}
+
+}  // namespace
+
+void take_producer_turn(const text* topic, const text* key) {
+    const uint32 turn = hash_combine(hash_of(topic), hash_of(key)) % kTurns;
+    LOCKTAG tag;
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, kTurnLockSpace, turn, kTurnLockClass);
+    (void)LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+}  // namespace idem::pg

@@ -1,0 +1,166 @@
+# Immediate shutdown (no checkpoint, crash recovery at the next start) with
+# claims, completions and outbox events in flight: no committed completion is
+# lost, no key stays PROCESSING beyond its lease plus about one naptime after
+# the restart, and outbox events that were in flight come back to pending and
+# are claimable.
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTap;
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+
+my $naptime = 0.2;
+my $node = idem_node('immediate', conf => ["log_statement = none"]);
+$node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+my $dir = PostgreSQL::Test::Utils::tempdir();
+
+# Completions acknowledged before the crash, from one session.
+$node->safe_psql(
+	'postgres', q{
+SELECT count(*) FROM generate_series(1, 50) g,
+  LATERAL idempotency.idem_complete('before-' || g,
+    (idempotency.idem_claim('before-' || g)).token, jsonb_build_object('n', g)) c;});
+
+# Loops of one psql per call, each writing the call's number to a file once
+# psql returned success (so the commit was acknowledged); they stop at the
+# first failure, when the server goes down.
+my ($host, $port) = ($node->host, $node->port);
+sub start_loop
+{
+	my ($name, $sql) = @_;
+	my $script = qq{
+i=0
+while [ \$i -lt 100000 ]; do
+  i=\$((i+1))
+  psql -XAtq -h '$host' -p $port -d postgres -v ON_ERROR_STOP=1 -c "\$(printf '%s' "$sql" | sed "s/{i}/\$i/g")" >/dev/null 2>&1 || exit 0
+  echo \$i >> '$dir/$name'
+done};
+	return IPC::Run::start([ 'bash', '-c', $script ], IPC::Run::timeout(120));
+}
+my @loops = (
+	start_loop('completed',
+		q{SELECT idempotency.idem_complete('done-{i}', (idempotency.idem_claim('done-{i}')).token, '{\"n\": {i}}')}),
+	start_loop('claimed', q{SELECT idempotency.idem_claim('held-{i}', NULL, '2 seconds')}),
+	start_loop('enqueued',
+		q{SELECT idempotency.outbox_enqueue('t', '{\"n\": {i}}'); SELECT count(*) FROM idempotency.outbox_claim('relay-1', 1, '2 seconds')}),
+);
+
+# An open transaction that claimed and completed, not committed.
+my $open = $node->background_psql('postgres', on_error_stop => 0);
+$open->query_safe(
+	q{BEGIN; SELECT idempotency.idem_complete('uncommitted', (idempotency.idem_claim('uncommitted')).token, '{}')});
+
+# Let the loops run, then crash.
+ok( poll_until(
+		20,
+		sub {
+			my $n = 0;
+			for my $f ('completed', 'claimed', 'enqueued')
+			{
+				$n++ if -s "$dir/$f" && (split /\n/, slurp_file("$dir/$f"))[-1] >= 30;
+			}
+			$n == 3;
+		}),
+	'the loops are running');
+$node->stop('immediate');
+for my $loop (@loops)
+{
+	eval { $loop->finish; };
+}
+eval { $open->quit; };
+
+sub acked
+{
+	my ($name) = @_;
+	return () unless -e "$dir/$name";
+	return grep { /^\d+$/ } split /\n/, slurp_file("$dir/$name");
+}
+my @completed = acked('completed');
+my @claimed = acked('claimed');
+my @enqueued = acked('enqueued');
+note(sprintf('acknowledged before the crash: %d completions, %d claims, %d enqueues+claims',
+		scalar @completed, scalar @claimed, scalar @enqueued));
+
+$node->start;
+
+# --- no committed completion lost -------------------------------------------------
+my $values = join(',', map { "('done-$_', $_)" } @completed);
+is( $node->safe_psql(
+		'postgres', qq{
+SELECT count(*) FROM (VALUES $values) AS v(key, n)
+  LEFT JOIN idempotency.idempotency_keys k ON k.scope = 'default' AND k.key = v.key
+ WHERE k.status IS DISTINCT FROM 'COMPLETED' OR k.result IS DISTINCT FROM jsonb_build_object('n', v.n)}),
+	'0',
+	sprintf('all %d completions acknowledged during the crash are COMPLETED with their result',
+		scalar @completed));
+is( $node->safe_psql(
+		'postgres', q{
+SELECT count(*) FROM idempotency.idempotency_keys
+ WHERE key LIKE 'before-%' AND status = 'COMPLETED'
+   AND result = jsonb_build_object('n', substr(key, 8)::int)}),
+	'50',
+	'the 50 completions made before are COMPLETED with their result');
+is(key_row($node, 'postgres', 'uncommitted'), undef, 'the uncommitted claim and completion left nothing');
+is( $node->safe_psql('postgres',
+		q{SELECT count(*) FROM idempotency.idempotency_keys WHERE key = 'done-1' AND status = 'COMPLETED'}),
+	'1', 'the loop did complete keys');
+
+# --- no key PROCESSING beyond its lease plus a naptime -----------------------------
+my $cleared = poll_until(
+	10,
+	sub {
+		$node->safe_psql('postgres',
+			q{SELECT count(*) FROM idempotency.idempotency_keys WHERE status = 'PROCESSING'}) eq '0';
+	});
+ok($cleared, 'every claim in flight at the crash was expired after the restart');
+# The expiry happened at updated_at; it was due at the lease end, or at the
+# restart when the lease ended while the server was down.
+my $late = $node->safe_psql(
+	'postgres', q{
+SELECT count(*) || '|' || coalesce(round(max(extract(epoch FROM
+         updated_at - greatest(lease_until, pg_postmaster_start_time())) * 1000)), 0) || '|' ||
+       coalesce(round(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM
+         updated_at - greatest(lease_until, pg_postmaster_start_time())) * 1000)), 0) || '|' ||
+       count(*) FILTER (WHERE last_error = 'lease expired' AND status = 'FAILED_RETRYABLE')
+  FROM idempotency.idempotency_keys WHERE key LIKE 'held-%'});
+my ($held, $max_late, $median_late, $expired_ok) = split /\|/, $late;
+diag(sprintf('claims in flight at the crash: %d; expiry after max(lease end, restart): median %d ms, max %d ms',
+		$held, $median_late, $max_late));
+cmp_ok($held, '>=', scalar @claimed, 'every acknowledged claim survived the crash');
+is($expired_ok, $held, "each is FAILED_RETRYABLE with last_error 'lease expired'");
+cmp_ok($max_late, '<', ($naptime + 2) * 1000,
+	'none stayed PROCESSING beyond its lease (or the restart) plus a naptime and a margin');
+
+# --- outbox events in flight come back --------------------------------------------
+my $in_flight_back = poll_until(
+	10,
+	sub {
+		$node->safe_psql('postgres',
+			q{SELECT count(*) FROM idempotency.outbox WHERE state = 'in_flight'}) eq '0';
+	});
+ok($in_flight_back, 'no outbox event stays in flight after its lease');
+my $values_e = join(',', map { "($_)" } @enqueued);
+is( $node->safe_psql(
+		'postgres', qq{
+SELECT count(*) FROM (VALUES $values_e) AS v(n)
+ WHERE NOT EXISTS (SELECT 1 FROM idempotency.outbox o WHERE o.payload = jsonb_build_object('n', v.n))}),
+	'0',
+	sprintf('all %d acknowledged enqueues survived', scalar @enqueued));
+my $total = $node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.outbox');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM idempotency.outbox WHERE state = 'pending'}),
+	$total, 'every event is pending again');
+is( $node->safe_psql('postgres',
+		q{SELECT count(*) FROM idempotency.outbox_claim('relay-2', 10000, '1 minute')}),
+	$total, "all $total events are claimable by another relay");
+
+unlike(slurp_file($node->logfile),
+	qr/background worker "idempotency \w+" \(PID \d+\) exited with exit code [1-9]/,
+	'no worker error');
+$node->stop;
+done_testing();
