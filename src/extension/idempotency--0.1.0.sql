@@ -26,8 +26,7 @@ CREATE SEQUENCE idempotency.token_seq AS pg_catalog.int8;
 
 -- ---------------------------------------------------------------- tables
 
--- One row per (scope, key). Only the primary key is indexed, so every state
--- change is a HOT update; fillfactor leaves room on the page for it.
+-- One row per (scope, key); fillfactor leaves room on the page for updates.
 CREATE TABLE idempotency.idempotency_keys (
     scope           pg_catalog.text NOT NULL,
     key             pg_catalog.text NOT NULL,
@@ -51,6 +50,15 @@ CREATE TABLE idempotency.idempotency_keys (
     PRIMARY KEY (scope, key)
 ) WITH (fillfactor = 70);
 
+-- The sweeps find what is due through these small partial indexes instead of
+-- scanning the table: live leases, and finished keys waiting for retention.
+-- (A heartbeat, and the change of state at complete, are then not HOT
+-- updates; a sweep's cost follows the rows due, not the table's size.)
+CREATE INDEX idempotency_keys_leases ON idempotency.idempotency_keys (lease_until)
+    WHERE status = 'PROCESSING';
+CREATE INDEX idempotency_keys_expiry ON idempotency.idempotency_keys (expires_at)
+    WHERE expires_at IS NOT NULL;
+
 -- The consumer-side inbox: one row per message seen.
 CREATE TABLE idempotency.inbox (
     source      pg_catalog.text NOT NULL,
@@ -59,6 +67,7 @@ CREATE TABLE idempotency.inbox (
     received_at pg_catalog.timestamptz NOT NULL,
     PRIMARY KEY (source, message_id)
 );
+CREATE INDEX inbox_received_at ON idempotency.inbox (received_at);
 
 -- Resource leases: a row per held (or expired, not yet purged) lock.
 CREATE TABLE idempotency.locks (
@@ -68,6 +77,7 @@ CREATE TABLE idempotency.locks (
     acquired_at pg_catalog.timestamptz NOT NULL,
     expires_at  pg_catalog.timestamptz NOT NULL
 ) WITH (fillfactor = 70);
+CREATE INDEX locks_expires_at ON idempotency.locks (expires_at);
 
 REVOKE ALL ON idempotency.idempotency_keys, idempotency.inbox, idempotency.locks FROM PUBLIC;
 REVOKE ALL ON SEQUENCE idempotency.token_seq FROM PUBLIC;

@@ -21,6 +21,7 @@ extern "C" {
 #include "storage/ipc.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 
 PGDLLEXPORT void idem_launcher_main(Datum);
 }
@@ -121,6 +122,15 @@ void scan_databases() {
     tracked_count = kept;
 }
 
+// A database dropped since the last scan gets no more workers (each would
+// only fail to connect).
+bool database_exists(Oid database) {
+    StartTransactionCommand();
+    const bool exists = SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(database));
+    CommitTransactionCommand();
+    return exists;
+}
+
 bool worker_running(const Tracked& database) {
     if (database.handle == nullptr) return false;
     pid_t pid;
@@ -161,10 +171,13 @@ long launch_due_workers() {
         const Micros interval = settings::ms(has_extension ? settings::naptime_ms
                                                            : settings::launcher_naptime_ms);
         const TimestampTz due = probed ? database.last_start + interval : now;
-        if (now >= due)
-            start_worker(&database, slot, now);
-        else
+        if (now < due) {
             next = std::min(next, due - now);
+        } else if (!database_exists(database.database)) {
+            database.listed = false;
+        } else {
+            start_worker(&database, slot, now);
+        }
     }
     return static_cast<long>(std::max<Micros>(10, next / kMillisecond));
 }
