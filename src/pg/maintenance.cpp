@@ -8,6 +8,10 @@
 #include "pg/status_enum.hpp"
 #include "pg/transition_log.hpp"
 
+extern "C" {
+#include "catalog/namespace.h"
+}
+
 namespace idem::pg {
 
 namespace {
@@ -135,13 +139,13 @@ std::uint64_t purge_outbox(int batch) {
 }
 
 constexpr MaintenanceTask kTasks[] = {
-    {"expire_leases", expire_leases},
-    {"expire_disconnected", expire_disconnected},
-    {"expire_outbox_leases", expire_outbox_leases},
-    {"purge_keys", purge_keys},
-    {"purge_outbox", purge_outbox},
-    {"purge_inbox", purge_inbox},
-    {"purge_locks", purge_locks},
+    {"expire_leases", "idempotency_keys", expire_leases},
+    {"expire_disconnected", "idempotency_keys", expire_disconnected},
+    {"expire_outbox_leases", "outbox", expire_outbox_leases},
+    {"purge_keys", "idempotency_keys", purge_keys},
+    {"purge_outbox", "outbox", purge_outbox},
+    {"purge_inbox", "inbox", purge_inbox},
+    {"purge_locks", "locks", purge_locks},
 };
 
 // idem_maintenance(): every task until a batch comes back short.
@@ -152,6 +156,7 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
 
     connect_spi();
     for (const MaintenanceTask& task : kTasks) {
+        if (!task_applies(task)) continue;
         std::uint64_t total = 0;
         for (;;) {
             const std::uint64_t changed = task.run_batch(batch);
@@ -168,6 +173,11 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
 }
 
 }  // namespace
+
+bool task_applies(const MaintenanceTask& task) {
+    const Oid schema = get_namespace_oid("idempotency", true);
+    return OidIsValid(schema) && OidIsValid(get_relname_relid(task.table, schema));
+}
 
 const MaintenanceTask* maintenance_tasks(int* count) {
     *count = static_cast<int>(sizeof kTasks / sizeof kTasks[0]);

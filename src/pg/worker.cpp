@@ -65,6 +65,11 @@ bool run_batch(const MaintenanceTask& task, int batch, std::uint64_t* changed_ou
         CommitTransactionCommand();
         return false;
     }
+    if (!task_applies(task)) {
+        CommitTransactionCommand();
+        *changed_out = 0;
+        return true;
+    }
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "idempotency worker: SPI_connect failed");
     PushActiveSnapshot(GetTransactionSnapshot());
     pgstat_report_activity(STATE_RUNNING, task.name);
