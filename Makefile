@@ -30,6 +30,31 @@ endif
 
 -include $(OBJS:.o=.d)
 
+# idem-relay, the outbox relay (src/relay: libpq and libcurl, no server
+# headers), built beside the module and installed into $(pg_config --bindir).
+RELAY = build/relay/idem-relay
+RELAY_OBJS = $(patsubst src/relay/%.cpp,build/relay/%.o,$(sort $(wildcard src/relay/*.cpp)))
+RELAY_CPPFLAGS = -Isrc -I$(shell $(PG_CONFIG) --includedir 2>/dev/null) \
+	$(shell pkg-config --cflags libcurl 2>/dev/null)
+RELAY_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -pthread -MMD -MP
+RELAY_LIBS = -L$(shell $(PG_CONFIG) --libdir 2>/dev/null) -lpq \
+	$(or $(shell pkg-config --libs libcurl 2>/dev/null),-lcurl) -pthread
+all: $(RELAY)
+install: install-relay
+uninstall: uninstall-relay
+build/relay/%.o: src/relay/%.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(RELAY_CPPFLAGS) $(RELAY_CXXFLAGS) -c -o $@ $<
+$(RELAY): $(RELAY_OBJS)
+	$(CXX) -o $@ $(RELAY_OBJS) $(RELAY_LIBS)
+install-relay: $(RELAY)
+	$(MKDIR_P) '$(DESTDIR)$(bindir)'
+	$(INSTALL_PROGRAM) $(RELAY) '$(DESTDIR)$(bindir)/idem-relay'
+uninstall-relay:
+	rm -f '$(DESTDIR)$(bindir)/idem-relay'
+.PHONY: install-relay uninstall-relay
+-include $(RELAY_OBJS:.o=.d)
+
 .PHONY: test demo bench
 test:
 	bash test/run.sh

@@ -1,0 +1,302 @@
+#include "relay/database.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include <libpq-fe.h>
+
+#include "relay/log.hpp"
+
+namespace idem::relay {
+
+namespace {
+
+constexpr const char* kChannel = "idempotency_outbox";
+
+// Every name schema-qualified; every value a parameter.
+constexpr const char* kCheckSql =
+    "SELECT e.extname IS NOT NULL, "
+    "       e.extname IS NOT NULL AND pg_catalog.has_schema_privilege('idempotency', 'USAGE'), "
+    "       CURRENT_USER::pg_catalog.text "
+    "  FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_extension e "
+    "    ON e.extname OPERATOR(pg_catalog.=) 'idempotency'";
+constexpr const char* kClaimSql =
+    "SELECT d.id, d.topic, d.key, d.payload::pg_catalog.text, d.headers::pg_catalog.text, "
+    "d.dedup_key, d.attempt, pg_catalog.date_part('epoch', d.enqueued_at) "
+    "FROM idempotency.outbox_claim($1::pg_catalog.text, $2::pg_catalog.int4, "
+    "$3::pg_catalog.interval, $4::pg_catalog.text[]) d";
+constexpr const char* kAckSql = "SELECT idempotency.outbox_ack($1::pg_catalog.int8[])";
+constexpr const char* kNackSql =
+    "SELECT idempotency.outbox_nack($1::pg_catalog.int8, $2::pg_catalog.text, "
+    "$3::pg_catalog.bool, $4::pg_catalog.interval)::pg_catalog.text";
+constexpr const char* kLagSql =
+    "SELECT COALESCE(pg_catalog.max(pg_catalog.date_part('epoch', l.lag)), 0) "
+    "FROM idempotency.outbox_lag l "
+    "WHERE $1::pg_catalog.text[] IS NULL OR l.topic OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])";
+
+std::string array_literal(const std::vector<std::string>& items) {
+    std::string out = "{";
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        if (i > 0) out += ',';
+        out += '"';
+        for (const char c : items[i]) {
+            if (c == '"' || c == '\\') out += '\\';
+            out += c;
+        }
+        out += '"';
+    }
+    out += '}';
+    return out;
+}
+
+std::string one_line(const char* message) {
+    std::string text = message != nullptr ? message : "";
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    for (char& c : text)
+        if (c == '\n' || c == '\t') c = ' ';
+    return text;
+}
+
+void on_notice(void*, const char* message) {
+    log_info("database: %s", one_line(message).c_str());
+}
+
+bool starts_with(const char* text, const char* prefix) {
+    return text != nullptr && strncmp(text, prefix, strlen(prefix)) == 0;
+}
+
+}  // namespace
+
+Millis Backoff::next() {
+    const long long base = std::min<long long>(5000, 100LL << std::min(attempt_, 6));
+    ++attempt_;
+    std::uniform_real_distribution<double> jitter(0.8, 1.2);
+    return Millis(static_cast<long long>(static_cast<double>(base) * jitter(random_)));
+}
+
+Database::Database(const Options& options) : options_(options) {
+    if (!options.topics.empty()) topics_literal_ = array_literal(options.topics);
+    lease_text_ = std::to_string(options.lease.count()) + " milliseconds";
+}
+
+Database::~Database() { disconnect(); }
+
+void Database::disconnect() {
+    if (conn_ != nullptr) PQfinish(conn_);
+    conn_ = nullptr;
+}
+
+int Database::socket() const { return conn_ != nullptr ? PQsocket(conn_) : -1; }
+
+DbStatus Database::connect(std::string* error) {
+    disconnect();
+    // Defaults first: the DSN (expanded from dbname) overrides them; the
+    // client encoding comes last because the sinks write UTF-8.
+    const char* keywords[] = {"connect_timeout", "fallback_application_name", "keepalives",
+                              "keepalives_idle", "keepalives_interval", "keepalives_count",
+                              "dbname", "client_encoding", nullptr};
+    const char* values[] = {"10", "idem-relay", "1", "30", "10", "3",
+                            options_.dsn.c_str(), "UTF8", nullptr};
+    pg_conn* conn = PQconnectdbParams(keywords, values, 1);
+    if (conn == nullptr) {
+        *error = "out of memory";
+        return DbStatus::Lost;
+    }
+    if (PQstatus(conn) != CONNECTION_OK) {
+        *error = one_line(PQerrorMessage(conn));
+        PQfinish(conn);
+        return DbStatus::Lost;
+    }
+    conn_ = conn;
+    notified_ = false;
+    // Server notices (such as "terminating connection due to immediate
+    // shutdown") go through our log, one line each.
+    PQsetNoticeProcessor(conn_, on_notice, nullptr);
+    // A connection that is not fully set up is not kept.
+    auto setup_failed = [this](DbStatus failed) {
+        disconnect();
+        return failed == DbStatus::Fatal ? DbStatus::Fatal : DbStatus::Lost;
+    };
+
+    DbStatus status = DbStatus::Ok;
+    PGresult* check = PQexec(conn_, kCheckSql);
+    if (PQresultStatus(check) != PGRES_TUPLES_OK)
+        return setup_failed(failure(check, "checking the extension", error));
+    const bool installed = PQntuples(check) == 1 && strcmp(PQgetvalue(check, 0, 0), "t") == 0;
+    const bool usage = installed && strcmp(PQgetvalue(check, 0, 1), "t") == 0;
+    const std::string role = PQntuples(check) == 1 ? PQgetvalue(check, 0, 2) : "";
+    PQclear(check);
+    if (!installed || !usage) {
+        *error = !installed ? "the idempotency extension is not installed in this database "
+                              "(CREATE EXTENSION idempotency)"
+                            : "role " + role + " may not use schema idempotency (GRANT USAGE ON "
+                              "SCHEMA idempotency TO " + role + ")";
+        disconnect();
+        return DbStatus::Fatal;
+    }
+    if (!exec_setup("LISTEN idempotency_outbox", error, &status)) return setup_failed(status);
+    struct Prepared {
+        const char* name;
+        const char* sql;
+    };
+    for (const Prepared& p : {Prepared{"idem_relay_claim", kClaimSql},
+                              Prepared{"idem_relay_ack", kAckSql},
+                              Prepared{"idem_relay_nack", kNackSql}}) {
+        PGresult* result = PQprepare(conn_, p.name, p.sql, 0, nullptr);
+        if (PQresultStatus(result) != PGRES_COMMAND_OK)
+            return setup_failed(failure(result, "preparing", error));
+        PQclear(result);
+    }
+    // Events committed before the LISTEN took effect are found by the first claim.
+    notified_ = true;
+    return DbStatus::Ok;
+}
+
+bool Database::exec_setup(const char* sql, std::string* error, DbStatus* status) {
+    PGresult* result = PQexec(conn_, sql);
+    if (PQresultStatus(result) == PGRES_COMMAND_OK) {
+        PQclear(result);
+        return true;
+    }
+    *status = failure(result, sql, error);
+    return false;
+}
+
+DbStatus Database::failure(PGresult* result, const char* what, std::string* error) {
+    // Copied: the result is freed below.
+    const char* field = result != nullptr ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
+    const std::string state_text = field != nullptr ? field : "";
+    const char* sqlstate = field != nullptr ? state_text.c_str() : nullptr;
+    const char* primary =
+        result != nullptr ? PQresultErrorField(result, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
+    std::string message = primary != nullptr ? one_line(primary)
+                          : result != nullptr ? one_line(PQresultErrorMessage(result))
+                                              : "";
+    if (message.empty() && conn_ != nullptr) message = one_line(PQerrorMessage(conn_));
+    *error = std::string(what) + ": " + message;
+    if (sqlstate != nullptr) *error += std::string(" (SQLSTATE ") + sqlstate + ")";
+    if (result != nullptr) PQclear(result);
+
+    DbStatus status;
+    if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK || sqlstate == nullptr ||
+        starts_with(sqlstate, "08") || starts_with(sqlstate, "57P") ||
+        strcmp(sqlstate, "25006") == 0)  // read-only: a standby; reconnecting may find the primary
+        status = DbStatus::Lost;
+    else if (starts_with(sqlstate, "53") || starts_with(sqlstate, "58") ||
+             strcmp(sqlstate, "40001") == 0 || strcmp(sqlstate, "40P01") == 0 ||
+             strcmp(sqlstate, "55P03") == 0 || strcmp(sqlstate, "57014") == 0)
+        status = DbStatus::Transient;
+    else
+        status = DbStatus::Fatal;
+    if (status == DbStatus::Lost) disconnect();
+    return status;
+}
+
+void Database::collect_notifications() {
+    if (conn_ == nullptr) return;
+    while (PGnotify* notify = PQnotifies(conn_)) {
+        if (strcmp(notify->relname, kChannel) == 0) {
+            ++notifications_;
+            const char* topic = notify->extra != nullptr ? notify->extra : "";
+            if (options_.topics.empty() ||
+                std::find(options_.topics.begin(), options_.topics.end(), topic) !=
+                    options_.topics.end())
+                notified_ = true;
+        }
+        PQfreemem(notify);
+    }
+}
+
+bool Database::consume_input() {
+    if (conn_ == nullptr) return false;
+    if (PQconsumeInput(conn_) == 0 || PQstatus(conn_) != CONNECTION_OK) {
+        disconnect();
+        return false;
+    }
+    collect_notifications();
+    return true;
+}
+
+bool Database::take_notified() {
+    const bool notified = notified_;
+    notified_ = false;
+    return notified;
+}
+
+DbStatus Database::claim(int count, std::vector<Event>* events, std::string* error) {
+    events->clear();
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const std::string batch = std::to_string(count);
+    const char* params[4] = {options_.relay.c_str(), batch.c_str(), lease_text_.c_str(),
+                             topics_literal_.empty() ? nullptr : topics_literal_.c_str()};
+    const Clock::time_point lease_until = Clock::now() + options_.lease;
+    PGresult* result = PQexecPrepared(conn_, "idem_relay_claim", 4, params, nullptr, nullptr, 0);
+    collect_notifications();
+    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_claim", error);
+    const int rows = PQntuples(result);
+    events->reserve(static_cast<std::size_t>(rows));
+    for (int row = 0; row < rows; ++row) {
+        Event event;
+        event.id = strtoll(PQgetvalue(result, row, 0), nullptr, 10);
+        event.topic = PQgetvalue(result, row, 1);
+        if (!PQgetisnull(result, row, 2)) event.key = std::string(PQgetvalue(result, row, 2));
+        event.payload = PQgetvalue(result, row, 3);
+        if (!PQgetisnull(result, row, 4)) event.headers = std::string(PQgetvalue(result, row, 4));
+        if (!PQgetisnull(result, row, 5)) event.dedup_key = std::string(PQgetvalue(result, row, 5));
+        event.attempt = atoi(PQgetvalue(result, row, 6));
+        event.enqueued_at = strtod(PQgetvalue(result, row, 7), nullptr);
+        event.lease_until = lease_until;
+        events->push_back(std::move(event));
+    }
+    PQclear(result);
+    return DbStatus::Ok;
+}
+
+DbStatus Database::ack(const std::vector<std::int64_t>& ids, std::int64_t* changed,
+                       std::string* error) {
+    if (conn_ == nullptr) return DbStatus::Lost;
+    std::string literal = "{";
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i > 0) literal += ',';
+        literal += std::to_string(ids[i]);
+    }
+    literal += '}';
+    const char* params[1] = {literal.c_str()};
+    PGresult* result = PQexecPrepared(conn_, "idem_relay_ack", 1, params, nullptr, nullptr, 0);
+    collect_notifications();
+    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_ack", error);
+    *changed = strtoll(PQgetvalue(result, 0, 0), nullptr, 10);
+    PQclear(result);
+    return DbStatus::Ok;
+}
+
+DbStatus Database::nack(std::int64_t id, const std::string& message, bool retryable,
+                        const std::optional<std::int64_t>& retry_in_ms, std::string* state,
+                        std::string* error) {
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const std::string id_text = std::to_string(id);
+    const std::string retry_text =
+        retry_in_ms ? std::to_string(*retry_in_ms) + " milliseconds" : std::string();
+    const char* params[4] = {id_text.c_str(), message.c_str(), retryable ? "true" : "false",
+                             retry_in_ms ? retry_text.c_str() : nullptr};
+    PGresult* result = PQexecPrepared(conn_, "idem_relay_nack", 4, params, nullptr, nullptr, 0);
+    collect_notifications();
+    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_nack", error);
+    *state = PQgetvalue(result, 0, 0);
+    PQclear(result);
+    return DbStatus::Ok;
+}
+
+DbStatus Database::outbox_lag(double* seconds, std::string* error) {
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const char* params[1] = {topics_literal_.empty() ? nullptr : topics_literal_.c_str()};
+    PGresult* result = PQexecParams(conn_, kLagSql, 1, nullptr, params, nullptr, nullptr, 0);
+    collect_notifications();
+    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_lag", error);
+    *seconds = strtod(PQgetvalue(result, 0, 0), nullptr);
+    PQclear(result);
+    return DbStatus::Ok;
+}
+
+}  // namespace idem::relay

@@ -1,0 +1,87 @@
+// The database side of the relay (libpq, used by one thread only): the
+// connection, LISTEN idempotency_outbox, and the outbox_claim / outbox_ack /
+// outbox_nack calls, each classified so that the caller knows whether to
+// carry on, try again, reconnect or give up.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "relay/event.hpp"
+#include "relay/options.hpp"
+
+struct pg_conn;
+struct pg_result;
+
+namespace idem::relay {
+
+enum class DbStatus {
+    Ok,
+    Transient,  // failed, connection still fine: try again later
+    Lost,       // the connection is gone (closed by this call): reconnect
+    Fatal,      // a failure that retrying will not fix (no extension, no privilege, bad lease)
+};
+
+// Reconnect delays: 100 ms doubling to 5 s, with jitter.
+class Backoff {
+public:
+    Millis next();
+    void reset() { attempt_ = 0; }
+    int attempts() const { return attempt_; }
+
+private:
+    int attempt_ = 0;
+    std::minstd_rand random_{std::random_device{}()};
+};
+
+class Database {
+public:
+    explicit Database(const Options& options);
+    ~Database();
+    Database(const Database&) = delete;
+    Database& operator=(const Database&) = delete;
+
+    // Connects, checks that the extension is there, LISTENs and prepares the
+    // statements. Lost means "try again later".
+    DbStatus connect(std::string* error);
+    void disconnect();
+    bool connected() const { return conn_ != nullptr; }
+    int socket() const;
+
+    // Claims up to count events (outbox_claim with --relay, --lease, --topics).
+    DbStatus claim(int count, std::vector<Event>* events, std::string* error);
+    // outbox_ack; *changed is its result.
+    DbStatus ack(const std::vector<std::int64_t>& ids, std::int64_t* changed, std::string* error);
+    // outbox_nack; *state is the event's state after it.
+    DbStatus nack(std::int64_t id, const std::string& message, bool retryable,
+                  const std::optional<std::int64_t>& retry_in_ms, std::string* state,
+                  std::string* error);
+    // max(lag) of idempotency.outbox_lag over our topics (Fatal when the role
+    // may not read the view).
+    DbStatus outbox_lag(double* seconds, std::string* error);
+
+    // Reads what the server sent while we were idle (call when the socket is
+    // readable). False when the connection turned out to be gone.
+    bool consume_input();
+    // True (once) when a notification for one of our topics has arrived.
+    bool take_notified();
+    std::uint64_t notifications() const { return notifications_; }
+
+private:
+    DbStatus failure(::pg_result* result, const char* what, std::string* error);
+    bool exec_setup(const char* sql, std::string* error, DbStatus* status);
+    void collect_notifications();
+
+    const Options& options_;
+    std::string topics_literal_;  // text[] literal, empty for every topic
+    std::string lease_text_;      // interval text
+    pg_conn* conn_ = nullptr;
+    bool notified_ = false;
+    std::uint64_t notifications_ = 0;
+};
+
+}  // namespace idem::relay

@@ -1,0 +1,37 @@
+// --metrics-addr: a tiny single-threaded HTTP server on a loopback address
+// that answers GET /metrics (Prometheus text) and GET /healthz.
+#pragma once
+
+#include <string>
+#include <thread>
+
+#include "relay/stats.hpp"
+#include "relay/wake.hpp"
+
+namespace idem::relay {
+
+class MetricsServer {
+public:
+    MetricsServer(const Stats& stats, std::string relay);
+    ~MetricsServer();
+    MetricsServer(const MetricsServer&) = delete;
+    MetricsServer& operator=(const MetricsServer&) = delete;
+
+    // Binds and starts serving; false with *error when the address is unusable.
+    bool start(const std::string& host, int port, std::string* error);
+    int port() const { return port_; }
+    void stop();
+
+private:
+    void serve();
+    void answer(int client);
+
+    const Stats& stats_;
+    std::string relay_;
+    int listen_fd_ = -1;
+    int port_ = 0;
+    WakePipe stop_pipe_;
+    std::thread thread_;
+};
+
+}  // namespace idem::relay

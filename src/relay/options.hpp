@@ -1,0 +1,52 @@
+// The command line of idem-relay: parsing, validation and --help.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace idem::relay {
+
+using Millis = std::chrono::milliseconds;
+
+struct Options {
+    std::string dsn;                  // --dsn: libpq connection string or URI
+    std::string relay;                // --relay: this relay's name (outbox_claim's relay)
+    std::string sink;                 // --sink: "stdout" or an http:// / https:// URL
+    std::vector<std::string> topics;  // --topics a,b: empty for every topic
+    int batch = 100;                  // --batch: events per claim (1..10000)
+    Millis lease{30000};              // --lease: how long a claimed event is ours
+    int parallel = 1;                 // --parallel: concurrent deliveries
+    bool once = false;                // --once: deliver what is due, then exit
+    bool metrics = false;             // --metrics-addr given
+    std::string metrics_host;         // numeric loopback address
+    int metrics_port = 0;             // 0: any free port
+    Millis poll_interval{1000};       // --poll-interval: claim at least this often
+    Millis http_timeout{0};           // --http-timeout: 0 = min(10s, lease/3)
+    Millis connect_timeout{0};        // --connect-timeout: 0 = min(5s, http timeout)
+    Millis progress_interval{10000};  // --progress-interval: 0 = no progress lines
+};
+
+enum class ParseStatus { Run, Help, Version, Error };
+
+struct ParseResult {
+    ParseStatus status = ParseStatus::Error;
+    Options options;
+    std::string error;  // for ParseStatus::Error
+};
+
+ParseResult parse_options(int argc, const char* const* argv);
+
+// The --help text.
+std::string usage();
+
+// "250ms", "30s", "1.5s", "2m", "1h"; a bare number is seconds. False when
+// the text is not a duration or is negative.
+bool parse_duration(const std::string& text, Millis* out);
+
+// "127.0.0.1:9187", "[::1]:9187", "localhost:9187". The host must be a
+// loopback address; it comes back numeric.
+bool parse_loopback_address(const std::string& text, std::string* host, int* port,
+                            std::string* error);
+
+}  // namespace idem::relay

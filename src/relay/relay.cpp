@@ -1,0 +1,401 @@
+#include "relay/relay.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <poll.h>
+#include <sys/time.h>
+
+#include "relay/log.hpp"
+#include "relay/signals.hpp"
+
+namespace idem::relay {
+
+namespace {
+
+// While deliveries run, look at their results at least this often.
+constexpr auto kBusyWake = std::chrono::milliseconds(10);
+// After a transient database error (deadlock, statement cancelled, ...).
+constexpr auto kTransientRetry = std::chrono::milliseconds(200);
+// The lag gauge's refresh when there are no progress lines.
+constexpr Millis kLagRefresh{10000};
+// --once gives up when the database stays away this long.
+constexpr auto kOnceReconnectLimit = std::chrono::seconds(30);
+
+double wall_seconds() {
+    struct timeval now;
+    gettimeofday(&now, nullptr);
+    return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_usec) / 1e6;
+}
+
+long long millis(Clock::duration d) {
+    return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+}
+
+}  // namespace
+
+Relay::Relay(const Options& options, Database& db, WorkerPool& pool, SinkTarget& target,
+             Stats& stats, const WakePipe& wake)
+    : options_(options), db_(db), pool_(pool), target_(target), stats_(stats), wake_(wake) {}
+
+int Relay::run() {
+    const Clock::time_point start = Clock::now();
+    next_poll_ = start;
+    last_progress_ = start;
+    next_progress_ = start + tick_interval();
+    stats_.connected = db_.connected();
+    for (;;) {
+        Clock::time_point now = Clock::now();
+        on_signals(now);
+        const std::string sink_error = target_.fatal_error();
+        if (!sink_error.empty() && exit_code_ == 0) fail(sink_error);
+        take_results();
+
+        if (!db_.connected() && now >= reconnect_at_) reconnect(now);
+        if (db_.connected() && now >= retry_db_at_) {
+            flush_acks(now);
+            flush_nacks(now);
+        }
+        if (db_.connected() && !stopping_ && now >= retry_db_at_) claim(now);
+        now = Clock::now();
+        if (tick_interval().count() > 0 && now >= next_progress_) progress(now, false);
+
+        if (stopping_ && in_flight_ == 0 && flushed()) break;
+        if (options_.once && once_done_ && in_flight_ == 0 && flushed()) break;
+        if (!db_.connected() && !flushed()) {
+            // Outcomes we cannot write: give up only when told to hurry, or
+            // when waiting longer is pointless.
+            const bool hurry = abandoned_ ||
+                               (stopping_ && now - stop_at_ > std::max<Clock::duration>(
+                                                                  options_.lease, std::chrono::seconds(5)));
+            if (hurry && in_flight_ == static_cast<std::int64_t>(to_ack_.size() + to_nack_.size())) {
+                log_error("%zu delivered event(s) could not be acked and %zu failure(s) not "
+                          "recorded: the database is unreachable; they will be delivered again "
+                          "when their lease runs out",
+                          to_ack_.size(), to_nack_.size());
+                exit_code_ = 1;
+                break;
+            }
+        }
+        if (!db_.connected() && options_.once && now - lost_since_ > kOnceReconnectLimit &&
+            in_flight_ == static_cast<std::int64_t>(to_ack_.size() + to_nack_.size())) {
+            log_error("the database stayed unreachable for %lld s; giving up (--once)",
+                      static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(
+                                                 kOnceReconnectLimit).count()));
+            exit_code_ = 1;
+            break;
+        }
+        if (!db_.connected() && exit_code_ != 0 && in_flight_ == 0 && flushed()) break;
+        wait(now);
+    }
+    pool_.stop();
+    if (options_.progress_interval.count() > 0 || stopping_ || options_.once)
+        progress(Clock::now(), true);
+    return exit_code_;
+}
+
+void Relay::fail(const std::string& error) {
+    log_error("%s", error.c_str());
+    exit_code_ = 1;
+    if (!stopping_) {
+        stopping_ = true;
+        stop_at_ = Clock::now();
+    }
+}
+
+void Relay::on_signals(Clock::time_point now) {
+    const int requests = stop_requests();
+    if (requests >= 1 && !stopping_) {
+        stopping_ = true;
+        stop_at_ = now;
+        log_info("stopping: no more claims; finishing %lld event(s) in flight",
+                 static_cast<long long>(in_flight_));
+    }
+    if (requests >= 2 && !abandoned_) {
+        abandoned_ = true;
+        pool_.abandon_queued();
+        log_info("stopping now: events not yet started are left to their lease");
+    }
+}
+
+void Relay::resolved(std::size_t count) {
+    in_flight_ -= static_cast<std::int64_t>(count);
+    stats_.in_flight = in_flight_;
+}
+
+void Relay::take_results() {
+    for (Delivery& delivery : pool_.take_results()) {
+        switch (delivery.outcome.verdict) {
+            case Verdict::Ack: to_ack_.push_back(std::move(delivery)); break;
+            case Verdict::Retry:
+            case Verdict::Dead: to_nack_.push_back(std::move(delivery)); break;
+            case Verdict::Skip:
+                ++stats_.skipped;
+                log_warning("event %lld (topic %s) not delivered: %s",
+                            static_cast<long long>(delivery.event.id), delivery.event.topic.c_str(),
+                            delivery.outcome.error.c_str());
+                resolved(1);
+                break;
+        }
+    }
+}
+
+void Relay::connection_lost(const std::string& error, Clock::time_point now) {
+    log_warning("database connection lost: %s; reconnecting", error.c_str());
+    stats_.connected = false;
+    lost_since_ = now;
+    backoff_.reset();
+    reconnect_attempts_ = 0;
+    reconnect_at_ = now + backoff_.next();
+}
+
+void Relay::reconnect(Clock::time_point now) {
+    std::string error;
+    ++reconnect_attempts_;
+    const DbStatus status = db_.connect(&error);
+    if (status == DbStatus::Ok) {
+        log_info("reconnected to the database (after %d attempt(s), %lld ms)", reconnect_attempts_,
+                 millis(now - lost_since_));
+        ++stats_.reconnects;
+        stats_.connected = true;
+        backoff_.reset();
+        due_ = true;
+        return;
+    }
+    ++stats_.db_errors;
+    const Millis delay = backoff_.next();
+    reconnect_at_ = now + delay;
+    if (status == DbStatus::Fatal) {
+        fail(error);
+        return;
+    }
+    log_warning("cannot reconnect to the database (attempt %d): %s; next try in %lld ms",
+                reconnect_attempts_, error.c_str(), static_cast<long long>(delay.count()));
+}
+
+void Relay::flush_acks(Clock::time_point now) {
+    if (to_ack_.empty()) return;
+    std::vector<std::int64_t> ids;
+    ids.reserve(to_ack_.size());
+    bool keyed = false;
+    for (const Delivery& d : to_ack_) {
+        ids.push_back(d.event.id);
+        keyed = keyed || d.event.key.has_value();
+    }
+    std::int64_t changed = 0;
+    std::string error;
+    const DbStatus status = db_.ack(ids, &changed, &error);
+    if (status == DbStatus::Lost) {
+        ++stats_.db_errors;
+        connection_lost(error, now);
+        return;
+    }
+    if (status == DbStatus::Transient) {
+        ++stats_.db_errors;
+        log_warning("%s; trying again", error.c_str());
+        retry_db_at_ = now + kTransientRetry;
+        return;
+    }
+    if (status == DbStatus::Fatal) {
+        ++stats_.db_errors;
+        log_error("%s; %zu event(s) not acked (they will be delivered again)", error.c_str(),
+                  ids.size());
+    } else {
+        stats_.delivered += ids.size();
+        const double wall = wall_seconds();
+        for (const Delivery& d : to_ack_) {
+            const double delay = wall - d.event.enqueued_at;
+            stats_.delay_seconds.observe(delay);
+            interval_max_delay_ = std::max(interval_max_delay_, delay);
+        }
+        // The next event of an acked key may be due now.
+        if (keyed) due_ = true;
+    }
+    resolved(to_ack_.size());
+    to_ack_.clear();
+}
+
+void Relay::flush_nacks(Clock::time_point now) {
+    std::size_t done = 0;
+    for (; done < to_nack_.size(); ++done) {
+        const Delivery& d = to_nack_[done];
+        const Event& event = d.event;
+        const bool retryable = d.outcome.verdict == Verdict::Retry;
+        if (now >= event.lease_until) {
+            // Its lease ran out while the database was away: the event is
+            // someone else's again (or will be); the lease's expiry counts the attempt.
+            log_warning("event %lld (topic %s): failure not recorded, its lease ran out: %s",
+                        static_cast<long long>(event.id), event.topic.c_str(),
+                        d.outcome.error.c_str());
+            continue;
+        }
+        std::string state, error;
+        // Errors are stored: keep them short.
+        const std::string message = d.outcome.error.substr(0, 1000);
+        const DbStatus status =
+            db_.nack(event.id, message, retryable, d.outcome.retry_in, &state, &error);
+        if (status == DbStatus::Lost) {
+            ++stats_.db_errors;
+            connection_lost(error, now);
+            break;
+        }
+        if (status == DbStatus::Transient) {
+            ++stats_.db_errors;
+            log_warning("%s; trying again", error.c_str());
+            retry_db_at_ = now + kTransientRetry;
+            break;
+        }
+        if (status == DbStatus::Fatal) {
+            ++stats_.db_errors;
+            log_error("event %lld: %s", static_cast<long long>(event.id), error.c_str());
+            continue;
+        }
+        const std::string what = "event " + std::to_string(event.id) + " (topic " + event.topic +
+                                 (event.key ? ", key " + *event.key : std::string()) + ")";
+        if (state == "dead") {
+            ++stats_.dead;
+            log_warning("%s is dead after attempt %d: %s", what.c_str(), event.attempt,
+                        d.outcome.error.c_str());
+        } else if (state == "pending") {
+            ++stats_.retried;
+            if (d.outcome.retry_in)
+                log_info("%s attempt %d failed, retry in %lld ms: %s", what.c_str(), event.attempt,
+                         static_cast<long long>(*d.outcome.retry_in), d.outcome.error.c_str());
+            else
+                log_info("%s attempt %d failed, will be retried: %s", what.c_str(), event.attempt,
+                         d.outcome.error.c_str());
+        }
+    }
+    resolved(done);
+    to_nack_.erase(to_nack_.begin(), to_nack_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+void Relay::claim(Clock::time_point now) {
+    if (db_.take_notified()) due_ = true;
+    // Claim when at most half a batch is in flight, and only as much as fits.
+    if (in_flight_ > options_.batch / 2) return;
+    if (options_.once && in_flight_ == 0 && flushed()) due_ = true;
+    if (!due_ && now < next_poll_) return;
+    const int want = options_.batch - static_cast<int>(in_flight_);
+    const bool all_resolved = in_flight_ == 0 && flushed();
+    std::vector<Event> events;
+    std::string error;
+    const DbStatus status = db_.claim(want, &events, &error);
+    ++stats_.claims;
+    stats_.notifications = db_.notifications();
+    if (status == DbStatus::Lost) {
+        ++stats_.db_errors;
+        connection_lost(error, now);
+        return;
+    }
+    if (status == DbStatus::Transient) {
+        ++stats_.db_errors;
+        log_warning("%s; trying again", error.c_str());
+        retry_db_at_ = now + kTransientRetry;
+        return;
+    }
+    if (status == DbStatus::Fatal) {
+        ++stats_.db_errors;
+        fail(error);
+        return;
+    }
+    const int got = static_cast<int>(events.size());
+    due_ = got == want;  // a full batch: there is probably more
+    next_poll_ = now + options_.poll_interval;
+    if (options_.once && got == 0 && all_resolved) once_done_ = true;
+    if (got == 0) return;
+    stats_.claimed += events.size();
+    in_flight_ += got;
+    stats_.in_flight = in_flight_;
+    pool_.submit(std::move(events));
+}
+
+Millis Relay::tick_interval() const {
+    // Without progress lines the lag gauge of the metrics is still refreshed.
+    if (options_.progress_interval.count() > 0) return options_.progress_interval;
+    return options_.metrics ? kLagRefresh : Millis(0);
+}
+
+void Relay::progress(Clock::time_point now, bool final_line) {
+    std::string lag = "n/a";
+    if (lag_enabled_ && db_.connected() && !final_line) {
+        double seconds = 0;
+        std::string error;
+        const DbStatus status = db_.outbox_lag(&seconds, &error);
+        if (status == DbStatus::Ok) {
+            stats_.lag_seconds = seconds;
+            stats_.lag_known = true;
+        } else if (status == DbStatus::Lost) {
+            connection_lost(error, now);
+        } else if (status == DbStatus::Fatal) {
+            lag_enabled_ = false;
+            stats_.lag_known = false;
+            log_info("outbox lag not shown: %s (grant pg_monitor to the relay's role to see it)",
+                     error.c_str());
+        }
+    }
+    if (stats_.lag_known) {
+        char text[32];
+        snprintf(text, sizeof text, "%.3fs", stats_.lag_seconds.load());
+        lag = text;
+    }
+    if (options_.progress_interval.count() == 0 && !final_line) {
+        next_progress_ = now + tick_interval();
+        return;
+    }
+    const std::uint64_t delivered = stats_.delivered.load();
+    const double interval = std::chrono::duration<double>(now - last_progress_).count();
+    const double rate =
+        interval > 0 ? static_cast<double>(delivered - last_delivered_) / interval : 0.0;
+    log_info("%sdelivered=%llu retried=%llu dead=%llu in_flight=%lld lag=%s delay_max=%.3fs "
+             "rate=%.1f/s db=%s",
+             final_line ? "stopped: " : "", static_cast<unsigned long long>(delivered),
+             static_cast<unsigned long long>(stats_.retried.load()),
+             static_cast<unsigned long long>(stats_.dead.load()),
+             static_cast<long long>(in_flight_), lag.c_str(), interval_max_delay_, rate,
+             db_.connected() ? "up" : "down");
+    last_delivered_ = delivered;
+    last_progress_ = now;
+    interval_max_delay_ = 0;
+    next_progress_ = now + tick_interval();
+}
+
+void Relay::wait(Clock::time_point now) {
+    // A notification that came in with the answer to a query (claim, ack,
+    // nack) is already read: the socket will not wake us for it.
+    if (db_.take_notified()) due_ = true;
+    Clock::time_point until = now + std::chrono::seconds(3600);
+    auto before = [&until](Clock::time_point t) { until = std::min(until, t); };
+    if (db_.connected()) {
+        if (!flushed()) before(retry_db_at_);
+        if (!stopping_ && in_flight_ <= options_.batch / 2) {
+            if (due_ || (options_.once && in_flight_ == 0 && flushed())) before(retry_db_at_);
+            before(next_poll_);
+        }
+    } else {
+        before(reconnect_at_);
+    }
+    if (in_flight_ > 0) before(now + kBusyWake);
+    if (tick_interval().count() > 0) before(next_progress_);
+    if (stopping_) before(now + std::chrono::milliseconds(100));
+
+    const long long timeout = std::max<long long>(0, millis(until - now));
+    pollfd fds[2] = {{wake_.fd(), POLLIN, 0}, {db_.socket(), POLLIN, 0}};
+    const nfds_t count = db_.connected() ? 2 : 1;
+    const int ready = poll(fds, count, static_cast<int>(std::min<long long>(timeout, 3600000)));
+    if (ready < 0 && errno != EINTR) log_warning("poll failed: %s", strerror(errno));
+    if (ready <= 0) return;
+    if (fds[0].revents != 0) wake_.drain();
+    if (count == 2 && fds[1].revents != 0) {
+        if (!db_.consume_input()) {
+            ++stats_.db_errors;
+            connection_lost("the server closed the connection", Clock::now());
+        } else if (db_.take_notified()) {
+            due_ = true;
+        }
+        stats_.notifications = db_.notifications();
+    }
+}
+
+}  // namespace idem::relay

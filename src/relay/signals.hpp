@@ -1,0 +1,19 @@
+// SIGTERM and SIGINT ask the relay to stop (counted: a second one hurries
+// it); SIGPIPE is ignored (a closed sink is an error, not a death).
+#pragma once
+
+#include "relay/wake.hpp"
+
+namespace idem::relay {
+
+// Installs the handlers; each signal also wakes this pipe.
+void install_signal_handlers(const WakePipe& wake);
+
+// How many SIGTERM/SIGINT arrived so far.
+int stop_requests();
+
+// Blocks SIGTERM and SIGINT in the calling thread (call before starting
+// helper threads, which inherit it) or unblocks them again.
+void block_stop_signals(bool block);
+
+}  // namespace idem::relay

@@ -1,0 +1,36 @@
+// Sinks: where events go. A SinkTarget is the configured destination; it
+// opens one Sink per delivery thread (a Sink is used by one thread only).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "relay/event.hpp"
+#include "relay/options.hpp"
+
+namespace idem::relay {
+
+class Sink {
+public:
+    virtual ~Sink() = default;
+    // Delivers one event; never throws. Ack only once the sink has it.
+    virtual Outcome deliver(const Event& event) = 0;
+};
+
+class SinkTarget {
+public:
+    virtual ~SinkTarget() = default;
+    virtual std::unique_ptr<Sink> open() = 0;
+    // The longest one delivery may take (an event is not started when its
+    // lease would run out before that).
+    virtual Millis max_delivery_time() const = 0;
+    // Set once the sink cannot deliver anything any more (stdout closed): the
+    // relay stops.
+    virtual std::string fatal_error() const { return {}; }
+    virtual std::string describe() const = 0;
+};
+
+// The target for --sink; nullptr with *error set when it is not usable.
+std::unique_ptr<SinkTarget> make_sink_target(const Options& options, std::string* error);
+
+}  // namespace idem::relay

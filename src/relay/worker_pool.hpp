@@ -1,0 +1,52 @@
+// The delivery threads (--parallel): each owns one Sink and takes claimed
+// events from a queue; results go back to the database thread, which is
+// woken through the wake pipe. No libpq here.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "relay/event.hpp"
+#include "relay/sink.hpp"
+#include "relay/stats.hpp"
+#include "relay/wake.hpp"
+
+namespace idem::relay {
+
+class WorkerPool {
+public:
+    WorkerPool(SinkTarget& target, int threads, const WakePipe& wake, Stats& stats);
+    ~WorkerPool();
+    WorkerPool(const WorkerPool&) = delete;
+    WorkerPool& operator=(const WorkerPool&) = delete;
+
+    // Events of one claim: at most one per (topic, key), so they may go out
+    // concurrently in any order.
+    void submit(std::vector<Event>&& events);
+    // Deliveries finished since the last call.
+    std::vector<Delivery> take_results();
+    // Events not started yet come back as Skip instead of being delivered.
+    void abandon_queued();
+    // Waits for the threads to finish what they are delivering, then joins.
+    void stop();
+
+private:
+    void run();
+
+    SinkTarget& target_;
+    const WakePipe& wake_;
+    Stats& stats_;
+    std::mutex mutex_;
+    std::condition_variable work_ready_;
+    std::deque<Event> queue_;
+    std::vector<Delivery> results_;
+    bool stopping_ = false;
+    bool abandon_ = false;
+    Clock::time_point last_wake_{};
+    std::vector<std::thread> threads_;
+};
+
+}  // namespace idem::relay

@@ -1,0 +1,144 @@
+// idem-relay's command line.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "relay/options.hpp"
+
+using namespace idem::relay;
+
+namespace {
+
+ParseResult parse(std::vector<const char*> args) {
+    args.insert(args.begin(), "idem-relay");
+    return parse_options(static_cast<int>(args.size()), args.data());
+}
+
+std::vector<const char*> required(std::vector<const char*> more = {}) {
+    std::vector<const char*> args = {"--dsn", "dbname=app", "--relay", "r1", "--sink", "stdout"};
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+}
+
+}  // namespace
+
+TEST(RelayOptions, RequiredOnlyGivesTheDefaults) {
+    const ParseResult r = parse(required());
+    ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+    EXPECT_EQ(r.options.dsn, "dbname=app");
+    EXPECT_EQ(r.options.relay, "r1");
+    EXPECT_EQ(r.options.sink, "stdout");
+    EXPECT_TRUE(r.options.topics.empty());
+    EXPECT_EQ(r.options.batch, 100);
+    EXPECT_EQ(r.options.lease, Millis(30000));
+    EXPECT_EQ(r.options.parallel, 1);
+    EXPECT_FALSE(r.options.once);
+    EXPECT_FALSE(r.options.metrics);
+    EXPECT_EQ(r.options.http_timeout, Millis(10000));
+    EXPECT_EQ(r.options.connect_timeout, Millis(5000));
+    EXPECT_EQ(r.options.poll_interval, Millis(1000));
+}
+
+TEST(RelayOptions, EveryOption) {
+    const ParseResult r = parse(required({"--topics", "a,b", "--batch=500", "--lease", "1m",
+                                          "--parallel", "4", "--once", "--metrics-addr",
+                                          "127.0.0.1:9187", "--poll-interval", "250ms"}));
+    ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+    EXPECT_EQ(r.options.topics, (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(r.options.batch, 500);
+    EXPECT_EQ(r.options.lease, Millis(60000));
+    EXPECT_EQ(r.options.parallel, 4);
+    EXPECT_TRUE(r.options.once);
+    EXPECT_TRUE(r.options.metrics);
+    EXPECT_EQ(r.options.metrics_host, "127.0.0.1");
+    EXPECT_EQ(r.options.metrics_port, 9187);
+    EXPECT_EQ(r.options.poll_interval, Millis(250));
+}
+
+TEST(RelayOptions, HttpTimeoutFollowsAShortLease) {
+    const ParseResult r = parse(required({"--lease", "3s"}));
+    ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+    EXPECT_EQ(r.options.http_timeout, Millis(1000));
+    EXPECT_EQ(r.options.connect_timeout, Millis(1000));
+}
+
+TEST(RelayOptions, HelpAndVersion) {
+    EXPECT_EQ(parse({"--help"}).status, ParseStatus::Help);
+    EXPECT_EQ(parse({"-h"}).status, ParseStatus::Help);
+    EXPECT_EQ(parse({"--version"}).status, ParseStatus::Version);
+    const std::string text = usage();
+    for (const char* option : {"--dsn", "--relay", "--sink", "--topics", "--batch", "--lease",
+                               "--parallel", "--once", "--metrics-addr"})
+        EXPECT_NE(text.find(option), std::string::npos) << option;
+}
+
+TEST(RelayOptions, Errors) {
+    struct Case {
+        std::vector<const char*> args;
+        const char* message;
+    };
+    const std::vector<Case> cases = {
+        {{}, "--dsn is required"},
+        {{"--dsn", "x", "--sink", "stdout"}, "--relay is required"},
+        {{"--dsn", "x", "--relay", "r"}, "--sink is required"},
+        {required({"--bogus"}), "unknown option"},
+        {required({"extra"}), "unexpected argument"},
+        {required({"--batch"}), "needs a value"},
+        {required({"--batch", "0"}), "--batch"},
+        {required({"--batch", "10001"}), "--batch"},
+        {required({"--batch", "12x"}), "--batch"},
+        {required({"--parallel", "0"}), "--parallel"},
+        {required({"--lease", "0s"}), "--lease"},
+        {required({"--lease", "-1s"}), "--lease"},
+        {required({"--lease", "10 s"}), "--lease"},
+        {required({"--topics", "a,,b"}), "empty topic"},
+        {required({"--metrics-addr", "192.168.1.1:80"}), "loopback"},
+        {required({"--metrics-addr", "127.0.0.1"}), "HOST:PORT"},
+        {required({"--metrics-addr", "127.0.0.1:70000"}), "port"},
+        {required({"--lease", "5s", "--http-timeout", "5s"}), "shorter than --lease"},
+        {required({"--once=yes"}), "takes no value"},
+        {{"--dsn", "x", "--relay", "r", "--sink", "ftp://host/"}, "--sink must be"},
+    };
+    for (const Case& c : cases) {
+        const ParseResult r = parse(c.args);
+        EXPECT_EQ(r.status, ParseStatus::Error) << c.message;
+        EXPECT_NE(r.error.find(c.message), std::string::npos) << r.error << " / " << c.message;
+    }
+}
+
+TEST(RelayOptions, Durations) {
+    Millis d;
+    ASSERT_TRUE(parse_duration("30s", &d));
+    EXPECT_EQ(d, Millis(30000));
+    ASSERT_TRUE(parse_duration("30", &d));
+    EXPECT_EQ(d, Millis(30000));
+    ASSERT_TRUE(parse_duration("1.5s", &d));
+    EXPECT_EQ(d, Millis(1500));
+    ASSERT_TRUE(parse_duration("250ms", &d));
+    EXPECT_EQ(d, Millis(250));
+    ASSERT_TRUE(parse_duration("2m", &d));
+    EXPECT_EQ(d, Millis(120000));
+    ASSERT_TRUE(parse_duration("1h", &d));
+    EXPECT_EQ(d, Millis(3600000));
+    EXPECT_FALSE(parse_duration("", &d));
+    EXPECT_FALSE(parse_duration("s", &d));
+    EXPECT_FALSE(parse_duration("5 s", &d));
+    EXPECT_FALSE(parse_duration("5d", &d));
+    EXPECT_FALSE(parse_duration("-5s", &d));
+    EXPECT_FALSE(parse_duration("nan", &d));
+}
+
+TEST(RelayOptions, LoopbackAddresses) {
+    std::string host, error;
+    int port = -1;
+    ASSERT_TRUE(parse_loopback_address("localhost:0", &host, &port, &error)) << error;
+    EXPECT_EQ(host, "127.0.0.1");
+    EXPECT_EQ(port, 0);
+    ASSERT_TRUE(parse_loopback_address("127.0.0.2:9187", &host, &port, &error)) << error;
+    ASSERT_TRUE(parse_loopback_address("[::1]:9187", &host, &port, &error)) << error;
+    EXPECT_EQ(host, "::1");
+    EXPECT_EQ(port, 9187);
+    EXPECT_FALSE(parse_loopback_address("0.0.0.0:9187", &host, &port, &error));
+    EXPECT_FALSE(parse_loopback_address("[::]:9187", &host, &port, &error));
+    EXPECT_FALSE(parse_loopback_address("example.com:9187", &host, &port, &error));
+}
