@@ -103,7 +103,8 @@ run_tap() {
 # Harnesses that run real processes: each script is one test.
 run_harnesses() {
     local script
-    for script in "$stage"/test/stress/*.sh "$stage"/test/relay/run.sh; do
+    for script in "$stage"/test/stress/*.sh "$stage"/test/relay/run.sh \
+        "$stage"/test/chaos/run.sh "$stage"/examples/run-all.sh; do
         [ -x "$script" ] || continue
         log "harness ${script#$stage/}"
         if "$script"; then count "${script#$stage/}" 1 0; else count "${script#$stage/}" 0 1; fi

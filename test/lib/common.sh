@@ -5,7 +5,7 @@
 IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 IDEM_OS_USER=${IDEM_OS_USER:-postgres}
 IDEM_PACKAGES="postgresql-15 postgresql-server-dev-15 postgresql-contrib libpq-dev libipc-run-perl
-  g++ make cmake libgtest-dev python3 python3-psycopg2 libcurl4-openssl-dev"
+  g++ make cmake libgtest-dev python3 python3-psycopg2 libcurl4-openssl-dev nodejs"
 
 log() { printf '== %s\n' "$*" >&2; }
 
@@ -16,6 +16,8 @@ ensure_packages() {
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
             missing+=("$pkg")
     done
+    # Debian's nodejs comes without npm; other builds of it bundle npm.
+    command -v npm >/dev/null 2>&1 || missing+=(npm)
     [ ${#missing[@]} -eq 0 ] && return 0
     log "installing ${missing[*]}"
     if [ "$(id -u)" -ne 0 ]; then

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The python-worker example end to end: a throwaway cluster, then
+# scenario.py: invoice e-mail jobs through the outbox, workers (one killed
+# mid-send), a scripted provider on 127.0.0.1, and checks of the final
+# states: stored results replayed to duplicates, retryable failures retried
+# after backoff, final failures in the dead letters. Exits non-zero on any
+# failure. Needs the extension installed (make install) and python3-psycopg2.
+# Settings: PYTHON_WORKER_PORT (54463, names the cluster's socket),
+# EXAMPLE_KEEP=1 keeps the cluster's folder when a check fails.
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../lib/example.sh"
+
+example_start python-worker "${PYTHON_WORKER_PORT:-54463}" billing
+example_psql -f "$here/schema.sql" >/dev/null || example_fail "schema.sql failed"
+# Quick retries for the scenario: 3 attempts, backoff from 300 ms. The
+# on-call role reads the extension's views through pg_monitor.
+example_sql -d billing >/dev/null <<'SQL' || example_fail "setup failed"
+ALTER DATABASE billing SET idempotency.max_attempts = 3;
+ALTER DATABASE billing SET idempotency.retry_base_delay = '300ms';
+ALTER DATABASE billing SET idempotency.retry_max_delay = '2s';
+CREATE ROLE oncall LOGIN IN ROLE pg_monitor;
+SQL
+
+mkdir -p "$EXAMPLE_DIR/work"
+conn="host=$PGHOST port=$PGPORT dbname=$PGDATABASE"
+EXAMPLE_LOGS+=("$EXAMPLE_DIR"/work/worker-{1,2,3}.log)
+example_run /usr/bin/python3 "$here/scenario.py" --dsn "$conn user=app" --ops-dsn "$conn user=oncall" \
+    --admin-dsn "$conn user=postgres" --workdir "$EXAMPLE_DIR/work" || example_fail "python-worker checks failed"
+echo "python-worker: all checks passed"
