@@ -3,6 +3,7 @@
 #   make test             set up everything and run every suite (see test/run.sh)
 #   make demo             the at-least-once demo on a throwaway cluster
 #   make bench            benchmarks against plain SQL and PL/pgSQL
+#   make chaos            the long chaos test
 
 EXTENSION = idempotency
 MODULE_big = idempotency
@@ -55,10 +56,14 @@ uninstall-relay:
 .PHONY: install-relay uninstall-relay
 -include $(RELAY_OBJS:.o=.d)
 
-.PHONY: test demo bench
+.PHONY: test demo bench chaos
 test:
 	bash test/run.sh
 demo:
 	bash test/demo/run.sh
 bench:
 	bash test/bench/run.sh
+# The long form of the chaos test (make test runs the short one).
+chaos:
+	bash -c '. test/lib/common.sh && ensure_packages && build_and_install'
+	bash test/chaos/run.sh --long

@@ -109,9 +109,20 @@ Datum claim_body(FunctionCallInfo fcinfo) {
     const Micros now = GetCurrentTimestamp();
     request.lease_until = now + lease;
     const std::uint64_t count = claim_events(request, now);
-    for (std::uint64_t row = 0; row < count; ++row)
-        tuplestore_puttuple(rsinfo->setResult, SPI_tuptable->vals[row]);
+    constexpr int kDeliveryColumns = 8;
+    std::uint64_t expired = 0;
+    for (std::uint64_t row = 0; row < count; ++row) {
+        Datum values[kDeliveryColumns];
+        bool nulls[kDeliveryColumns];
+        for (int i = 0; i < kDeliveryColumns; ++i) values[i] = column(i + 1, &nulls[i], row);
+        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+        bool isnull = false;
+        if (DatumGetBool(column(kDeliveryColumns + 1, &isnull, row))) ++expired;
+    }
     finish_spi();
+    // Handed out again after a lease ran out: a retry, as when the sweep
+    // returns such an event to pending first.
+    count_on_commit(Counter::OutboxRetried, expired);
     return 0;
 }
 

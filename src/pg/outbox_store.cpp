@@ -33,7 +33,7 @@ Statement kFindDeduplicated = {
 // (that one waits behind it), or the key would be stuck until maintenance.
 Statement kClaim = {
     "WITH picked AS ("
-    "  SELECT o.id FROM" OUTBOX "o"
+    "  SELECT o.id, o.state = 'in_flight' AS expired FROM" OUTBOX "o"
     "   WHERE o.state IN ('pending', 'in_flight')"
     "     AND CASE WHEN o.state = 'pending' THEN o.available_at <= $1"
     "              ELSE o.lease_until <= $1 AND o.attempts < $6 END"
@@ -53,7 +53,7 @@ Statement kClaim = {
     "         relay = $4, updated_at = $1"
     "    FROM picked WHERE o.id = picked.id"
     "  RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts,"
-    "            o.enqueued_at)"
+    "            o.enqueued_at, picked.expired)"
     " SELECT * FROM claimed ORDER BY id",
     6, {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, TEXTOID, TEXTARRAYOID, INT4OID}, nullptr};
 

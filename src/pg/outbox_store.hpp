@@ -33,7 +33,8 @@ struct ClaimRequest {
 };
 
 // Hands out due events (see the statement for the rules); the rows are left
-// in SPI_tuptable as outbox_delivery columns, in id order. Returns the count.
+// in SPI_tuptable as the outbox_delivery columns followed by whether the
+// event's previous lease had run out, in id order. Returns the count.
 std::uint64_t claim_events(const ClaimRequest& request, Micros now);
 
 std::uint64_t ack_events(Datum ids, Micros now);

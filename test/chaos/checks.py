@@ -1,0 +1,313 @@
+"""The proof at the end of the chaos test.
+
+Ground truth comes from four independent places: what the producers saw
+commit (their logs), what the workers did and the faults they carried out
+(their logs, written before each step, so a SIGKILL loses at most the line
+after it), what the mock payment API applied (its own books), and what is in
+the database. Each check is one line, ok or FAIL.
+"""
+
+import json
+import re
+import urllib.request
+from collections import Counter, defaultdict
+
+from chaoslib import read_jsonl
+
+
+class Proof:
+    def __init__(self):
+        self.lines = []
+
+    def check(self, name, ok, detail=""):
+        self.lines.append((bool(ok), name, detail))
+
+    @property
+    def violations(self):
+        return sum(1 for ok, _, _ in self.lines if not ok)
+
+    def print(self, out):
+        for ok, name, detail in self.lines:
+            print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f"  [{detail}]" if detail else ""), file=out)
+
+
+def sample(items, n=5):
+    items = sorted(items)
+    return ", ".join(map(str, items[:n])) + (" ..." if len(items) > n else "")
+
+
+def mock_stats(api):
+    with urllib.request.urlopen(api + "/stats", timeout=10) as r:
+        return json.load(r)
+
+
+def gather(cfg, injector, fleet, final_metrics, total_metrics):
+    """Everything the proof looks at, in one dict."""
+    plogs, wlogs = [], []
+    for i in range(cfg.producers):
+        plogs += read_jsonl(f"{cfg.logdir}/producer-{i}.jsonl")
+    for slot in range(cfg.workers):
+        for e in read_jsonl(f"{cfg.logdir}/worker-{slot}.jsonl"):
+            e["worker"] = slot
+            wlogs.append(e)
+    q = injector.query
+    keys = {r[0]: dict(status=r[1], attempts=r[2], late=r[3], result=r[4], token=r[5])
+            for r in q("SELECT key, status::text, attempts, lease_until < completed_at, result, token"
+                       "  FROM idempotency.idempotency_keys WHERE scope = 'default'")}
+    ledger = defaultdict(list)
+    for key, charge_id in q("SELECT job_key, charge_id FROM ledger"):
+        ledger[key].append(charge_id)
+    outbox = defaultdict(list)
+    for key, state, attempts in q("SELECT dedup_key, state::text, attempts FROM idempotency.outbox"
+                                  " WHERE topic = 'jobs'"):
+        outbox[key].append((state, attempts))
+    stats = q("SELECT received, processing, completed, failed_retryable, failed_final, stuck"
+              "  FROM idempotency.idem_stats WHERE scope = 'default'")
+    lag = q("SELECT pending, in_flight, retrying, dead, extract(epoch FROM lag)::float8"
+            "  FROM idempotency.outbox_lag WHERE topic = 'jobs'")
+    with open(cfg.server_log, errors="replace") as f:
+        server_log = f.read()
+    return dict(plogs=plogs, wlogs=wlogs, keys=keys, ledger=ledger, outbox=outbox,
+                stats=stats[0] if stats else None, lag=lag[0] if lag else None,
+                api=mock_stats(cfg.api), server_log=server_log, metrics=total_metrics,
+                final_metrics=final_metrics)
+
+
+def prove(cfg, injector, fleet, data, drained):
+    p = Proof()
+    plogs, wlogs, keys, ledger, outbox, api, m = (data[k] for k in (
+        "plogs", "wlogs", "keys", "ledger", "outbox", "api", "metrics"))
+
+    # ---------------------------------------------------------------- what committed
+    submits = [e for e in plogs if e["ev"] == "submit"]
+    committed = [e for e in submits if e["fate"] == "committed"]
+    committed_keys = {e["key"] for e in committed}
+    unknown = [e for e in submits if e["fate"] == "unknown"]
+    rolled_back = {e["key"] for e in submits if e["fate"] == "rolled_back"}
+    never_committed = rolled_back - committed_keys
+    registered = Counter(e["key"] for e in committed if e["outcome"] == "registered")
+    jobs = set(keys)  # the keys the database kept: checked against the producers' view below
+    duplicates = [e for e in committed if e["outcome"] != "registered"]
+
+    p.check("every committed submission survived (its key exists after the restarts)",
+            committed_keys <= jobs, sample(committed_keys - jobs))
+    p.check("nothing exists that no producer committed (rolled-back submissions left no key)",
+            jobs <= committed_keys | {e["key"] for e in unknown} and not (jobs & never_committed),
+            sample((jobs - committed_keys) | (jobs & never_committed)))
+    # A submission whose COMMIT was cut by the restart is in doubt: the
+    # database then tells whether it committed (the fence makes this rare).
+    in_doubt = {e["key"] for e in unknown}
+    p.check("each job was registered by exactly one committed submission",
+            all(registered[k] == 1 for k in jobs - in_doubt) and all(v == 1 for v in registered.values()),
+            sample(k for k in jobs if registered[k] != 1))
+
+    # ---------------------------------------------------------------- effects
+    not_once = {k: len(ledger.get(k, [])) for k in jobs if len(ledger.get(k, [])) != 1}
+    p.check("every job's ledger row exists exactly once", not not_once,
+            sample(f"{k}:{n}" for k, n in not_once.items()))
+    applied = api["applied"]
+    not_once = {k: applied.get(k, 0) for k in jobs if applied.get(k, 0) != 1}
+    p.check("the payment API applied every job's charge exactly once", not not_once,
+            sample(f"{k}:{n}" for k, n in not_once.items()))
+    stray = (set(ledger) | set(applied)) - jobs
+    p.check(f"the payment API never saw a key reused with another amount ({api['mismatches']})",
+            api["mismatches"] == 0)
+    p.check("no never-committed job was charged or written to the ledger",
+            not stray and not (never_committed & (set(ledger) | set(applied))), sample(stray))
+    charge_ids = api["charge_ids"]
+    bad = [k for k in jobs if ledger.get(k) and ledger[k][0] != charge_ids.get(k)]
+    bad += [k for k in jobs if (keys[k]["result"] or {}).get("charge_id") != charge_ids.get(k)]
+    p.check("ledger rows and stored results carry the charge id the API issued", not bad, sample(bad))
+    answers = [e for e in plogs if e["ev"] == "answer" and e["outcome"] == "completed"]
+    answers += [e for e in wlogs if e["ev"] == "claim" and e["outcome"] == "completed"]
+    bad = [e["key"] for e in answers if (e.get("result") or {}).get("charge_id") != charge_ids.get(e["key"])]
+    p.check(f"every replayed answer ({len(answers)}) carried the stored result", not bad, sample(bad))
+
+    # ---------------------------------------------------------------- delivery and state
+    p.check("the drain finished before its deadline (every committed job done)", drained)
+    not_one = [k for k in jobs if len(outbox.get(k, [])) != 1]
+    p.check("exactly one outbox event per job (duplicate submissions enqueued nothing)",
+            not not_one and not (set(outbox) - jobs), sample(not_one + list(set(outbox) - jobs)))
+    undelivered = [k for k in jobs if any(s != "delivered" for s, _ in outbox.get(k, []))]
+    p.check("every committed outbox event was delivered", not undelivered, sample(undelivered))
+    not_done = [k for k in jobs if keys[k]["status"] != "COMPLETED"]
+    p.check("every job's key is COMPLETED", not not_done,
+            sample(f"{k}:{keys[k]['status']}" for k in not_done))
+    p.check(f"no key stayed PROCESSING past lease + naptime + {cfg.watch_grace:.1f}s grace "
+            f"({injector.watch_samples} samples, max overdue {injector.watch_max_overdue:.2f}s)",
+            not injector.watch_bad and injector.watch_samples > 0, sample(injector.watch_bad))
+
+    # The views say the same after the drain.
+    p.check("idem_stats: every job completed, nothing processing, failed or stuck",
+            data["stats"] == (0, 0, len(jobs), 0, 0, 0), str(data["stats"]))
+    p.check("outbox_lag: nothing pending, in flight, retrying or dead; lag 0",
+            data["lag"] == (0, 0, 0, 0, 0.0), str(data["lag"]))
+
+    # ---------------------------------------------------------------- processes and server
+    crashes = fleet.crashes
+    p.check("no worker or producer died other than by SIGKILL", not crashes,
+            "; ".join(f"{w} exit {s}: {t.strip().splitlines()[-1] if t.strip() else ''}"
+                      for w, s, t in crashes[:3]))
+    reported = [e for e in plogs + wlogs if e["ev"] == "violation"]
+    p.check("no unexpected answer or error in the pipeline", not reported,
+            "; ".join(f"{e.get('what')}: {e.get('key', '')} {e.get('sqlstate', '')} "
+                      f"{str(e.get('error', ''))[:120]}" for e in reported[:3]))
+    crash_lines = re.findall(r".*(?:terminated by signal (?:4|6|7|8|11)|PANIC:|TRAP:).*",
+                             data["server_log"])
+    p.check("the server log shows no backend crash, PANIC or assertion", not crash_lines,
+            sample(crash_lines, 2))
+    for problem in injector.violations:
+        p.check(problem, False)
+
+    # ---------------------------------------------------------------- the faults happened
+    kills = Counter(e["step"] for e in wlogs if e["ev"] == "kill")
+    kill_jobs = defaultdict(set)
+    for e in wlogs:
+        if e["ev"] == "kill":
+            kill_jobs[e["step"]].add(e["key"])
+    for step in ("before_claim", "after_effect", "after_complete"):
+        p.check(f"workers were killed {step.replace('_', ' ')} ({kills[step]})", kills[step] > 0)
+    p.check(f"the API timed out after applying a charge ({api['timeouts']})", api["timeouts"] > 0)
+    p.check(f"PostgreSQL was restarted with an immediate shutdown ({len(injector.restarts)})",
+            len(injector.restarts) >= 1)
+
+    # ---------------------------------------------------------------- metrics
+    # m is the sum of idem_metrics over the epochs between restarts (each
+    # epoch read behind the fence just before its restart) plus the last one.
+    # Exact where every event is known; a bound where at-least-once (or a
+    # worker killed before it could log an answer it got) leaves slack.
+    P = Counter((e["outcome"]) for e in plogs if e["ev"] == "answer")
+    W = Counter(e["outcome"] for e in wlogs if e["ev"] == "claim")
+    logged = Counter(e["ev"] for e in wlogs)
+    stale = [e for e in wlogs if e["ev"] == "stale"]
+    stall_done_late = [e for e in wlogs if e["ev"] == "complete" and e.get("stall") == "stall_late"]
+    stall_fenced = [e for e in stale if e.get("stall") == "stall_fenced"]
+    n = len(jobs)
+    attempts = sum(keys[k]["attempts"] for k in jobs)
+    late_in_table = sum(1 for k in jobs if keys[k]["late"])
+    buckets = sum(m["processing_ms_buckets"])
+    fails = m["failures_retryable"] + m["failures_final"]
+
+    def metric(name, ok, why):
+        p.check(f"metrics: {name}", ok, why)
+
+    # Each job completes exactly once; a complete that was fenced (IK001) or
+    # rolled back by a restart is not counted.
+    metric(f"completions = jobs ({m['completions']} = {n})", m["completions"] == n, "exact")
+    metric(f"processing_count = completions = sum(buckets) ({m['processing_count']}, {buckets})",
+           m["processing_count"] == m["completions"] == buckets, "exact: one observation per completion")
+    # attempts counts the key's granted claims (nothing here releases a claim).
+    metric(f"claims = granted claims in the table ({m['claims']} = {attempts})",
+           m["claims"] == attempts, "exact")
+    # A worker killed after its claim never completes that lease generation,
+    # nor does one whose complete was fenced (IK001): the job needs one more
+    # claim for each.
+    metric(f"claims >= jobs + kills after the claim + fenced workers "
+           f"({m['claims']} >= {n} + {kills['after_effect']} + {len(stale)})",
+           m["claims"] >= n + kills["after_effect"] + len(stale), "bound: external kills add more")
+    # The table keeps lease_until through the complete: late = completed after it.
+    metric(f"late_completions = completions after the lease in the table "
+           f"({m['late_completions']} = {late_in_table})", m["late_completions"] == late_in_table, "exact")
+    # A stall_late worker completes key_lease + 0.6 s after its claim.
+    metric(f"late_completions >= stalls completed late ({len(stall_done_late)})",
+           m["late_completions"] >= len(stall_done_late), "bound")
+    # Every generation left by a kill after the claim, or taken over from a
+    # worker that was then fenced (every fenced stall among them), ended by
+    # expiry (sweep or takeover), once each.
+    metric(f"lease_expirations >= kills after the claim + fenced workers "
+           f"({m['lease_expirations']} >= {kills['after_effect']} + {len(stale)}, "
+           f"{len(stall_fenced)} of them fenced stalls)",
+           m["lease_expirations"] >= kills["after_effect"] + len(stale),
+           "bound: external kills add more")
+    # Nothing is left PROCESSING, so every generation ended: by completion,
+    # failure or expiry; at most the late ones ended twice (expiry, then a
+    # late complete or fail).
+    ended = m["completions"] + fails + m["lease_expirations"]
+    metric(f"claims <= completions + failures + expirations <= claims + late completions + failures "
+           f"({m['claims']} <= {ended} <= {m['claims'] + m['late_completions'] + fails})",
+           m["claims"] <= ended <= m["claims"] + m["late_completions"] + fails, "accounting")
+    # Answers are counted when given. Producers are never killed, so theirs
+    # are all logged; a worker may die between an answer and its log line.
+    metric(f"replays >= producer replays + worker replays logged "
+           f"({m['replays']} >= {P['completed']} + {W['completed']})",
+           m["replays"] >= P["completed"] + W["completed"], "bound")
+    metric(f"replays >= producer replays + jobs killed after complete "
+           f"({m['replays']} >= {P['completed']} + {len(kill_jobs['after_complete'])})",
+           m["replays"] >= P["completed"] + len(kill_jobs["after_complete"]),
+           "bound: each such job was redelivered and answered completed")
+    metric(f"in_progress >= answers logged ({m['in_progress']} >= "
+           f"{P['in_progress']} + {W['in_progress'] + W['retry_later']})",
+           m["in_progress"] >= P["in_progress"] + W["in_progress"] + W["retry_later"], "bound")
+    # Every idem_fail follows a failed API call that was logged first.
+    metric(f"failed API calls logged >= failures_retryable >= fails logged "
+           f"({logged['api_failed']} >= {m['failures_retryable']} >= {logged['fail']})",
+           logged["api_failed"] >= m["failures_retryable"] >= logged["fail"], "bounds")
+    # Every IK001 a worker logged was counted when raised.
+    metric(f"stale_tokens >= stale answers logged ({m['stale_tokens']} >= {len(stale)})",
+           m["stale_tokens"] >= len(stale), "bound")
+    # One event per job; every other committed submission found it by
+    # dedup_key; rolled-back enqueues are not counted.
+    metric(f"outbox_enqueued = jobs ({m['outbox_enqueued']} = {n})", m["outbox_enqueued"] == n, "exact")
+    lo, hi = len(duplicates), len(duplicates) + len(unknown)
+    metric(f"outbox_deduplicated = committed duplicate submissions ({m['outbox_deduplicated']} in [{lo}, {hi}])",
+           lo <= m["outbox_deduplicated"] <= hi, "exact unless a commit was in doubt")
+    metric(f"outbox_delivered = jobs ({m['outbox_delivered']} = {n})", m["outbox_delivered"] == n,
+           "exact: each event turns delivered once")
+    # A nack counts when it returns the event to pending (not when the event
+    # was delivered meanwhile by a late ack).
+    nacks = sum(1 for e in wlogs if e["ev"] in ("nack", "fail") and e.get("state") == "pending")
+    metric(f"outbox_retried >= nacks logged ({m['outbox_retried']} >= {nacks})",
+           m["outbox_retried"] >= nacks, "bound: lease expiries add more")
+    # Nothing here may die (max_attempts and outbox_max_attempts are high),
+    # requests never change under a key, and no inbox or lock is used.
+    zero = {c: m[c] for c in ("failures_final", "mismatches", "outbox_dead", "inbox_duplicates",
+                               "locks_acquired", "locks_contended") if m[c] != 0}
+    metric("no final failure, mismatch, dead event, inbox or lock activity", not zero, str(zero) if zero else "")
+
+    summary = dict(
+        jobs=n, submissions=len(submits), duplicates=len(duplicates),
+        duplicate_kinds=Counter(e["kind"] for e in duplicates),
+        duplicate_answers=Counter(e["outcome"] for e in duplicates),
+        rolled_back=len(never_committed), in_doubt=len(in_doubt), kills=kills, external_kills=injector.external_kills,
+        worker_restarts=fleet.restarted, api_timeouts=api["timeouts"], api_errors=api["errors"],
+        api_replays=api["replays"], restarts=injector.restarts,
+        stalls=Counter(e["kind"] for e in wlogs if e["ev"] == "stall"),
+        stale=len(stale), redeliveries=sum(a for v in outbox.values() for _, a in v) - n,
+        metrics=m, violations=p.violations)
+    return p, summary
+
+
+def print_summary(s, seconds, out):
+    m = s["metrics"]
+    rows = [
+        ("jobs committed", s["jobs"]),
+        ("submissions (all)", s["submissions"]),
+        ("duplicates injected (committed)", "%d  %s" % (s["duplicates"], dict(s["duplicate_kinds"]))),
+        ("  answered", dict(s["duplicate_answers"])),
+        ("rolled back (never committed)", s["rolled_back"]),
+        ("submissions in doubt (COMMIT cut)", s["in_doubt"]),
+        ("kills before the claim", s["kills"]["before_claim"]),
+        ("kills after the effect, before complete", s["kills"]["after_effect"]),
+        ("kills after complete, before the ack", s["kills"]["after_complete"]),
+        ("external SIGKILLs", s["external_kills"]),
+        ("worker restarts", s["worker_restarts"]),
+        ("stalls past the lease (late / fenced)", "%d / %d" % (s["stalls"]["late"], s["stalls"]["fenced"])),
+        ("stale completes fenced (IK001)", s["stale"]),
+        ("API timeouts after a charge", s["api_timeouts"]),
+        ("API 503 errors", s["api_errors"]),
+        ("API replays", s["api_replays"]),
+        ("PostgreSQL restarts (immediate)", "%d  %s" % (len(s["restarts"]), " ".join(
+            f"@{r['at']}s(fence {r['fence_wait_ms']}ms, {r['cut']} txns cut, down {r['down_s']}s)" for r in s["restarts"]))),
+        ("outbox redeliveries", s["redeliveries"]),
+        ("metrics: claims / completions / late", "%d / %d / %d" % (m["claims"], m["completions"], m["late_completions"])),
+        ("metrics: replays / in_progress / stale", "%d / %d / %d" % (m["replays"], m["in_progress"], m["stale_tokens"])),
+        ("metrics: expirations / failures / retried", "%d / %d / %d" % (
+            m["lease_expirations"], m["failures_retryable"], m["outbox_retried"])),
+        ("run time (s)", round(seconds, 1)),
+        ("violations", s["violations"]),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print("+-" + "-" * width + "-+-" + "-" * 50, file=out)
+    for name, value in rows:
+        print(f"| {name.ljust(width)} | {value}", file=out)
+    print("+-" + "-" * width + "-+-" + "-" * 50, file=out)

@@ -1,0 +1,284 @@
+"""The fault injector of the chaos test, and the supervisor of its processes.
+
+Fleet:     starts the producer and worker processes (real processes, each
+           `python3 producer.py|worker.py`) and restarts any worker that died,
+           as a process manager would.
+Injector:  SIGKILLs random live workers from outside; restarts PostgreSQL with
+           `pg_ctl -m immediate restart` (after snapshotting idem_metrics
+           behind the fence, since the restart resets shared memory); and
+           watches that no key stays PROCESSING past its lease plus one naptime
+           (plus a scheduling grace) while the sweep is meant to be running.
+The per-job faults (a worker killing itself at a step, stalls) are planned by
+the producers and carried out by the workers themselves: see worker.py.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import psycopg2
+
+from chaoslib import FENCE_KEY, connect, die_with_parent
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+METRIC_COLUMNS = (
+    "claims", "replays", "in_progress", "mismatches", "completions", "failures_retryable",
+    "failures_final", "lease_expirations", "late_completions", "stale_tokens",
+    "inbox_duplicates", "outbox_enqueued", "outbox_deduplicated", "outbox_delivered",
+    "outbox_retried", "outbox_dead", "locks_acquired", "locks_contended", "processing_count",
+    "processing_ms_sum")
+
+
+def read_metrics(cur):
+    cur.execute("SELECT %s, processing_ms_buckets, extract(epoch FROM stats_reset)::float8"
+                " FROM idempotency.idem_metrics" % ", ".join(METRIC_COLUMNS))
+    row = cur.fetchone()
+    snap = dict(zip(METRIC_COLUMNS, row[:len(METRIC_COLUMNS)]))
+    snap["processing_ms_buckets"] = list(row[len(METRIC_COLUMNS)])
+    snap["stats_reset"] = row[len(METRIC_COLUMNS) + 1]
+    return snap
+
+
+def add_metrics(total, snap):
+    for column in METRIC_COLUMNS:
+        total[column] = total.get(column, 0) + snap[column]
+    buckets = total.get("processing_ms_buckets") or [0] * len(snap["processing_ms_buckets"])
+    total["processing_ms_buckets"] = [a + b for a, b in zip(buckets, snap["processing_ms_buckets"])]
+    return total
+
+
+class Fleet:
+    def __init__(self, cfg, logdir):
+        self.cfg, self.logdir = cfg, logdir
+        self.workers = {}       # slot -> Popen
+        self.worker_starts = {}  # slot -> monotonic start
+        self.producers = []
+        self.crashes = []       # (what, exit status, stderr tail)
+        self.restarted = 0
+        self.exits = {"killed": 0, "clean": 0}
+
+    def spawn(self, script, args, name):
+        err = open(os.path.join(self.logdir, name + ".err"), "ab")
+        return subprocess.Popen([sys.executable, os.path.join(HERE, script)] + args,
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=self.logdir,
+                                preexec_fn=die_with_parent)
+
+    def start_producers(self, count, seconds):
+        c = self.cfg
+        for i in range(count):
+            self.producers.append(self.spawn("producer.py", [
+                "--dsn", c.app_dsn, "--index", str(i), "--seed", str(c.seed),
+                "--seconds", str(seconds), "--rate", str(c.producer_rate),
+                "--fault-weights", c.fault_weights,
+                "--log", os.path.join(self.logdir, f"producer-{i}.jsonl")], f"producer-{i}"))
+
+    def start_worker(self, slot):
+        c = self.cfg
+        self.workers[slot] = self.spawn("worker.py", [
+            "--dsn", c.app_dsn, "--name", f"worker-{slot}", "--api", c.api,
+            "--batch", str(c.batch), "--outbox-lease", str(c.outbox_lease),
+            "--key-lease", str(c.key_lease), "--http-timeout", str(c.http_timeout),
+            "--log", os.path.join(self.logdir, f"worker-{slot}.jsonl")], f"worker-{slot}")
+        self.worker_starts[slot] = time.monotonic()
+
+    def start_workers(self, count):
+        for slot in range(count):
+            self.start_worker(slot)
+
+    def tail(self, name):
+        try:
+            with open(os.path.join(self.logdir, name + ".err"), "rb") as f:
+                return f.read()[-1500:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def supervise(self):
+        """Restarts dead workers; records how each one ended."""
+        for slot, proc in list(self.workers.items()):
+            status = proc.poll()
+            if status is None:
+                continue
+            if status == -signal.SIGKILL:
+                self.exits["killed"] += 1
+            else:
+                self.crashes.append((f"worker-{slot}", status, self.tail(f"worker-{slot}")))
+            self.start_worker(slot)
+            self.restarted += 1
+
+    def producers_done(self):
+        return all(p.poll() is not None for p in self.producers)
+
+    def check_producers(self):
+        for i, p in enumerate(self.producers):
+            if p.poll() not in (0, None):
+                self.crashes.append((f"producer-{i}", p.returncode, self.tail(f"producer-{i}")))
+
+    def live_workers(self, min_age):
+        now = time.monotonic()
+        return [(slot, p) for slot, p in self.workers.items()
+                if p.poll() is None and now - self.worker_starts[slot] >= min_age]
+
+    def stop_all(self, grace=5.0):
+        procs = list(self.workers.values()) + self.producers
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        end = time.monotonic() + grace
+        for p in procs:
+            try:
+                p.wait(max(0.05, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+class Injector:
+    def __init__(self, cfg, fleet):
+        self.cfg, self.fleet = cfg, fleet
+        self.rng = random.Random(cfg.seed * 31 + 7)
+        self.external_kills = 0
+        self.restarts = []          # per restart: dict of timings
+        self.epochs = []            # idem_metrics snapshots taken just before each restart
+        self.violations = []
+        self.admin_conn = None
+        self.watch_suspended_until = 0.0
+        self.watch_samples = 0
+        self.watch_max_overdue = 0.0
+        self.watch_bad = []         # (key, overdue seconds)
+        self.next_kill = time.monotonic() + self.rng.uniform(*cfg.kill_every)
+
+    # ------------------------------------------------------------ admin connection
+    def admin(self):
+        if self.admin_conn is None or self.admin_conn.closed:
+            self.admin_conn = connect(self.cfg.admin_dsn, "chaos-injector",
+                                      deadline=time.monotonic() + 60)
+            if self.admin_conn is None:
+                raise RuntimeError("cannot connect to PostgreSQL")
+            self.admin_conn.autocommit = True
+        return self.admin_conn
+
+    def query(self, sql, args=None):
+        for _ in range(3):
+            try:
+                with self.admin().cursor() as cur:
+                    cur.execute(sql, args)
+                    return cur.fetchall() if cur.description else None
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                self.admin_conn = None
+                time.sleep(0.3)
+        raise RuntimeError(f"query failed three times: {sql}")
+
+    def metrics(self):
+        for _ in range(3):
+            try:
+                with self.admin().cursor() as cur:
+                    return read_metrics(cur)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                self.admin_conn = None
+                time.sleep(0.3)
+        raise RuntimeError("cannot read idem_metrics")
+
+    # ------------------------------------------------------------ external SIGKILLs
+    def maybe_kill(self):
+        now = time.monotonic()
+        if now < self.next_kill:
+            return
+        self.next_kill = now + self.rng.uniform(*self.cfg.kill_every)
+        live = self.fleet.live_workers(min_age=0.5)
+        if not live:
+            return
+        slot, proc = self.rng.choice(live)
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+            self.external_kills += 1
+        except ProcessLookupError:
+            pass
+
+    # ------------------------------------------------------------ PostgreSQL restart
+    def sweeps_running(self):
+        return self.query("SELECT count(*) FROM pg_catalog.pg_stat_activity"
+                          " WHERE backend_type = 'idempotency worker'")[0][0]
+
+    def restart_postgres(self):
+        """pg_ctl -m immediate restart, with the metrics snapshot made exact:
+        1. pause the background sweep (idempotency.worker_enabled = off) and
+           wait until no sweep runs: a sweep's counts (lease expirations,
+           outbox retries) could otherwise commit after the snapshot and be
+           lost with shared memory;
+        2. take the fence exclusively: it waits for every pipeline transaction
+           that made an extension call to end, and holds back new ones;
+        3. snapshot idem_metrics, and hold the fence a moment so that
+           pipeline transactions queue behind it (some have already written
+           their ledger row); 4. restart immediately: those transactions are
+           cut, workers and producers reconnect;
+        5. resume the sweep; check that the counters did start again."""
+        record = {"at": round(time.monotonic() - self.cfg.t0, 1)}
+        self.watch_suspended_until = float("inf")
+        started = time.time()
+        self.query("ALTER SYSTEM SET idempotency.worker_enabled = off")
+        self.query("SELECT pg_catalog.pg_reload_conf()")
+        time.sleep(2 * self.cfg.naptime)
+        quiet, deadline = 0, time.monotonic() + 10
+        while quiet < 3 and time.monotonic() < deadline:
+            quiet = quiet + 1 if self.sweeps_running() == 0 else 0
+            time.sleep(0.05)
+        t = time.monotonic()
+        self.query("SET lock_timeout = '30s'")
+        self.query("SELECT pg_catalog.pg_advisory_lock(%s)", (FENCE_KEY,))
+        record["fence_wait_ms"] = round((time.monotonic() - t) * 1000)
+        with self.admin().cursor() as cur:
+            snapshot = read_metrics(cur)
+            # Let pipeline transactions pile up behind the fence (some with
+            # their ledger row written), so that the restart cuts them.
+            time.sleep(self.cfg.fence_hold)
+            cur.execute("SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory'"
+                        " AND NOT granted AND objid = %s", (FENCE_KEY,))
+            record["cut"] = cur.fetchone()[0]
+        t = time.monotonic()
+        c = self.cfg
+        result = subprocess.run(
+            ["runuser", "-u", c.os_user, "--", os.path.join(c.bindir, "pg_ctl"), "-D", c.datadir,
+             "-l", c.server_log, "-m", "immediate", "-w", "-t", "120", "restart"],
+            cwd=os.path.dirname(c.datadir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.admin_conn = None
+        if result.returncode != 0:
+            raise RuntimeError("pg_ctl restart failed: " + result.stderr.decode(errors="replace"))
+        record["down_s"] = round(time.monotonic() - t, 2)
+        self.epochs.append(snapshot)
+        self.query("ALTER SYSTEM RESET idempotency.worker_enabled")
+        self.query("SELECT pg_catalog.pg_reload_conf()")
+        after = self.metrics()
+        if after["stats_reset"] is None or after["stats_reset"] <= started:
+            self.violations.append("idem_metrics was not reset by the restart "
+                                   f"(stats_reset {after['stats_reset']}): the epochs would overlap")
+        self.restarts.append(record)
+        # The launcher finds the database within launcher_naptime of starting.
+        self.watch_suspended_until = (time.monotonic() + c.launcher_naptime
+                                      + 3 * c.naptime + c.watch_grace)
+
+    # ------------------------------------------------------------ the lease watchdog
+    def watch(self):
+        """A key PROCESSING after lease_until + naptime (+ grace) means the
+        sweep did not expire it in time. Not checked while the sweep is paused
+        around a restart, nor until the launcher is back."""
+        if time.monotonic() < self.watch_suspended_until:
+            return
+        try:
+            rows = self.query(
+                "SELECT key, extract(epoch FROM pg_catalog.clock_timestamp() - lease_until)::float8"
+                "  FROM idempotency.idempotency_keys"
+                " WHERE status = 'PROCESSING' AND lease_until < pg_catalog.clock_timestamp()")
+        except RuntimeError:
+            return
+        if time.monotonic() < self.watch_suspended_until:
+            return
+        self.watch_samples += 1
+        limit = self.cfg.naptime + self.cfg.watch_grace
+        for key, overdue in rows:
+            self.watch_max_overdue = max(self.watch_max_overdue, overdue)
+            if overdue > limit:
+                self.watch_bad.append((key, round(overdue, 3)))
