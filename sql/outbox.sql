@@ -558,6 +558,10 @@ SELECT count(*) AS reclaimed FROM idempotency.outbox_claim('relay-a', topics => 
 SELECT idempotency.outbox_ack(:'claimed'::bigint[]) AS acked \gset
 \qecho 8. a topic with characters that need quoting
 SELECT idempotency.outbox_enqueue('ob.n"8'' x', '{}') IS NOT NULL AS enqueued \gset
+\qecho 9. idempotency.outbox_notify off: the event, no notification
+SET idempotency.outbox_notify = off;
+SELECT idempotency.outbox_enqueue('ob.n9', '{}') IS NOT NULL AS enqueued \gset
+RESET idempotency.outbox_notify;
 \qecho end
 \o
 UNLISTEN idempotency_outbox;

@@ -86,8 +86,10 @@ Datum enqueue_body(FunctionCallInfo fcinfo) {
     connect_spi();
     const std::int64_t id = insert_event(event, now, &inserted);
     finish_spi();
-    // Delivered to listeners only if this transaction commits.
-    if (inserted) Async_Notify(kChannel, text_to_cstring(event.topic));
+    // Delivered to listeners only if this transaction commits. PostgreSQL
+    // serialises the commits of notifying transactions (a cluster-wide
+    // lock held through the commit), hence the setting to turn it off.
+    if (inserted && settings::outbox_notify) Async_Notify(kChannel, text_to_cstring(event.topic));
     count_on_commit(inserted ? Counter::OutboxEnqueued : Counter::OutboxDeduplicated);
     PG_RETURN_INT64(id);
 }

@@ -21,6 +21,7 @@ int purge_batch = 10000;
 bool worker_enabled = true;
 bool expire_on_disconnect = false;
 bool log_transitions = false;
+bool outbox_notify = true;
 
 namespace {
 
@@ -54,6 +55,9 @@ void define() {
                &stuck_after_ms, 1, INT_MAX, PGC_USERSET, GUC_UNIT_MS);
     define_int("idempotency.outbox_max_attempts", "Deliveries of an outbox event before it is dead.",
                &outbox_max_attempts, 1, INT_MAX, PGC_USERSET, 0);
+    define_bool("idempotency.outbox_notify",
+                "Notify channel idempotency_outbox when an enqueuing transaction commits.",
+                &outbox_notify, PGC_USERSET);
 
     // Settings only a superuser may change.
     define_int("idempotency.max_lease", "Longest lease, extension, lock ttl or wait accepted.",
