@@ -11,7 +11,8 @@
 #   duplicate  claim of one of 10000 preloaded COMPLETED keys -> completed + result
 #
 # The outbox (test/bench/outbox_baselines.sql):
-#   enqueue    outbox_enqueue(topic, payload, key) against an INSERT of the same
+#   enqueue    outbox_enqueue(topic, payload, key), by default and with
+#              idempotency.outbox_notify = off, against an INSERT of the same
 #              row into bench.outbox (the same columns and indexes as
 #              idempotency.outbox) and into bench.outbox_pk (primary key only)
 #   relay      events delivered per second by relays that claim 100 events and
@@ -108,13 +109,14 @@ psql_bench -f "$dir/scripts/outbox_baselines.sql" || exit 1
 version=$(psql_bench -c "SHOW server_version")
 
 # pgbench_run LABEL LOGFILE CLIENTS SECONDS SCRIPT [pgbench options]: prints
-# the tps, or "failed".
+# the tps, or "failed". Its sessions get the settings in $pgbench_pgoptions
+# (PGOPTIONS syntax), when set.
 pgbench_run() {
     local label=$1 logf=$2 clients=$3 secs=$4 script=$5 jobs status tps
     shift 5
     jobs=$((clients < 2 ? clients : 2))
-    as_pg "$bindir/pgbench" -h "$dir" -p "$port" -U postgres -n -T "$secs" \
-        -c "$clients" -j "$jobs" -M prepared "$@" \
+    as_pg env PGOPTIONS="${pgbench_pgoptions:-}" "$bindir/pgbench" -h "$dir" -p "$port" \
+        -U postgres -n -T "$secs" -c "$clients" -j "$jobs" -M prepared "$@" \
         -f "$dir/scripts/$script.sql" bench >"$logf" 2>&1
     status=$?
     tps=$(sed -nE 's/^tps = ([0-9.]+) \(without initial connection time\).*/\1/p' "$logf")
@@ -285,17 +287,25 @@ markdown_rows() {  # markdown_rows HEADER ROWS...: a Markdown table, numbers rig
 
 if want enqueue; then
     rows=()
+    # With idempotency.outbox_notify (where the installed version has it),
+    # also enqueue without the NOTIFY that serialises committing producers.
+    quiet=$(psql_bench -c "SELECT 1 FROM pg_settings WHERE name = 'idempotency.outbox_notify'")
+    [ -n "$quiet" ] && enqueue_variants="extension extension_quiet plain pk_only"
     for clients in $clients_list; do
         declare -A runs=() tps=()
         read -ra order <<<"$enqueue_variants"
         for ((round = 1; round <= outbox_rounds; round++)); do
             for variant in "${order[@]}"; do
                 log "enqueue, $clients clients, $variant (${seconds}s, round $round/$outbox_rounds)"
-                if reset_outbox; then
+                if ! reset_outbox; then
+                    result=failed
+                elif [ "$variant" = extension_quiet ]; then
+                    result=$(pgbench_pgoptions="-c idempotency.outbox_notify=off" \
+                        pgbench_run "enqueue/$variant" "$dir/enqueue.$variant.c$clients.log" \
+                        "$clients" "$seconds" enqueue_extension)
+                else
                     result=$(pgbench_run "enqueue/$variant" "$dir/enqueue.$variant.c$clients.log" \
                         "$clients" "$seconds" "enqueue_$variant")
-                else
-                    result=failed
                 fi
                 [ "$result" = failed ] && failures=$((failures + 1))
                 runs[$variant]="${runs[$variant]:-} $result"
@@ -308,16 +318,19 @@ if want enqueue; then
             [ "$outbox_rounds" -gt 1 ] && log "enqueue, $clients clients, $variant: tps per round${runs[$variant]}"
         done
         r=$(ratio "${tps[extension]}" "${tps[plain]}")
-        rows+=("$clients|${tps[extension]}|${tps[plain]}|${tps[pk_only]}|$r|$(ratio "${tps[extension]}" "${tps[pk_only]}")|$(verdict "$r" "$enqueue_target")")
+        rq=$(ratio "${tps[extension_quiet]:-failed}" "${tps[plain]}")
+        rows+=("$clients|${tps[extension]}|${tps[extension_quiet]:--}|${tps[plain]}|${tps[pk_only]}|$r|$rq|$(ratio "${tps[extension]}" "${tps[pk_only]}")|$(verdict "$r" "$enqueue_target") / $(verdict "$rq" "$enqueue_target")")
         unset runs tps
     done
-    header="clients|outbox_enqueue tps|plain INSERT tps|INSERT, PK only tps|ext/plain|ext/PK only|target ext/plain >= $enqueue_target"
+    header="clients|outbox_enqueue tps|outbox_enqueue, outbox_notify = off tps|plain INSERT tps|INSERT, PK only tps|ext/plain|ext (notify off)/plain|ext/PK only|target ext/plain >= $enqueue_target (default / notify off)"
     echo
     echo "outbox enqueue: outbox_enqueue('orders', payload, key) against an INSERT of the same row" \
         "(keys from 1000 values, small jsonb payload, one event per transaction);" \
         "${seconds}s per run, $outbox_rounds round(s) (median), pgbench -M prepared"
     echo "  plain INSERT: bench.outbox, the same columns, fillfactor and 6 indexes as idempotency.outbox"
     echo "  INSERT, PK only: bench.outbox_pk, the same columns, only the primary key (not usable by a relay)"
+    echo "  outbox_notify = off: the producers' sessions skip the NOTIFY on commit (relays then poll)"
+    [ -z "$quiet" ] && echo "  (this version has no idempotency.outbox_notify: no notify-off column)"
     [ -n "$baseline_note" ] && echo "  $baseline_note"
     table_rows "$header" "${rows[@]}"
     {
@@ -330,7 +343,9 @@ if want enqueue; then
             "and a checkpoint before every run. *plain INSERT*: \`bench.outbox\`, the same columns," \
             "fillfactor and indexes as \`idempotency.outbox\`. *INSERT, PK only*: \`bench.outbox_pk\`," \
             "the same columns with only the primary key (the floor of an INSERT, not an outbox a" \
-            "relay could work from). Target: enqueue within 15% of the plain INSERT."
+            "relay could work from). *outbox_notify = off*: \`outbox_enqueue\` in sessions started" \
+            "with \`idempotency.outbox_notify = off\` (no NOTIFY at commit; relays poll)." \
+            "Target: enqueue within 15% of the plain INSERT."
         [ -n "$baseline_note" ] && { echo; echo "**$baseline_note**"; }
         echo
         markdown_rows "$header" "${rows[@]}"
@@ -429,7 +444,7 @@ if want relay; then
             "their \`delivered_at\`), with ${relays_list// /, } relay clients each claiming up to 100 events" \
             "and acking them in one transaction per batch, while $producing" \
             "into the same table; $backlog pending events (keys from 1000 values) before every run," \
-            "so relays never starve. pgbench -n -M prepared -T $seconds, median of $outbox_rounds round(s)."
+            "sized so that relays do not run dry (a warning follows when they did). pgbench -n -M prepared -T $seconds, median of $outbox_rounds round(s)."
         echo
         echo "- extension: \`outbox_claim('bench-relay', 100)\` + \`outbox_ack(ids)\`: per-key order," \
             "leases, attempts; producers call \`outbox_enqueue\`"
