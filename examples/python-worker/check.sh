@@ -22,9 +22,9 @@ ALTER DATABASE billing SET idempotency.retry_max_delay = '2s';
 CREATE ROLE oncall LOGIN IN ROLE pg_monitor;
 SQL
 
-mkdir -p "$EXAMPLE_DIR/work"
+mkdir -p "$EXAMPLE_DIR/scratch"
 conn="host=$PGHOST port=$PGPORT dbname=$PGDATABASE"
-EXAMPLE_LOGS+=("$EXAMPLE_DIR"/work/worker-{1,2,3}.log)
+EXAMPLE_LOGS+=("$EXAMPLE_DIR"/scratch/worker-{1,2,3}.log)
 example_run /usr/bin/python3 "$here/scenario.py" --dsn "$conn user=app" --ops-dsn "$conn user=oncall" \
-    --admin-dsn "$conn user=postgres" --workdir "$EXAMPLE_DIR/work" || example_fail "python-worker checks failed"
+    --admin-dsn "$conn user=postgres" --workdir "$EXAMPLE_DIR/scratch" || example_fail "python-worker checks failed"
 echo "python-worker: all checks passed"
