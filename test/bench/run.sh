@@ -19,11 +19,16 @@
 #              ack them in one transaction per batch, while producers enqueue,
 #              with a pre-filled backlog: outbox_claim + outbox_ack against a
 #              hand-written SKIP LOCKED loop on bench.outbox
+#   size       cost growth with table size: one_txn, two_txn and duplicate
+#              (extension) at 16 clients on idempotency_keys holding only the
+#              10000 preloaded keys, then the same with BENCH_SIZE_KEYS
+#              (5000000) more COMPLETED keys that never expire
 #   churn      sizes of idempotency.outbox and its indexes, dead tuples and
 #              HOT updates at the start, middle and end of an
-#              enqueue/claim/ack/purge run, and of idempotency.idempotency_keys
-#              under claim/complete/purge (idem_maintenance() every second,
-#              outbox_retention and retention 5s)
+#              enqueue/claim/ack run, and of idempotency.idempotency_keys
+#              under claim/complete, with the background workers purging
+#              (idempotency.naptime 1s, outbox_retention and retention 5s),
+#              and the sizes sampled every second
 #
 # Environment: BENCH_SECONDS (10) per pgbench run, BENCH_CLIENTS ("1 4 16"),
 # BENCH_ROUNDS (1): with more, the variants are run that many times,
@@ -31,12 +36,16 @@
 # or noisy machine single runs vary by 20% and more); BENCH_OUTBOX_ROUNDS
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
 # (bench-results.md in the current directory) for the Markdown tables,
-# BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay churn"),
+# BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay size churn"),
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
 # enqueue in all (the same load for both variants; 0: as fast as they can),
 # BENCH_BACKLOG (200000) pending events before each relay run,
-# BENCH_CHURN_SECONDS (60) per churn run. Benchmarks never fail a
+# BENCH_CHURN_SECONDS (60) per churn run, BENCH_SIZE_KEYS (5000000).
+# BENCH_OUT defaults to docs/benchmarks.md of the source tree; the raw
+# numbers (TSV) and the plots (PNG, drawn by gnuplot) go to BENCH_DIR
+# (docs/bench/ of the source tree). BENCH_NOTE: a sentence added to the
+# document (e.g. about the load on the machine). Benchmarks never fail a
 # build: the exit status is non-zero only when something could not run.
 set -u
 . "$(dirname "$0")/../lib/common.sh"
@@ -47,9 +56,17 @@ clients_list=${BENCH_CLIENTS:-"1 4 16"}
 rounds=${BENCH_ROUNDS:-1}
 outbox_rounds=${BENCH_OUTBOX_ROUNDS:-$rounds}
 port=${BENCH_PORT:-54430}
-out=${BENCH_OUT:-bench-results.md}
+out=${BENCH_OUT:-$IDEM_ROOT/docs/benchmarks.md}
 case "$out" in /*) ;; *) out="$PWD/$out" ;; esac
-sections=${BENCH_SECTIONS:-"claim enqueue relay churn"}
+bench_dir=${BENCH_DIR:-$IDEM_ROOT/docs/bench}
+case "$bench_dir" in /*) ;; *) bench_dir="$PWD/$bench_dir" ;; esac
+mkdir -p "$(dirname "$out")" "$bench_dir" || exit 1
+# The plots as the document links them: relative to the document's folder.
+plot_link=$(realpath -m --relative-to="$(dirname "$out")" "$bench_dir")
+sections=${BENCH_SECTIONS:-"claim enqueue relay size churn"}
+size_keys=${BENCH_SIZE_KEYS:-5000000}
+size_clients=16
+bench_note=${BENCH_NOTE:-}
 relays_list=${BENCH_RELAYS:-"1 2 4"}
 producers=${BENCH_PRODUCERS:-4}
 producer_rate=${BENCH_PRODUCER_RATE:-500}
@@ -66,7 +83,7 @@ relay_target=1.00    # relays deliver at least as fast as the hand-written loop
 
 for section in $sections; do
     case "$section" in
-    claim | enqueue | relay | churn) ;;
+    claim | enqueue | relay | size | churn) ;;
     *) echo "bench: unknown section '$section' in BENCH_SECTIONS" >&2; exit 1 ;;
     esac
 done
@@ -167,8 +184,77 @@ run_one() {
         "$seconds" "${scenario}_${variant}" -D n=0
 }
 
+# write_tsv FILE HEADER ROWS...: the rows (fields split by |) as tab-separated
+# values under HEADER (tab-separated); cells that are not numbers (a failed
+# run, a missing variant) become NaN, which gnuplot skips.
+write_tsv() {
+    local f=$1 header=$2
+    shift 2
+    {
+        printf '%s\n' "$header"
+        printf '%s\n' "$@" | awk -F'|' -v OFS='\t' '{
+            for (i = 1; i <= NF; i++) if (i > 1 && $i !~ /^-?[0-9]+(\.[0-9]+)?$/) $i = "NaN"
+            $1 = $1; print }'
+    } >"$f"
+}
+
+# plot NAME: draws $bench_dir/NAME.png with gnuplot from the script on stdin
+# (terminal and output set here); prints the Markdown image link, or nothing
+# when gnuplot is missing or failed.
+plot() {
+    local name=$1 png="$bench_dir/$1.png"
+    if ! command -v gnuplot >/dev/null 2>&1; then
+        log "gnuplot not found: no $name.png"
+        cat >/dev/null
+        return
+    fi
+    rm -f "$png"
+    { echo "set terminal pngcairo size ${plot_size:-1000,450} noenhanced font 'Sans,10'"
+      echo "set output '$png'"
+      echo "set datafile separator tab"
+      echo "set style fill solid 0.85 border -1"
+      echo "set grid ytics"
+      echo "set yrange [0:*]"
+      cat; } | gnuplot 2>"$dir/gnuplot.$name.log"
+    if [ -s "$png" ]; then
+        echo
+        echo "![$name]($plot_link/$name.png)"
+    else
+        rm -f "$png"
+        log "gnuplot could not draw $name.png:"
+        cat "$dir/gnuplot.$name.log" >&2
+    fi
+}
+
+# The command that reproduces this run: the BENCH_* settings it was given.
+repro="make bench"
+for var in $(compgen -e | grep '^BENCH_' | sort -r); do
+    case "$var" in BENCH_OUT | BENCH_DIR | BENCH_PORT | BENCH_NOTE) continue ;; esac
+    val=${!var}
+    case "$val" in *[!A-Za-z0-9._/:-]*) val="'$val'" ;; esac
+    repro="$var=$val $repro"
+done
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+mem=$(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
 {
     echo "# idempotency benchmark"
+    echo
+    echo "Generated by \`test/bench/run.sh\` (\`make bench\`) on $(date -u '+%Y-%m-%d %H:%M UTC')."
+    echo "Reproduce with (from the source tree, as root):"
+    echo
+    echo '```sh'
+    echo "$repro"
+    echo '```'
+    echo
+    echo "- machine: ${cpu:-unknown CPU}, $(nproc) cores, $mem RAM, $(uname -sr)"
+    echo "- PostgreSQL $version (throwaway cluster: synchronous_commit = on, shared_buffers = 256MB," \
+        "max_wal_size = 4GB, library preloaded, background workers on)"
+    echo "- sections: $sections; ${seconds}s per pgbench run, median of $rounds round(s)"
+    echo "- raw numbers (TSV) and plots: [\`$plot_link/\`]($plot_link/)"
+    echo
+    echo "Single runs on a shared machine vary by 20% and more: compare the ratios within" \
+        "one run, not absolute figures across runs; \`BENCH_ROUNDS=3\` takes medians."
+    [ -n "$bench_note" ] && { echo; echo "**Note:** $bench_note"; }
     echo
 } >"$out"
 
@@ -197,6 +283,34 @@ if want claim; then
         done
     done
 
+    write_tsv "$bench_dir/claim.tsv" \
+        "$(printf 'scenario\tclients\textension_tps\tplain_tps\tplpgsql_tps\text_over_plain\text_over_plpgsql')" \
+        "${rows[@]}"
+    for scenario in $scenarios; do
+        awk -F'\t' -v s="$scenario" 'NR > 1 && $1 == s' "$bench_dir/claim.tsv" >"$dir/claim.$scenario.dat"
+    done
+    claim_plot=$(plot_size=1200,420 plot claim <<EOF
+set style data histograms
+set style histogram clustered gap 1
+set key below horizontal
+set xlabel 'clients'
+set ylabel 'transactions/s'
+set multiplot layout 1,3 title 'claim + complete: tps by clients (pgbench, higher is better)'
+set title 'one_txn (claim + complete, one transaction)'
+plot '$dir/claim.one_txn.dat' using 3:xtic(2) title 'extension', '' using 4 title 'plain SQL', '' using 5 title 'PL/pgSQL'
+set title 'two_txn (claim, then complete)'
+plot '$dir/claim.two_txn.dat' using 3:xtic(2) title 'extension', '' using 4 title 'plain SQL', '' using 5 title 'PL/pgSQL'
+set title 'duplicate (claim of a completed key)'
+plot '$dir/claim.duplicate.dat' using 3:xtic(2) title 'extension', '' using 4 title 'plain SQL', '' using 5 title 'PL/pgSQL'
+unset multiplot
+EOF
+)
+    dup16=""
+    for row in "${rows[@]}"; do
+        IFS='|' read -r sc cl ext _ <<<"$row"
+        [ "$sc" = duplicate ] && [ "$cl" = 16 ] && dup16=$ext
+    done
+
     hot=$(psql_bench -F ' ' -c "SELECT relid::regclass, n_tup_upd, n_tup_hot_upd
         FROM pg_stat_user_tables WHERE relname = 'idempotency_keys' ORDER BY 1")
 
@@ -213,6 +327,8 @@ if want claim; then
     echo "$hot" | awk '{ printf "  %-34s %10d updates, %5.1f%% HOT\n", $1, $2, ($2 ? 100 * $3 / $2 : 0) }'
 
     {
+        echo "## Claim and complete"
+        echo
         echo "$(date -u '+%Y-%m-%d %H:%M UTC'), PostgreSQL $version, $(nproc) cores;" \
             "pgbench -n -M prepared -T $seconds, -j min(clients, 2); median of $rounds round(s);" \
             "synchronous_commit = on, shared_buffers = 256MB;" \
@@ -225,10 +341,10 @@ if want claim; then
         echo "| ${header//|/ | } |"
         echo "|---|---:|---:|---:|---:|---:|---:|"
         for row in "${rows[@]}"; do echo "| ${row//|/ | } |"; done
+        [ -n "$dup16" ] && { echo; echo "**Duplicate hits at 16 clients:** $dup16 claims/s answered" \
+            "\`completed\` with the stored result (extension, the *duplicate* row above)."; }
+        echo "$claim_plot"
     } >>"$out"
-else
-    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), PostgreSQL $version, $(nproc) cores;" \
-        "synchronous_commit = on, shared_buffers = 256MB." >>"$out"
 fi
 
 # ------------------------------------------------------------------ outbox
@@ -322,6 +438,19 @@ if want enqueue; then
         rows+=("$clients|${tps[extension]}|${tps[extension_quiet]:--}|${tps[plain]}|${tps[pk_only]}|$r|$rq|$(ratio "${tps[extension]}" "${tps[pk_only]}")|$(verdict "$r" "$enqueue_target") / $(verdict "$rq" "$enqueue_target")")
         unset runs tps
     done
+    write_tsv "$bench_dir/enqueue.tsv" \
+        "$(printf 'clients\textension_tps\textension_notify_off_tps\tplain_insert_tps\tpk_only_insert_tps')" \
+        $(for row in "${rows[@]}"; do cut -d'|' -f1-5 <<<"$row"; done)
+    enqueue_plot=$(plot enqueue <<EOF
+set style data histograms
+set style histogram clustered gap 1
+set key below horizontal
+set xlabel 'clients'
+set ylabel 'events enqueued/s'
+set title 'outbox enqueue: tps by clients (one event per transaction, higher is better)'
+plot '$bench_dir/enqueue.tsv' using 2:xtic(1) title 'outbox_enqueue', '' using 3 title 'outbox_enqueue, outbox_notify = off', '' using 4 title 'plain INSERT (same indexes)', '' using 5 title 'INSERT, PK only'
+EOF
+)
     header="clients|outbox_enqueue tps|outbox_enqueue, outbox_notify = off tps|plain INSERT tps|INSERT, PK only tps|ext/plain|ext (notify off)/plain|ext/PK only|target ext/plain >= $enqueue_target (default / notify off)"
     echo
     echo "outbox enqueue: outbox_enqueue('orders', payload, key) against an INSERT of the same row" \
@@ -349,6 +478,7 @@ if want enqueue; then
         [ -n "$baseline_note" ] && { echo; echo "**$baseline_note**"; }
         echo
         markdown_rows "$header" "${rows[@]}"
+        echo "$enqueue_plot"
     } >>"$out"
 fi
 
@@ -425,6 +555,24 @@ if want relay; then
         rows+=("$relays|$ext|$plain|$r|$(median ${enqueued[extension]})|$(median ${enqueued[plain]})|$(verdict "$r" "$relay_target")")
         unset delivered enqueued left
     done
+    tsv_rows=()
+    for row in "${rows[@]}"; do
+        IFS='|' read -r f1 f2 f3 _ f5 f6 _ <<<"$row"
+        tsv_rows+=("$f1|$f2|$f3|$f5|$f6")
+    done
+    write_tsv "$bench_dir/relay.tsv" \
+        "$(printf 'relays\textension_delivered_per_s\tplain_delivered_per_s\textension_enqueued_per_s\tplain_enqueued_per_s')" \
+        "${tsv_rows[@]}"
+    relay_plot=$(plot relay <<EOF
+set style data histograms
+set style histogram clustered gap 1
+set key below horizontal
+set xlabel 'relay clients'
+set ylabel 'events delivered/s'
+set title 'outbox relay: events delivered/s by relays, batches of 100, producers enqueuing (higher is better)'
+plot '$bench_dir/relay.tsv' using 2:xtic(1) title 'outbox_claim + outbox_ack', '' using 3 title 'hand-written SKIP LOCKED loop'
+EOF
+)
     header="relays|outbox_claim+ack delivered/s|hand-written loop delivered/s|ext/plain|ext enqueued/s|plain enqueued/s|target ext/plain >= $relay_target"
     echo
     echo "outbox relay: events delivered per second (counted in the table), each relay claiming 100" \
@@ -458,6 +606,103 @@ if want relay; then
         [ -n "$starved" ] && { echo; echo "**warning: the backlog ran low (raise BENCH_BACKLOG):$starved**"; }
         echo
         markdown_rows "$header" "${rows[@]}"
+        echo "$relay_plot"
+    } >>"$out"
+fi
+
+# ------------------------------------------------------------------ size
+
+# size_run STATE SCRIPT: tps of SCRIPT (extension) at $size_clients clients.
+# empty: the table truncated and the $preload duplicate keys preloaded;
+# loaded: the keys a previous run added are deleted (the $size_keys bulk keys
+# and the preloaded ones stay). Both: VACUUM ANALYZE and a checkpoint first.
+size_run() {
+    local state=$1 script=$2
+    if [ "$state" = empty ]; then
+        psql_bench -c "TRUNCATE idempotency.idempotency_keys, bench.idempotency_keys" -c "SELECT bench.preload($preload)" \
+            >/dev/null || { echo failed; return; }
+    else
+        psql_bench -c "DELETE FROM idempotency.idempotency_keys
+                        WHERE key NOT LIKE 'bulk-%' AND length(key) > 5" >/dev/null ||
+            { echo failed; return; }
+    fi
+    psql_bench -c "VACUUM ANALYZE idempotency.idempotency_keys" -c "CHECKPOINT" >/dev/null ||
+        { echo failed; return; }
+    pgbench_run "size $state/$script" "$dir/size.$state.$script.log" "$size_clients" \
+        "$seconds" "${script}_extension" -D n=0
+}
+
+if want size; then
+    size_scripts="one_txn two_txn duplicate"
+    declare -A size_runs=()
+    size_mb=()
+    for state in empty loaded; do
+        if [ "$state" = loaded ]; then
+            log "size: loading $size_keys COMPLETED keys that never expire (a minute per 5 million)"
+            if ! psql_bench -c "TRUNCATE idempotency.idempotency_keys, bench.idempotency_keys" \
+                -c "SELECT bench.preload($preload)" \
+                -c "INSERT INTO idempotency.idempotency_keys
+                           (scope, key, status, token, attempts, result, created_at, updated_at,
+                            completed_at, expires_at, claimed_at)
+                    SELECT 'default', 'bulk-' || i, 'COMPLETED', nextval('idempotency.token_seq'), 1,
+                           jsonb_build_object('order', i, 'ok', true), now(), now(), now(),
+                           now() + interval '100 years', now()
+                      FROM generate_series(1, $size_keys) AS i" \
+                -c "VACUUM ANALYZE idempotency.idempotency_keys" -c "CHECKPOINT" >/dev/null; then
+                log "size: could not load the keys"
+                failures=$((failures + 1))
+            fi
+        fi
+        read -ra order <<<"$size_scripts"
+        for ((round = 1; round <= rounds; round++)); do
+            for script in "${order[@]}"; do
+                log "size: $script, $state, $size_clients clients (${seconds}s, round $round/$rounds)"
+                result=$(size_run "$state" "$script")
+                [ "$result" = failed ] && failures=$((failures + 1))
+                size_runs[$state.$script]="${size_runs[$state.$script]:-} $result"
+            done
+            order=("${order[@]:1}" "${order[0]}")
+        done
+        size_mb+=("$(psql_bench -c "SELECT count(*) || ' keys, ' ||
+            pg_size_pretty(pg_total_relation_size('idempotency.idempotency_keys'))
+            || ' with indexes' FROM idempotency.idempotency_keys")")
+    done
+    rows=()
+    for script in $size_scripts; do
+        # shellcheck disable=SC2086
+        e=$(median ${size_runs[empty.$script]}) l=$(median ${size_runs[loaded.$script]})
+        rows+=("$script|$size_clients|$e|$l|$(ratio "$l" "$e")")
+    done
+    unset size_runs
+    header="scenario|clients|empty table tps|with $size_keys keys tps|with keys/empty"
+    echo
+    echo "cost growth with table size: extension scripts at $size_clients clients;" \
+        "empty: ${size_mb[0]:-?} (after the runs); loaded: ${size_mb[1]:-?} (after the runs)"
+    table_rows "$header" "${rows[@]}"
+    write_tsv "$bench_dir/size.tsv" \
+        "$(printf 'scenario\tclients\tempty_tps\tloaded_tps\tloaded_over_empty')" "${rows[@]}"
+    size_plot=$(plot size <<EOF
+set style data histograms
+set style histogram clustered gap 1
+set key below horizontal
+set ylabel 'transactions/s'
+set title 'cost growth with table size: extension, $size_clients clients (higher is better)'
+plot '$bench_dir/size.tsv' using 3:xtic(1) title 'only the $preload preloaded keys', '' using 4 title '+ $size_keys COMPLETED keys'
+EOF
+)
+    {
+        echo
+        echo "## Cost growth with table size"
+        echo
+        echo "The extension's scripts at $size_clients clients on \`idempotency.idempotency_keys\`" \
+            "holding only the $preload keys the *duplicate* script reads, then holding $size_keys more" \
+            "COMPLETED keys (inserted with \`generate_series\`, expiring in 100 years so nothing" \
+            "purges them), in the same run. VACUUM ANALYZE and a checkpoint before every run;" \
+            "pgbench -n -M prepared -T $seconds, median of $rounds round(s)." \
+            "Table at the end of each state: empty: ${size_mb[0]:-?}; loaded: ${size_mb[1]:-?}."
+        echo
+        markdown_rows "$header" "${rows[@]}"
+        echo "$size_plot"
     } >>"$out"
 fi
 
@@ -519,13 +764,27 @@ churn_rows() {
 # $churn_seconds in parallel, samples it in the middle and at the end.
 # Prints the rows "label|start|middle|end", then "tps|load1 tps|load2 tps...".
 churn_run() {
-    local name=$1 table=$2 extra=$3 load i=0 pids=() load_tps=() clients script opts
+    local name=$1 table=$2 extra=$3 load i=0 pids=() load_tps=() clients script opts sampler
     shift 3
     psql_bench -c "VACUUM $table" \
         -c "SELECT pg_stat_reset_single_table_counters('$table'::regclass)" \
         -c "CHECKPOINT" >/dev/null || return 1
     sleep 1
     storage_sample "$table" "$extra" >"$dir/churn.$name.0" || return 1
+    # The sizes every second, from the start of the load to its end, as
+    # "seconds<TAB>total kB<TAB>heap kB<TAB>n_live_tup<TAB>n_dead_tup".
+    printf 'seconds\ttotal_kB\theap_kB\tn_live_tup\tn_dead_tup\n' >"$bench_dir/churn_$name.tsv"
+    (
+        start=$(date +%s.%N)
+        while :; do
+            psql_bench -F $'\t' -c "SELECT round(extract(epoch FROM clock_timestamp()) - $start, 1),
+                    pg_total_relation_size('$table') / 1024, pg_relation_size('$table') / 1024,
+                    n_live_tup, n_dead_tup
+                  FROM pg_stat_user_tables WHERE relid = '$table'::regclass" 2>/dev/null
+            sleep 1
+        done >>"$bench_dir/churn_$name.tsv"
+    ) &
+    sampler=$!
     for load in "$@"; do
         i=$((i + 1))
         read -r clients script opts <<<"$load"
@@ -538,6 +797,8 @@ churn_run() {
     storage_sample "$table" "$extra" >"$dir/churn.$name.1" || true
     wait "${pids[@]}"
     sleep 1  # the clients' last statistics reach the shared counters at exit
+    kill "$sampler" 2>/dev/null
+    wait "$sampler" 2>/dev/null
     storage_sample "$table" "$extra" >"$dir/churn.$name.2" || return 1
     churn_rows "$dir/churn.$name.0" "$dir/churn.$name.1" "$dir/churn.$name.2"
     for ((i = 1; i <= $#; i++)); do load_tps+=("$(cat "$dir/churn.$name.$i.tps")"); done
@@ -545,9 +806,10 @@ churn_run() {
 }
 
 if want churn; then
-    log "churn: retention of delivered events and completed keys 5s, idem_maintenance() every second"
+    log "churn: retention of delivered events and completed keys 5s, the background workers purge (naptime 1s)"
     psql_bench -c "ALTER SYSTEM SET idempotency.outbox_retention = '5s'" \
         -c "ALTER SYSTEM SET idempotency.retention = '5s'" \
+        -c "ALTER SYSTEM SET idempotency.naptime = '1s'" \
         -c "SELECT pg_reload_conf()" >/dev/null || failures=$((failures + 1))
     psql_bench -c "TRUNCATE idempotency.outbox, idempotency.idempotency_keys" >/dev/null
 
@@ -558,7 +820,7 @@ if want churn; then
         UNION ALL
         SELECT 'delivered events kept (retention 5s)', count(*) FILTER (WHERE state = 'delivered')::text
           FROM idempotency.outbox" \
-        "$producers enqueue_extension" "$churn_relays relay_extension" "1 maintenance")
+        "$producers enqueue_extension" "$churn_relays relay_extension")
     [ -n "$outbox_result" ] || failures=$((failures + 1))
 
     log "churn: idempotency.idempotency_keys, $producers workers claim + complete (${churn_seconds}s)"
@@ -568,12 +830,29 @@ if want churn; then
         UNION ALL
         SELECT 'COMPLETED keys kept (retention 5s)', count(*) FILTER (WHERE status = 'COMPLETED')::text
           FROM idempotency.idempotency_keys" \
-        "$producers two_txn_extension -D n=0" "1 maintenance")
+        "$producers two_txn_extension -D n=0")
     [ -n "$keys_result" ] || failures=$((failures + 1))
 
     psql_bench -c "ALTER SYSTEM RESET idempotency.outbox_retention" \
-        -c "ALTER SYSTEM RESET idempotency.retention" -c "SELECT pg_reload_conf()" >/dev/null
+        -c "ALTER SYSTEM RESET idempotency.retention" -c "ALTER SYSTEM RESET idempotency.naptime" \
+        -c "SELECT pg_reload_conf()" >/dev/null
 
+    churn_plot=$(plot_size=1200,420 plot churn <<EOF
+set key top left
+set xlabel 'seconds'
+set ylabel 'kB'
+set y2label 'dead tuples'
+set y2tics
+set y2range [0:*]
+set ytics nomirror
+set multiplot layout 1,2 title 'size under steady churn, background workers purging (retention 5s, naptime 1s)'
+set title 'idempotency.outbox ($producers producers, $churn_relays relays)'
+plot '$bench_dir/churn_outbox.tsv' using 1:2 with lines lw 2 title 'total with indexes, kB', '' using 1:3 with lines lw 2 title 'heap, kB', '' using 1:5 axes x1y2 with lines dt 2 title 'n_dead_tup (right)'
+set title 'idempotency.idempotency_keys ($producers clients claim + complete)'
+plot '$bench_dir/churn_keys.tsv' using 1:2 with lines lw 2 title 'total with indexes, kB', '' using 1:3 with lines lw 2 title 'heap, kB', '' using 1:5 axes x1y2 with lines dt 2 title 'n_dead_tup (right)'
+unset multiplot
+EOF
+)
     header="metric|start|middle|end"
     outbox_tps=$(sed -n 's/^tps|//p' <<<"$outbox_result")
     keys_tps=$(sed -n 's/^tps|//p' <<<"$keys_result")
@@ -583,12 +862,13 @@ if want churn; then
     mapfile -t keys_rows < <(grep -v '^tps|' <<<"$keys_result")
     outbox_load="$producers clients enqueuing (${enq_tps:-?} events/s), $churn_relays relays"
     outbox_load+=" claiming + acking 100 per transaction (${relay_tps:-?} batches/s),"
-    outbox_load+=" idem_maintenance() every second"
+    outbox_load+=" the background worker purging"
     keys_load="$producers clients claiming a new key and completing it in two transactions"
-    keys_load+=" (${keys_tps_1:-?} keys/s), idem_maintenance() every second"
+    keys_load+=" (${keys_tps_1:-?} keys/s), the background worker purging"
     echo
     echo "storage under churn: ${churn_seconds}s per table, samples at the start, middle and end;" \
-        "idempotency.outbox_retention = idempotency.retention = 5s (ALTER SYSTEM), background worker on"
+        "idempotency.outbox_retention = idempotency.retention = 5s, idempotency.naptime = 1s (ALTER SYSTEM);" \
+        "the background workers purge (no idem_maintenance() calls)"
     echo "idempotency.outbox: $outbox_load"
     if [ ${#outbox_rows[@]} -gt 0 ]; then table_rows "$header" "${outbox_rows[@]}"; else echo "  (could not run)"; fi
     echo "idempotency.idempotency_keys: $keys_load"
@@ -599,7 +879,8 @@ if want churn; then
         echo
         echo "${churn_seconds}s per table, sampled at the start, middle and end;" \
             "\`idempotency.outbox_retention\` and \`idempotency.retention\` set to 5s with ALTER SYSTEM," \
-            "\`idem_maintenance()\` called every second (the background worker runs as well)," \
+            "\`idempotency.naptime\` 1s: the background workers expire and purge (the benchmark" \
+            "calls no \`idem_maintenance()\`)," \
             "autovacuum with its default settings. Counters from \`pg_stat_user_tables\`, reset at the start."
         echo
         echo "### idempotency.outbox"
@@ -613,6 +894,12 @@ if want churn; then
         echo "$keys_load."
         echo
         if [ ${#keys_rows[@]} -gt 0 ]; then markdown_rows "$header" "${keys_rows[@]}"; else echo "(could not run)"; fi
+        echo
+        echo "### Size over time"
+        echo
+        echo "Sampled every second (\`$plot_link/churn_outbox.tsv\`, \`$plot_link/churn_keys.tsv\`):" \
+            "a size that levels off is the workers keeping up with the churn."
+        echo "$churn_plot"
     } >>"$out"
 fi
 

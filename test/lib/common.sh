@@ -5,7 +5,7 @@
 IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 IDEM_OS_USER=${IDEM_OS_USER:-postgres}
 IDEM_PACKAGES="postgresql-15 postgresql-server-dev-15 postgresql-contrib libpq-dev libipc-run-perl
-  g++ make cmake libgtest-dev python3 python3-psycopg2 libcurl4-openssl-dev nodejs"
+  g++ make cmake libgtest-dev python3 python3-psycopg2 libcurl4-openssl-dev nodejs gnuplot-nox"
 
 log() { printf '== %s\n' "$*" >&2; }
 
