@@ -35,7 +35,7 @@
 # interleaved in rotating order, and the median is reported (on a shared
 # or noisy machine single runs vary by 20% and more); BENCH_OUTBOX_ROUNDS
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
-# (bench-results.md in the current directory) for the Markdown tables,
+# (docs/benchmarks.md, see below) for the Markdown tables,
 # BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay size churn"),
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
@@ -212,6 +212,7 @@ plot() {
     { echo "set terminal pngcairo size ${plot_size:-1000,450} noenhanced font 'Sans,10'"
       echo "set output '$png'"
       echo "set datafile separator tab"
+      echo "set datafile columnheaders"
       echo "set style fill solid 0.85 border -1"
       echo "set grid ytics"
       echo "set yrange [0:*]"
@@ -287,7 +288,7 @@ if want claim; then
         "$(printf 'scenario\tclients\textension_tps\tplain_tps\tplpgsql_tps\text_over_plain\text_over_plpgsql')" \
         "${rows[@]}"
     for scenario in $scenarios; do
-        awk -F'\t' -v s="$scenario" 'NR > 1 && $1 == s' "$bench_dir/claim.tsv" >"$dir/claim.$scenario.dat"
+        awk -F'\t' -v s="$scenario" 'NR == 1 || $1 == s' "$bench_dir/claim.tsv" >"$dir/claim.$scenario.dat"
     done
     claim_plot=$(plot_size=1200,420 plot claim <<EOF
 set style data histograms
@@ -898,7 +899,11 @@ EOF
         echo "### Size over time"
         echo
         echo "Sampled every second (\`$plot_link/churn_outbox.tsv\`, \`$plot_link/churn_keys.tsv\`):" \
-            "a size that levels off is the workers keeping up with the churn."
+            "the workers' purge shows as \`n_tup_del\` and a steady \`n_live_tup\`; the space of" \
+            "the purged rows becomes reusable only once (auto)vacuum has run on the table: the heap" \
+            "stays flat after each autovacuum (the drop in dead tuples) and grows again until the next" \
+            "one (autovacuum_naptime 1 min by default), so the steady-state size shows only in runs" \
+            "spanning several autovacuum cycles."
         echo "$churn_plot"
     } >>"$out"
 fi
