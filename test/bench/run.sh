@@ -36,7 +36,7 @@
 # or noisy machine single runs vary by 20% and more); BENCH_OUTBOX_ROUNDS
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
 # (docs/benchmarks.md, see below) for the Markdown tables,
-# BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay size churn"),
+# BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay size churn idem_relay"),
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
 # enqueue in all (the same load for both variants; 0: as fast as they can),
@@ -63,7 +63,7 @@ case "$bench_dir" in /*) ;; *) bench_dir="$PWD/$bench_dir" ;; esac
 mkdir -p "$(dirname "$out")" "$bench_dir" || exit 1
 # The plots as the document links them: relative to the document's folder.
 plot_link=$(realpath -m --relative-to="$(dirname "$out")" "$bench_dir")
-sections=${BENCH_SECTIONS:-"claim enqueue relay size churn"}
+sections=${BENCH_SECTIONS:-"claim enqueue relay size churn idem_relay"}
 size_keys=${BENCH_SIZE_KEYS:-5000000}
 size_clients=16
 bench_note=${BENCH_NOTE:-}
@@ -83,7 +83,7 @@ relay_target=1.00    # relays deliver at least as fast as the hand-written loop
 
 for section in $sections; do
     case "$section" in
-    claim | enqueue | relay | size | churn) ;;
+    claim | enqueue | relay | size | churn | idem_relay) ;;
     *) echo "bench: unknown section '$section' in BENCH_SECTIONS" >&2; exit 1 ;;
     esac
 done
@@ -905,6 +905,26 @@ EOF
             "one (autovacuum_naptime 1 min by default), so the steady-state size shows only in runs" \
             "spanning several autovacuum cycles."
         echo "$churn_plot"
+    } >>"$out"
+fi
+
+# idem-relay end to end (issue figures of the relay): its own benchmark,
+# on its own cluster, appended as it prints them.
+if want idem_relay; then
+    log "idem-relay: throughput and commit-to-delivery delay"
+    relay_report=$(bash "$IDEM_ROOT/test/relay/bench.sh" 2>&1) || failures=$((failures + 1))
+    echo "$relay_report"
+    {
+        echo
+        echo "## idem-relay end to end"
+        echo
+        echo "\`test/relay/bench.sh\`: a backlog delivered by one \`--once\` run to stdout and to a"
+        echo "local HTTP receiver (a single Python process, which bounds the HTTP figures), and the"
+        echo "delay from the enqueuing commit to arrival at a steady load."
+        echo
+        echo '```'
+        echo "$relay_report" | grep -v '^== '
+        echo '```'
     } >>"$out"
 fi
 
