@@ -31,4 +31,8 @@ private:
     std::string message_;
 };
 
+// Throws Error with a printf-style message (at most 1 KiB).
+[[noreturn]] void throw_error(const char* code, const char* format, ...)
+    __attribute__((format(printf, 2, 3)));
+
 }  // namespace idem

@@ -1,73 +1,51 @@
 #include "core/validate.hpp"
 
-#include <cstdarg>
 #include <cstdio>
-#include <string>
 
 #include "core/error.hpp"
 
 namespace idem {
 
-namespace {
-
-std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
-
-std::string printf_string(const char* format, ...) {
-    char buffer[512];
-    va_list args;
-    va_start(args, format);
-    std::vsnprintf(buffer, sizeof buffer, format, args);
-    va_end(args);
-    return buffer;
-}
-
-}  // namespace
-
 void throw_null_argument(const char* name) {
-    throw Error(sqlstate::null_value, printf_string("%s must not be null", name));
+    throw_error(sqlstate::null_value, "%s must not be null", name);
 }
 
 void check_optional_name(const char* name, std::size_t bytes, std::size_t max_bytes) {
     if (bytes > max_bytes)
-        throw Error(sqlstate::too_long,
-                    printf_string("%s must be at most %zu bytes long (it has %zu)", name,
-                                  max_bytes, bytes));
+        throw_error(sqlstate::too_long, "%s must be at most %zu bytes long (it has %zu)", name,
+                    max_bytes, bytes);
 }
 
 void check_name(const char* name, std::size_t bytes, std::size_t max_bytes) {
     if (bytes == 0)
-        throw Error(sqlstate::invalid_parameter, printf_string("%s must not be empty", name));
+        throw_error(sqlstate::invalid_parameter, "%s must not be empty", name);
     check_optional_name(name, bytes, max_bytes);
 }
 
 void check_value_size(const char* name, std::size_t bytes, std::size_t max_bytes) {
     if (bytes > max_bytes)
-        throw Error(sqlstate::too_long,
-                    printf_string("%s must be at most %zu bytes (idempotency.max_value_bytes); "
-                                  "it has %zu",
-                                  name, max_bytes, bytes));
+        throw_error(sqlstate::too_long,
+                    "%s must be at most %zu bytes (idempotency.max_value_bytes); it has %zu", name,
+                    max_bytes, bytes);
 }
 
 void check_positive_interval(const char* name, Micros value, Micros max, const char* max_name) {
     if (value <= 0 || value > max) {
         char limit[64];
         format_duration(max, limit, sizeof limit);
-        throw Error(sqlstate::invalid_parameter,
-                    printf_string("%s must be positive and at most %s (%s)", name, max_name,
-                                  limit));
+        throw_error(sqlstate::invalid_parameter, "%s must be positive and at most %s (%s)", name,
+                    max_name, limit);
     }
 }
 
 void check_nonnegative_interval(const char* name, Micros value) {
     if (value < 0 || value > kHundredYears)
-        throw Error(sqlstate::invalid_parameter,
-                    printf_string("%s must be between 0 and 100 years", name));
+        throw_error(sqlstate::invalid_parameter, "%s must be between 0 and 100 years", name);
 }
 
 void check_batch(const char* name, std::int64_t value) {
     if (value < 1 || value > kMaxBatch)
-        throw Error(sqlstate::invalid_parameter,
-                    printf_string("%s must be between 1 and %d", name, kMaxBatch));
+        throw_error(sqlstate::invalid_parameter, "%s must be between 1 and %d", name, kMaxBatch);
 }
 
 void format_duration(Micros value, char* out, std::size_t out_size) {

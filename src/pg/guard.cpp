@@ -21,33 +21,43 @@ struct CaughtError {
     }
 };
 
+// Runs `run`; on a C++ exception fills `caught` and returns true. A
+// PostgreSQL error raised inside `run` passes through untouched: nothing here
+// has a destructor.
+template <typename Run>
+bool caught_exception(Run run, CaughtError* caught) {
+    try {
+        run();
+        return false;
+    } catch (const Error& error) {
+        caught->set(error.sqlstate(), error.what());
+    } catch (const std::bad_alloc&) {
+        caught->set("53200", "out of memory in the idempotency module");
+    } catch (const std::exception& error) {
+        caught->set(sqlstate::internal, error.what());
+    } catch (...) {
+        caught->set(sqlstate::internal, "unknown C++ exception in the idempotency module");
+    }
+    return true;
+}
+
 }  // namespace
 
 Datum guarded(FunctionCallInfo fcinfo, Body body) {
     CaughtError caught;
-    bool failed = false;
     Datum result = 0;
-    try {
-        result = body(fcinfo);
-    } catch (const Error& error) {
-        caught.set(error.sqlstate(), error.what());
-        failed = true;
-    } catch (const std::bad_alloc&) {
-        caught.set("53200", "out of memory in the idempotency module");
-        failed = true;
-    } catch (const std::exception& error) {
-        caught.set(sqlstate::internal, error.what());
-        failed = true;
-    } catch (...) {
-        caught.set(sqlstate::internal, "unknown C++ exception in the idempotency module");
-        failed = true;
-    }
+    const bool failed = caught_exception([&] { result = body(fcinfo); }, &caught);
     if (failed) {
         const char* s = caught.sqlstate;
         ereport(ERROR, (errcode(MAKE_SQLSTATE(s[0], s[1], s[2], s[3], s[4])),
                         errmsg("%s", caught.message)));
     }
     return result;
+}
+
+void guarded_main(const char* who, void (*body)()) {
+    CaughtError caught;
+    if (caught_exception(body, &caught)) ereport(FATAL, (errmsg("%s: %s", who, caught.message)));
 }
 
 }  // namespace idem::pg

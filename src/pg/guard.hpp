@@ -16,6 +16,10 @@ using Body = Datum (*)(FunctionCallInfo fcinfo);
 
 Datum guarded(FunctionCallInfo fcinfo, Body body);
 
+// The same for an entry point that returns nothing (a background worker's
+// main): a C++ exception ends the process with FATAL, naming `who`.
+void guarded_main(const char* who, void (*body)());
+
 }  // namespace idem::pg
 
 // Defines the C-linkage SQL entry point `name` as a shim over `body`.

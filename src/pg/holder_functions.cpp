@@ -1,8 +1,6 @@
 // SQL entry points for the holder of a claim: idem_complete, idem_fail,
 // idem_heartbeat, idem_release and idem_assert_owner. Each checks the token
 // with the core's fencing rules and raises IK001/IK002/IK003 otherwise.
-#include <cstdio>
-
 #include "core/error.hpp"
 #include "core/fence.hpp"
 #include "core/retry.hpp"
@@ -37,32 +35,26 @@ const char* call_name(HolderCall call) {
 }
 
 [[noreturn]] void raise_no_such_key(const KeyId& id) {
-    char message[600];
-    snprintf(message, sizeof message, "idempotency key \"%s\" does not exist in scope \"%s\"",
-                  text_to_cstring(id.key), text_to_cstring(id.scope));
-    throw Error(sqlstate::no_such_key, message);
+    throw_error(sqlstate::no_such_key, "idempotency key \"%s\" does not exist in scope \"%s\"",
+                text_to_cstring(id.key), text_to_cstring(id.scope));
 }
 
 [[noreturn]] void raise_refused(FenceVerdict verdict, HolderCall call, const KeyId& id,
                                 std::int64_t token, Status status) {
-    char message[700];
+    const char* key = text_to_cstring(id.key);
+    const char* scope = text_to_cstring(id.scope);
     if (call == HolderCall::AssertOwner)
-        snprintf(message, sizeof message,
-                 "token %lld does not own key \"%s\" in scope \"%s\" (the key is %s%s)",
-                 static_cast<long long>(token), text_to_cstring(id.key),
-                 text_to_cstring(id.scope), status_label(status),
-                 status == Status::Processing ? " under another token" : "");
-    else if (verdict == FenceVerdict::StaleToken)
-        snprintf(message, sizeof message,
-                      "stale token %lld for key \"%s\" in scope \"%s\": the key was claimed "
-                      "again, released, or never had this token",
-                      static_cast<long long>(token), text_to_cstring(id.key),
-                      text_to_cstring(id.scope));
-    else
-        snprintf(message, sizeof message,
-                      "key \"%s\" in scope \"%s\" is %s: %s is not allowed", text_to_cstring(id.key),
-                      text_to_cstring(id.scope), status_label(status), call_name(call));
-    throw Error(fence_sqlstate(verdict), message);
+        throw_error(fence_sqlstate(verdict),
+                    "token %lld does not own key \"%s\" in scope \"%s\" (the key is %s%s)",
+                    static_cast<long long>(token), key, scope, status_label(status),
+                    status == Status::Processing ? " under another token" : "");
+    if (verdict == FenceVerdict::StaleToken)
+        throw_error(fence_sqlstate(verdict),
+                    "stale token %lld for key \"%s\" in scope \"%s\": the key was claimed "
+                    "again, released, or never had this token",
+                    static_cast<long long>(token), key, scope);
+    throw_error(fence_sqlstate(verdict), "key \"%s\" in scope \"%s\" is %s: %s is not allowed",
+                key, scope, status_label(status), call_name(call));
 }
 
 // Locks the key's row and checks the holder's token. Returns the verdict

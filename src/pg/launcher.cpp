@@ -4,8 +4,8 @@
 // extension says so and exits) every launcher_naptime.
 #include <algorithm>
 #include <cstring>
-#include <exception>
 
+#include "pg/guard.hpp"
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
 #include "pg/workers.hpp"
@@ -223,13 +223,5 @@ extern "C" void idem_launcher_main(Datum) {
     pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
     BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
-    char message[256] = "";
-    try {
-        idem::pg::launcher_loop();
-    } catch (const std::exception& error) {
-        strlcpy(message, error.what(), sizeof message);
-    } catch (...) {
-        strlcpy(message, "unknown C++ exception", sizeof message);
-    }
-    ereport(FATAL, (errmsg("idempotency launcher: %s", message)));
+    idem::pg::guarded_main("idempotency launcher", idem::pg::launcher_loop);
 }

@@ -128,11 +128,8 @@ Datum assert_body(FunctionCallInfo fcinfo) {
     finish_spi();
     if (!held) {
         count_answer(Counter::StaleTokens);
-        char message[400];
-        snprintf(message, sizeof message,
-                 "token %lld does not hold the lock on resource \"%s\"",
-                 static_cast<long long>(token), text_to_cstring(resource));
-        throw Error(sqlstate::stale_token, message);
+        throw_error(sqlstate::stale_token, "token %lld does not hold the lock on resource \"%s\"",
+                    static_cast<long long>(token), text_to_cstring(resource));
     }
     PG_RETURN_VOID();
 }

@@ -150,10 +150,8 @@ Datum nack_body(FunctionCallInfo fcinfo) {
     connect_spi();
     EventState event;
     if (!lock_event(id, &event)) {
-        char message[100];
-        snprintf(message, sizeof message, "outbox event %lld does not exist",
-                 static_cast<long long>(id));
-        throw Error(sqlstate::no_such_key, message);
+        throw_error(sqlstate::no_such_key, "outbox event %lld does not exist",
+                    static_cast<long long>(id));
     }
     // Only an event out for delivery can fail; a delivered or dead event, or
     // one never handed out, keeps its state.

@@ -3,9 +3,9 @@
 // idempotency.purge_batch rows, one transaction per batch, and exits.
 // An error ends the worker; the launcher starts the next one a naptime later.
 #include <cstring>
-#include <exception>
 
 #include "pg/maintenance.hpp"
+#include "pg/guard.hpp"
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
 
@@ -83,7 +83,10 @@ bool run_batch(const MaintenanceTask& task, int batch, std::uint64_t* changed_ou
     return true;
 }
 
-void sweep(Oid database, int slot) {
+void sweep() {
+    const Oid database = MyDatabaseId;
+    int slot = -1;
+    std::memcpy(&slot, MyBgworkerEntry->bgw_extra, sizeof slot);
     const bool installed = extension_installed();
     report(slot, database, installed);
     if (!installed) return;
@@ -106,21 +109,9 @@ void sweep(Oid database, int slot) {
 }  // namespace idem::pg
 
 extern "C" void idem_worker_main(Datum main_arg) {
-    const Oid database = DatumGetObjectId(main_arg);
-    int slot = -1;
-    std::memcpy(&slot, MyBgworkerEntry->bgw_extra, sizeof slot);
     pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
-    BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
-
-    char message[256] = "";
-    try {
-        idem::pg::sweep(database, slot);
-    } catch (const std::exception& error) {
-        strlcpy(message, error.what(), sizeof message);
-    } catch (...) {
-        strlcpy(message, "unknown C++ exception", sizeof message);
-    }
-    if (message[0] != '\0') ereport(FATAL, (errmsg("idempotency worker: %s", message)));
+    BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg), InvalidOid, 0);
+    idem::pg::guarded_main("idempotency worker", idem::pg::sweep);
     proc_exit(0);
 }

@@ -1,0 +1,17 @@
+#include "core/error.hpp"
+
+#include <cstdarg>
+#include <cstdio>
+
+namespace idem {
+
+void throw_error(const char* code, const char* format, ...) {
+    char message[1024];
+    va_list args;
+    va_start(args, format);
+    std::vsnprintf(message, sizeof message, format, args);
+    va_end(args);
+    throw Error(code, message);
+}
+
+}  // namespace idem
