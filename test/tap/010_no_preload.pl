@@ -23,7 +23,7 @@ $node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
 is( $node->safe_psql(
 		'postgres',
 		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
-	'0.2.0',
+	'0.3.0',
 	'CREATE EXTENSION works without preload');
 
 # Runs SQL and returns its output; fails the test on an error.

@@ -1,0 +1,3 @@
+-- idempotency 0.2.0 -> 0.3.0
+
+\echo Use "ALTER EXTENSION idempotency UPDATE TO '0.3.0'" to load this file. \quit
