@@ -79,9 +79,12 @@ struct ClaimArgs {
 
 void claim_once(const ClaimArgs& args, OutcomeFields* out) {
     for (int round = 0; round < kMaxRaceRounds; ++round) {
-        Micros now = GetCurrentTimestamp();
         StoredKey stored;
-        if (!read_key(args.id, RowLock::None, &stored)) {
+        const bool found = read_key(args.id, RowLock::None, &stored);
+        // The clock is read after the row: a row changed just before the
+        // read (a retry due now) must not look due in the future.
+        Micros now = GetCurrentTimestamp();
+        if (!found) {
             std::int64_t token = 0;
             if (!insert_claimed(args.id, now + args.lease, args.request.fingerprint,
                                 args.request.has_fingerprint, now, &token))
