@@ -21,8 +21,10 @@ GRANT pg_monitor TO regress_idem_monitor;
 CREATE TEMP TABLE app_tokens (label text PRIMARY KEY, token bigint);
 GRANT ALL ON app_tokens TO regress_idem_app;
 
--- What the extension grants: functions run as their owner with a pinned
--- search_path; PUBLIC may not run the administrative ones.
+-- What the extension grants: no function is SECURITY DEFINER or carries a
+-- SET clause (the C code switches to the owner and pins the search path;
+-- sql/search_path.sql proves the pin); PUBLIC may not run the administrative
+-- ones.
 SELECT p.proname, p.prosecdef AS security_definer, p.proconfig,
        coalesce((SELECT bool_or(a.grantee = 0 AND a.privilege_type = 'EXECUTE')
                    FROM aclexplode(p.proacl) a), true) AS public_may_execute,

@@ -39,5 +39,5 @@ Datum stuck_after_body(FunctionCallInfo) {
 
 }  // namespace idem::pg
 
-IDEM_SQL_FUNCTION(idem_boundary_selftest, idem::pg::selftest_body)
-IDEM_SQL_FUNCTION(idem_stuck_after, idem::pg::stuck_after_body)
+IDEM_SQL_FUNCTION_AS_CALLER(idem_boundary_selftest, idem::pg::selftest_body)
+IDEM_SQL_FUNCTION_AS_CALLER(idem_stuck_after, idem::pg::stuck_after_body)

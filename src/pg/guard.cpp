@@ -4,6 +4,7 @@
 #include <new>
 
 #include "core/error.hpp"
+#include "pg/owner_scope.hpp"
 
 namespace idem::pg {
 
@@ -52,6 +53,13 @@ Datum guarded(FunctionCallInfo fcinfo, Body body) {
         ereport(ERROR, (errcode(MAKE_SQLSTATE(s[0], s[1], s[2], s[3], s[4])),
                         errmsg("%s", caught.message)));
     }
+    return result;
+}
+
+Datum guarded_as_owner(FunctionCallInfo fcinfo, Body body) {
+    const OwnerScope scope = enter_owner_scope(fcinfo);
+    const Datum result = guarded(fcinfo, body);
+    leave_owner_scope(scope);
     return result;
 }
 

@@ -16,14 +16,28 @@ using Body = Datum (*)(FunctionCallInfo fcinfo);
 
 Datum guarded(FunctionCallInfo fcinfo, Body body);
 
+// guarded() run as the function's owner with the search path pinned
+// (pg/owner_scope.hpp): every function that works on the tables.
+Datum guarded_as_owner(FunctionCallInfo fcinfo, Body body);
+
 // The same for an entry point that returns nothing (a background worker's
 // main): a C++ exception ends the process with FATAL, naming `who`.
 void guarded_main(const char* who, void (*body)());
 
 }  // namespace idem::pg
 
-// Defines the C-linkage SQL entry point `name` as a shim over `body`.
+// Defines the C-linkage SQL entry point `name` as a shim over `body`, run
+// as the function's owner with the search path pinned.
 #define IDEM_SQL_FUNCTION(name, body)                                   \
+    extern "C" {                                                         \
+    PG_FUNCTION_INFO_V1(name);                                           \
+    }                                                                    \
+    extern "C" Datum name(PG_FUNCTION_ARGS) {                            \
+        return ::idem::pg::guarded_as_owner(fcinfo, body);               \
+    }
+
+// The same, run as the caller: for functions that touch no table.
+#define IDEM_SQL_FUNCTION_AS_CALLER(name, body)                         \
     extern "C" {                                                         \
     PG_FUNCTION_INFO_V1(name);                                           \
     }                                                                    \

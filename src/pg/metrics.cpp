@@ -142,5 +142,5 @@ Datum metrics_reset_body(FunctionCallInfo) {
 
 }  // namespace idem::pg
 
-IDEM_SQL_FUNCTION(idem_metrics_row, idem::pg::metrics_body)
-IDEM_SQL_FUNCTION(idem_metrics_reset, idem::pg::metrics_reset_body)
+IDEM_SQL_FUNCTION_AS_CALLER(idem_metrics_row, idem::pg::metrics_body)
+IDEM_SQL_FUNCTION_AS_CALLER(idem_metrics_reset, idem::pg::metrics_reset_body)
