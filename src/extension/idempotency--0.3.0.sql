@@ -51,17 +51,20 @@ CREATE TABLE idempotency.idempotency_keys (
     registered      pg_catalog.bool NOT NULL DEFAULT false,  -- created by idem_register
     lease_expired   pg_catalog.bool NOT NULL DEFAULT false,  -- the current token's lease ran out
     holder_pid      pg_catalog.int4,                  -- backend that was granted the current token
+    purge_at        pg_catalog.timestamptz,           -- when the retention sweep looks at the key
     PRIMARY KEY (scope, key)
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
 
--- The sweeps find what is due through these small partial indexes instead of
--- scanning the table: live leases, and finished keys waiting for retention.
--- (A heartbeat, and the change of state at complete, are then not HOT
--- updates; a sweep's cost follows the rows due, not the table's size.)
+-- The sweeps find what is due through these partial indexes instead of
+-- scanning the table: leases not yet settled, and keys filed for retention.
+-- Neither changes when a key completes (complete leaves lease_until, and the
+-- sweep moves the key from the first index to the second once the lease has
+-- ended), so a complete is a HOT update; a sweep's cost follows the rows due,
+-- not the table's size.
 CREATE INDEX idempotency_keys_leases ON idempotency.idempotency_keys (lease_until)
-    WHERE status = 'PROCESSING';
-CREATE INDEX idempotency_keys_expiry ON idempotency.idempotency_keys (expires_at)
-    WHERE expires_at IS NOT NULL;
+    WHERE lease_until IS NOT NULL;
+CREATE INDEX idempotency_keys_purge ON idempotency.idempotency_keys (purge_at)
+    WHERE purge_at IS NOT NULL;
 
 -- The consumer-side inbox: one row per message seen.
 CREATE TABLE idempotency.inbox (

@@ -97,7 +97,8 @@ Datum complete_body(FunctionCallInfo fcinfo) {
     std::optional<Micros> claimed_at;
     if (complete_by_holder(id, token, result, has_result, now, now + retain, &stored, &claimed_at)) {
         count_on_commit(Counter::Completions);
-        if (stored.state.lease_until && *stored.state.lease_until < now)
+        // No lease_until: the sweep expired the lease and settled it.
+        if (!stored.state.lease_until || *stored.state.lease_until < now)
             count_on_commit(Counter::LateCompletions);
         if (claimed_at) observe_processing_on_commit(now - *claimed_at);
         wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));

@@ -1,5 +1,6 @@
 #include "pg/key_store.hpp"
 
+#include "pg/key_schema.hpp"
 #include "pg/spi.hpp"
 #include "pg/status_enum.hpp"
 
@@ -44,48 +45,81 @@ Statement kInsertRegistered = {
     "ON CONFLICT (scope, key) DO NOTHING RETURNING true",
     5, {TEXTOID, TEXTOID, BYTEAOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
 
-Statement kGrant = {
-    "UPDATE" KEYS "SET status = 'PROCESSING', token = " NEXT_TOKEN ", attempts = attempts + 1, "
-    "lease_until = $3, fingerprint = COALESCE(fingerprint, $4), claimed_at = $5, updated_at = $5, "
-    "next_attempt_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = $6, "
+// Each statement that sets expires_at comes in two layouts of the table
+// (pg/key_schema.hpp): from 0.3.0 on it also keeps purge_at, the time the
+// retention sweep finds the key by; before, it does not.
+#define GRANT_SET                                                                               \
+    "UPDATE" KEYS "SET status = 'PROCESSING', token = " NEXT_TOKEN ", attempts = attempts + 1, " \
+    "lease_until = $3, fingerprint = COALESCE(fingerprint, $4), claimed_at = $5, updated_at = $5, " \
+    "next_attempt_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = $6, "       \
     "last_error = CASE WHEN $7 THEN 'lease expired' ELSE last_error END"
-    KEY_WHERE " RETURNING token, attempts",
-    7, {TEXTOID, TEXTOID, TIMESTAMPTZOID, BYTEAOID, TIMESTAMPTZOID, INT4OID, BOOLOID}, nullptr};
+#define GRANT_RETURNING KEY_WHERE " RETURNING token, attempts"
+#define GRANT_TYPES {TEXTOID, TEXTOID, TIMESTAMPTZOID, BYTEAOID, TIMESTAMPTZOID, INT4OID, BOOLOID}
+
+Statement kGrant = {GRANT_SET ", purge_at = NULL" GRANT_RETURNING, 7, GRANT_TYPES, nullptr};
+Statement kGrantBefore030 = {GRANT_SET GRANT_RETURNING, 7, GRANT_TYPES, nullptr};
 
 // The WHERE clause is check_fence(Complete) == Proceed, written in SQL so
-// that the common complete is one statement.
-Statement kComplete = {
-    "UPDATE" KEYS "SET status = 'COMPLETED', result = $4, completed_at = $5, updated_at = $5, "
+// that the common complete is one statement. It changes no indexed column
+// (lease_until stays until the sweep settles the ended lease, purge_at is
+// left to the sweep), so it is a HOT update; only a retention shorter than
+// the lease left sets purge_at at once, or the key would outlive it.
+#define COMPLETE_SET                                                                            \
+    "UPDATE" KEYS "SET status = 'COMPLETED', result = $4, completed_at = $5, updated_at = $5, "  \
     "expires_at = $6, next_attempt_at = NULL, lease_expired = false, holder_pid = NULL"
-    KEY_WHERE " AND token = $3 AND (status = 'PROCESSING' OR (lease_expired AND status IN "
-    "('FAILED_RETRYABLE', 'FAILED_FINAL'))) "
-    "RETURNING attempts, result, job_ref, lease_until, claimed_at",
-    6, {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+#define COMPLETE_WHERE                                                                          \
+    KEY_WHERE " AND token = $3 AND (status = 'PROCESSING' OR (lease_expired AND status IN "     \
+    "('FAILED_RETRYABLE', 'FAILED_FINAL'))) "                                                   \
+    "RETURNING attempts, result, job_ref, lease_until, claimed_at"
+#define COMPLETE_TYPES {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
 
-Statement kExpire = {
-    "UPDATE" KEYS "SET status = $3::pg_catalog.text::idempotency.idem_status, "
-    "last_error = 'lease expired', lease_expired = true, next_attempt_at = $4, updated_at = $4, "
-    "expires_at = $5, holder_pid = NULL" KEY_WHERE,
-    5, {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+Statement kComplete = {
+    COMPLETE_SET ", purge_at = CASE WHEN lease_until IS NULL OR $6 < lease_until THEN $6 "
+    "ELSE purge_at END" COMPLETE_WHERE,
+    6, COMPLETE_TYPES, nullptr};
+Statement kCompleteBefore030 = {COMPLETE_SET COMPLETE_WHERE, 6, COMPLETE_TYPES, nullptr};
 
-Statement kFail = {
-    "UPDATE" KEYS "SET status = $3::pg_catalog.text::idempotency.idem_status, last_error = $4, "
-    "updated_at = $5, next_attempt_at = $6, expires_at = $7, lease_expired = false, "
-    "holder_pid = NULL" KEY_WHERE,
-    7, {TEXTOID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID},
-    nullptr};
+#define EXPIRE_SET                                                                              \
+    "UPDATE" KEYS "SET status = $3::pg_catalog.text::idempotency.idem_status, "                 \
+    "last_error = 'lease expired', lease_expired = true, next_attempt_at = $4, updated_at = $4, " \
+    "expires_at = $5, holder_pid = NULL"
+#define EXPIRE_TYPES {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
 
-Statement kRenew = {
-    "UPDATE" KEYS "SET lease_until = $3, updated_at = CASE WHEN status = 'PROCESSING' "
-    "THEN updated_at ELSE $4 END, status = 'PROCESSING', next_attempt_at = NULL, "
-    "expires_at = NULL, lease_expired = false" KEY_WHERE,
-    4, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+Statement kExpire = {EXPIRE_SET ", purge_at = $5" KEY_WHERE, 5, EXPIRE_TYPES, nullptr};
+Statement kExpireBefore030 = {EXPIRE_SET KEY_WHERE, 5, EXPIRE_TYPES, nullptr};
 
-Statement kRelease = {
-    "UPDATE" KEYS "SET status = $3::pg_catalog.text::idempotency.idem_status, token = NULL, "
-    "attempts = attempts - 1, lease_until = NULL, next_attempt_at = $4, updated_at = $4, "
-    "claimed_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = NULL" KEY_WHERE,
-    4, {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
+#define FAIL_SET                                                                                \
+    "UPDATE" KEYS "SET status = $3::pg_catalog.text::idempotency.idem_status, last_error = $4, " \
+    "updated_at = $5, next_attempt_at = $6, expires_at = $7, lease_expired = false, "           \
+    "holder_pid = NULL"
+#define FAIL_TYPES \
+    {TEXTOID, TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+
+Statement kFail = {FAIL_SET ", purge_at = $7" KEY_WHERE, 7, FAIL_TYPES, nullptr};
+Statement kFailBefore030 = {FAIL_SET KEY_WHERE, 7, FAIL_TYPES, nullptr};
+
+#define RENEW_SET                                                                   \
+    "UPDATE" KEYS "SET lease_until = $3, updated_at = CASE WHEN status = 'PROCESSING' " \
+    "THEN updated_at ELSE $4 END, status = 'PROCESSING', next_attempt_at = NULL, "  \
+    "expires_at = NULL, lease_expired = false"
+#define RENEW_TYPES {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+
+Statement kRenew = {RENEW_SET ", purge_at = NULL" KEY_WHERE, 4, RENEW_TYPES, nullptr};
+Statement kRenewBefore030 = {RENEW_SET KEY_WHERE, 4, RENEW_TYPES, nullptr};
+
+#define RELEASE_SET                                                                              \
+    "UPDATE" KEYS "SET status = $3::pg_catalog.text::idempotency.idem_status, token = NULL, "    \
+    "attempts = attempts - 1, lease_until = NULL, next_attempt_at = $4, updated_at = $4, "       \
+    "claimed_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = NULL"
+#define RELEASE_TYPES {TEXTOID, TEXTOID, TEXTOID, TIMESTAMPTZOID}
+
+Statement kRelease = {RELEASE_SET ", purge_at = NULL" KEY_WHERE, 4, RELEASE_TYPES, nullptr};
+Statement kReleaseBefore030 = {RELEASE_SET KEY_WHERE, 4, RELEASE_TYPES, nullptr};
+
+// The statement for the table's layout in this database.
+Statement& for_layout(Statement& current, Statement& before_030) {
+    return keys_have_purge_at() ? current : before_030;
+}
 
 Statement kDelete = {"DELETE FROM" KEYS KEY_WHERE, 2, {TEXTOID, TEXTOID}, nullptr};
 
@@ -154,7 +188,7 @@ void grant_claim(const KeyId& id, Micros lease_until, Datum fingerprint, bool ha
     Params params = key_params(id);
     params.add_timestamp(lease_until).add_datum(fingerprint, has_fingerprint);
     params.add_timestamp(now).add_int4(MyProcPid).add(BoolGetDatum(takeover));
-    if (execute(kGrant, params) != 1) elog(ERROR, "idempotency: claimed key vanished");
+    if (execute(for_layout(kGrant, kGrantBefore030), params) != 1) elog(ERROR, "idempotency: claimed key vanished");
     bool isnull = false;
     *token = *column_int8(1);
     *attempts = DatumGetInt32(column(2, &isnull));
@@ -166,7 +200,7 @@ bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool 
     Params params = key_params(id);
     params.add_int8(token).add_datum(result, has_result).add_timestamp(now);
     params.add_timestamp(expires_at);
-    if (execute(kComplete, params) == 0) return false;
+    if (execute(for_layout(kComplete, kCompleteBefore030), params) == 0) return false;
     bool isnull = false;
     out->state.status = Status::Completed;
     out->state.token = token;
@@ -181,7 +215,7 @@ bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool 
 void expire_lease(const KeyId& id, Status next, Micros now, std::optional<Micros> expires_at) {
     Params params = key_params(id);
     params.add(status_text(next)).add_timestamp(now).add_timestamp(expires_at);
-    execute(kExpire, params);
+    execute(for_layout(kExpire, kExpireBefore030), params);
 }
 
 void record_failure(const KeyId& id, Status next, const text* error, Micros now,
@@ -189,19 +223,19 @@ void record_failure(const KeyId& id, Status next, const text* error, Micros now,
     Params params = key_params(id);
     params.add(status_text(next)).add_text(error).add_timestamp(now);
     params.add_timestamp(next_attempt_at).add_timestamp(expires_at);
-    execute(kFail, params);
+    execute(for_layout(kFail, kFailBefore030), params);
 }
 
 void renew_lease(const KeyId& id, Micros lease_until, Micros now) {
     Params params = key_params(id);
     params.add_timestamp(lease_until).add_timestamp(now);
-    execute(kRenew, params);
+    execute(for_layout(kRenew, kRenewBefore030), params);
 }
 
 void release_to(const KeyId& id, Status next, Micros now) {
     Params params = key_params(id);
     params.add(status_text(next)).add_timestamp(now);
-    execute(kRelease, params);
+    execute(for_layout(kRelease, kReleaseBefore030), params);
 }
 
 void delete_key(const KeyId& id) { execute(kDelete, key_params(id)); }

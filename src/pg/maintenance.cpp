@@ -1,16 +1,13 @@
 #include "pg/maintenance.hpp"
 
 #include "pg/guard.hpp"
+#include "pg/key_schema.hpp"
 #include "pg/metrics.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
 #include "pg/status_enum.hpp"
 #include "pg/transition_log.hpp"
-
-extern "C" {
-#include "catalog/namespace.h"
-}
 
 namespace idem::pg {
 
@@ -43,16 +40,34 @@ Statement kExpireDisconnected = {
                      "  WHERE a.pid = k.holder_pid AND a.backend_start <= k.claimed_at)"),
     4, {TIMESTAMPTZOID, INT4OID, INT4OID, INTERVALOID}, nullptr};
 
-#define PURGE_KEYS                                                                  \
+// A lease that ended on a key no longer PROCESSING (completed, failed,
+// expired above) leaves the leases index, and the key is filed for
+// retention: complete does neither itself, so that it stays a HOT update.
+Statement kSettleLeases = {
+    "WITH due AS (SELECT ctid FROM idempotency.idempotency_keys "
+    "  WHERE lease_until <= $1 AND status <> 'PROCESSING' "
+    "  LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED) "
+    "UPDATE idempotency.idempotency_keys k SET lease_until = NULL, purge_at = k.expires_at "
+    "FROM due WHERE k.ctid = due.ctid AND k.status <> 'PROCESSING'",
+    2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+
+#define PURGE_KEYS_WHERE(due)                                                       \
     "DELETE FROM idempotency.idempotency_keys WHERE ctid = ANY (ARRAY("             \
-    "  SELECT ctid FROM idempotency.idempotency_keys WHERE expires_at <= $1 "      \
+    "  SELECT ctid FROM idempotency.idempotency_keys WHERE " due                   \
     "  LIMIT $2 FOR UPDATE SKIP LOCKED))"
+// purge_at is at most expires_at, except on a key completed late after an
+// expiry to FAILED_FINAL until the sweep settles its lease: expires_at rules.
+#define PURGE_KEYS PURGE_KEYS_WHERE("purge_at <= $1 AND expires_at <= $1")
+// Before 0.3.0 the table has no purge_at; its expires_at is indexed.
+#define PURGE_KEYS_BEFORE_030 PURGE_KEYS_WHERE("expires_at <= $1")
+// With idempotency.log_transitions: also returns what is logged of each key.
+#define LOGGED " RETURNING scope, key, status, token, attempts"
 
 Statement kPurgeKeys = {PURGE_KEYS, 2, {TIMESTAMPTZOID, INT4OID}, nullptr};
-
-// With idempotency.log_transitions: also returns what is logged of each key.
-Statement kPurgeKeysLogged = {PURGE_KEYS " RETURNING scope, key, status, token, attempts", 2,
-                              {TIMESTAMPTZOID, INT4OID}, nullptr};
+Statement kPurgeKeysLogged = {PURGE_KEYS LOGGED, 2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+Statement kPurgeKeysBefore030 = {PURGE_KEYS_BEFORE_030, 2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+Statement kPurgeKeysLoggedBefore030 = {PURGE_KEYS_BEFORE_030 LOGGED, 2, {TIMESTAMPTZOID, INT4OID},
+                                      nullptr};
 
 Statement kPurgeInbox = {
     "DELETE FROM idempotency.inbox WHERE ctid = ANY (ARRAY("
@@ -102,10 +117,15 @@ std::uint64_t purge(Statement& statement, Micros cutoff, int batch) {
     return execute(statement, params);
 }
 
+std::uint64_t settle_leases(int batch) { return purge(kSettleLeases, GetCurrentTimestamp(), batch); }
+
 // COMPLETED / FAILED_FINAL --retention--> deleted: a transition to log.
 std::uint64_t purge_keys(int batch) {
-    if (!settings::log_transitions) return purge(kPurgeKeys, GetCurrentTimestamp(), batch);
-    const std::uint64_t purged = purge(kPurgeKeysLogged, GetCurrentTimestamp(), batch);
+    const bool current = keys_have_purge_at();
+    if (!settings::log_transitions)
+        return purge(current ? kPurgeKeys : kPurgeKeysBefore030, GetCurrentTimestamp(), batch);
+    const std::uint64_t purged =
+        purge(current ? kPurgeKeysLogged : kPurgeKeysLoggedBefore030, GetCurrentTimestamp(), batch);
     for (std::uint64_t row = 0; row < purged; ++row) {
         bool isnull = false;
         const Status from =
@@ -139,13 +159,14 @@ std::uint64_t purge_outbox(int batch) {
 }
 
 constexpr MaintenanceTask kTasks[] = {
-    {"expire_leases", "idempotency_keys", expire_leases},
-    {"expire_disconnected", "idempotency_keys", expire_disconnected},
-    {"expire_outbox_leases", "outbox", expire_outbox_leases},
-    {"purge_keys", "idempotency_keys", purge_keys},
-    {"purge_outbox", "outbox", purge_outbox},
-    {"purge_inbox", "inbox", purge_inbox},
-    {"purge_locks", "locks", purge_locks},
+    {"expire_leases", "idempotency_keys", nullptr, expire_leases},
+    {"expire_disconnected", "idempotency_keys", nullptr, expire_disconnected},
+    {"settle_leases", "idempotency_keys", "purge_at", settle_leases},
+    {"expire_outbox_leases", "outbox", nullptr, expire_outbox_leases},
+    {"purge_keys", "idempotency_keys", nullptr, purge_keys},
+    {"purge_outbox", "outbox", nullptr, purge_outbox},
+    {"purge_inbox", "inbox", nullptr, purge_inbox},
+    {"purge_locks", "locks", nullptr, purge_locks},
 };
 
 // idem_maintenance(): every task until a batch comes back short.
@@ -174,10 +195,7 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
 
 }  // namespace
 
-bool task_applies(const MaintenanceTask& task) {
-    const Oid schema = get_namespace_oid("idempotency", true);
-    return OidIsValid(schema) && OidIsValid(get_relname_relid(task.table, schema));
-}
+bool task_applies(const MaintenanceTask& task) { return extension_has(task.table, task.column); }
 
 const MaintenanceTask* maintenance_tasks(int* count) {
     *count = static_cast<int>(sizeof kTasks / sizeof kTasks[0]);

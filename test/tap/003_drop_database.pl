@@ -22,9 +22,10 @@ sub load_work
 	$node->safe_psql(
 		$db, qq{
 INSERT INTO idempotency.idempotency_keys
-  (scope, key, status, token, attempts, result, created_at, updated_at, completed_at, expires_at)
+  (scope, key, status, token, attempts, result, created_at, updated_at, completed_at, expires_at,
+   purge_at)
 SELECT 'load', 'done-' || g || '-' || txid_current(), 'COMPLETED', g, 1, '{}', now(), now(), now(),
-       now() - interval '1 minute'
+       now() - interval '1 minute', now() - interval '1 minute'
   FROM generate_series(1, $purge) g;
 INSERT INTO idempotency.idempotency_keys
   (scope, key, status, token, attempts, lease_until, created_at, updated_at, claimed_at)

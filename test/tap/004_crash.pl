@@ -32,8 +32,10 @@ sub load_purge
 	$node->safe_psql(
 		'postgres', qq{
 INSERT INTO idempotency.idempotency_keys
-  (scope, key, status, token, attempts, result, created_at, updated_at, completed_at, expires_at)
-SELECT 'purge', '$tag-' || g, 'COMPLETED', g, 1, '{}', now(), now(), now(), now() - interval '1 minute'
+  (scope, key, status, token, attempts, result, created_at, updated_at, completed_at, expires_at,
+   purge_at)
+SELECT 'purge', '$tag-' || g, 'COMPLETED', g, 1, '{}', now(), now(), now(), now() - interval '1 minute',
+       now() - interval '1 minute'
   FROM generate_series(1, $n) g;});
 }
 

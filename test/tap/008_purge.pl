@@ -93,10 +93,11 @@ my $t = time;
 $node->safe_psql(
 	'postgres', qq{
 INSERT INTO idempotency.idempotency_keys
-  (scope, key, status, token, attempts, result, created_at, updated_at, completed_at, expires_at)
+  (scope, key, status, token, attempts, result, created_at, updated_at, completed_at, expires_at,
+   purge_at)
 SELECT 'expired', 'old-' || g, 'COMPLETED', g, 1, '{"old": true}',
        now() - interval '2 days', now() - interval '2 days', now() - interval '2 days',
-       now() - interval '1 day'
+       now() - interval '1 day', now() - interval '1 day'
   FROM generate_series(1, $rows) g;});
 note(sprintf('loading %d expired keys took %.1f s', $rows, time - $t));
 

@@ -1,0 +1,79 @@
+-- The keys' sweep indexes and HOT updates: a complete changes no indexed
+-- column (lease_until stays until the sweep settles the ended lease;
+-- purge_at is left to the sweep), so it is a HOT update; the sweep then
+-- files the key for retention by purge_at. Runs in a database of its own so
+-- that the row counts of idem_maintenance() are exact.
+CREATE DATABASE idem_sweep;
+\c idem_sweep
+SET client_min_messages = warning;
+CREATE EXTENSION idempotency;
+RESET client_min_messages;
+CREATE TEMP TABLE t (label text PRIMARY KEY, token bigint);
+CREATE FUNCTION pg_temp.key(p_key text) RETURNS TABLE (
+    status idempotency.idem_status, has_lease boolean, filed_at_expiry boolean, has_purge_at boolean)
+LANGUAGE sql AS $$
+    SELECT status, lease_until IS NOT NULL, purge_at = expires_at, purge_at IS NOT NULL
+      FROM idempotency.idempotency_keys WHERE key = p_key
+$$;
+
+-- A complete with the usual retention is a HOT update, in the two-phase
+-- pattern (claim committed, complete in its own transaction) ...
+INSERT INTO t SELECT 'h1', token FROM idempotency.idem_claim('s-hot-1');
+BEGIN;
+SELECT outcome FROM idempotency.idem_complete('s-hot-1', (SELECT token FROM t WHERE label = 'h1'), '{"ok": 1}');
+SELECT pg_stat_get_xact_tuples_updated('idempotency.idempotency_keys'::regclass) AS updated,
+       pg_stat_get_xact_tuples_hot_updated('idempotency.idempotency_keys'::regclass) AS hot;
+COMMIT;
+-- ... and in one transaction with the claim.
+BEGIN;
+INSERT INTO t SELECT 'h2', token FROM idempotency.idem_claim('s-hot-2');
+SELECT outcome FROM idempotency.idem_complete('s-hot-2', (SELECT token FROM t WHERE label = 'h2'), '{"ok": 2}');
+SELECT pg_stat_get_xact_tuples_updated('idempotency.idempotency_keys'::regclass) AS updated,
+       pg_stat_get_xact_tuples_hot_updated('idempotency.idempotency_keys'::regclass) AS hot;
+COMMIT;
+-- The completed keys keep their lease until the sweep settles it.
+SELECT * FROM pg_temp.key('s-hot-1');
+
+-- A retention shorter than the lease left files the key at once (not HOT):
+-- the sweep purges it without waiting for the lease to end.
+INSERT INTO t SELECT 'r0', token FROM idempotency.idem_claim('s-retain-0', lease => '1h');
+SELECT outcome FROM idempotency.idem_complete('s-retain-0', (SELECT token FROM t WHERE label = 'r0'), retain => '0');
+SELECT * FROM pg_temp.key('s-retain-0');
+SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
+SELECT count(*) AS left_over FROM idempotency.idempotency_keys WHERE key = 's-retain-0';
+
+-- Once the lease has ended, the sweep settles it: the key leaves the leases
+-- index and is filed for retention at its expires_at.
+INSERT INTO t SELECT 's1', token FROM idempotency.idem_claim('s-settle', lease => '50ms');
+SELECT outcome FROM idempotency.idem_complete('s-settle', (SELECT token FROM t WHERE label = 's1'));
+SELECT pg_sleep(0.1);
+SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
+SELECT * FROM pg_temp.key('s-settle');
+SELECT * FROM pg_temp.key('s-hot-1');
+
+-- A lease the sweep expired and settled (no lease_until left): the late
+-- holder may still complete, and the key is filed at its new expires_at.
+INSERT INTO t SELECT 'l1', token FROM idempotency.idem_claim('s-late', lease => '50ms');
+SELECT pg_sleep(0.1);
+SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
+SELECT * FROM pg_temp.key('s-late');
+SELECT outcome, status FROM idempotency.idem_complete('s-late', (SELECT token FROM t WHERE label = 'l1'), '{"late": true}');
+SELECT * FROM pg_temp.key('s-late');
+
+-- A key filed for a retention that then moved later (expired to
+-- FAILED_FINAL with retention 0, then completed late with retain 1h) is not
+-- purged at the old time: the sweep files it again.
+SET idempotency.max_attempts = 1;
+SET idempotency.retention = 0;
+INSERT INTO t SELECT 'f1', token FROM idempotency.idem_claim('s-refile', lease => '50ms');
+SELECT pg_sleep(0.1);
+SELECT outcome, status FROM idempotency.idem_claim('s-refile');
+SELECT * FROM pg_temp.key('s-refile');
+RESET idempotency.retention;
+RESET idempotency.max_attempts;
+SELECT outcome, status FROM idempotency.idem_complete('s-refile', (SELECT token FROM t WHERE label = 'f1'), retain => '1h');
+SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
+SELECT * FROM pg_temp.key('s-refile');
+
+\c contrib_regression
+DROP DATABASE idem_sweep;
