@@ -4,18 +4,17 @@
 // An error ends the worker; the launcher starts the next one a naptime later.
 #include <cstring>
 
+#include "pg/database_yield.hpp"
 #include "pg/maintenance.hpp"
 #include "pg/guard.hpp"
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
 
 extern "C" {
-#include "catalog/pg_database.h"
 #include "commands/extension.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
-#include "storage/lock.h"
 #include "tcop/tcopprot.h"
 #include "utils/snapmgr.h"
 
@@ -43,24 +42,14 @@ void report(int slot, Oid database, bool installed) {
     SpinLockRelease(&shared->mutex);
 }
 
-// DROP DATABASE (like ALTER DATABASE RENAME or SET TABLESPACE, and CREATE
-// DATABASE from this one as template) locks the database object, then waits
-// at most five seconds for the other backends to leave. Before each batch the
-// worker takes, without waiting, the lock a new connection takes; when it
-// cannot, it ends its sweep so that the command succeeds. The lock is the
-// batch transaction's, released at its commit.
-bool database_wanted_elsewhere(Oid database) {
-    LOCKTAG tag;
-    SET_LOCKTAG_OBJECT(tag, InvalidOid, DatabaseRelationId, database, 0);
-    return LockAcquire(&tag, RowExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL;
-}
-
 // One batch of one task in its own transaction, so that no lock is held
 // longer than a batch. Returns false, having done nothing, when the
 // database is wanted by a command that needs the worker gone.
 bool run_batch(const MaintenanceTask& task, int batch, std::uint64_t* changed_out) {
     SetCurrentStatementStartTimestamp();
     StartTransactionCommand();
+    // Checked before each batch, so that such a command succeeds; the lock
+    // is the batch transaction's, released at its commit.
     if (database_wanted_elsewhere(MyDatabaseId)) {
         CommitTransactionCommand();
         return false;
