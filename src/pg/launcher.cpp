@@ -1,11 +1,13 @@
 // The launcher: every idempotency.launcher_naptime it lists the databases;
 // it starts a worker in each database with the extension every
 // idempotency.naptime, and probes the others (a worker that finds no
-// extension says so and exits) every launcher_naptime.
+// extension says so and exits) every launcher_naptime. It also starts a
+// database's outbox notifier as soon as a committing backend asks for one.
 #include <algorithm>
 #include <cstring>
 
 #include "pg/guard.hpp"
+#include "pg/notifier_table.hpp"
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
 #include "pg/workers.hpp"
@@ -39,6 +41,16 @@ struct Tracked {
 
 Tracked tracked[kMaxDatabases];
 int tracked_count = 0;
+
+// The notifier last started for each slot of the notifier table.
+struct TrackedNotifier {
+    BackgroundWorkerHandle* handle;
+    TimestampTz last_start;
+    bool start_failed;  // logged once, until a start succeeds
+};
+TrackedNotifier notifiers[kNotifierSlots];
+// A notifier that fails at once is not restarted more often than this.
+constexpr Micros kNotifierRestartPause = kSecond;
 
 void fill_worker(BackgroundWorker* worker, const char* function, const char* type) {
     std::memset(worker, 0, sizeof *worker);
@@ -131,12 +143,14 @@ bool database_exists(Oid database) {
     return exists;
 }
 
-bool worker_running(const Tracked& database) {
-    if (database.handle == nullptr) return false;
+bool handle_running(BackgroundWorkerHandle* handle) {
+    if (handle == nullptr) return false;
     pid_t pid;
-    const BgwHandleStatus status = GetBackgroundWorkerPid(database.handle, &pid);
+    const BgwHandleStatus status = GetBackgroundWorkerPid(handle, &pid);
     return status == BGWH_STARTED || status == BGWH_NOT_YET_STARTED;
 }
+
+bool worker_running(const Tracked& database) { return handle_running(database.handle); }
 
 void start_worker(Tracked* database, int slot, TimestampTz now) {
     BackgroundWorker worker;
@@ -182,7 +196,49 @@ long launch_due_workers() {
     return static_cast<long>(std::max<Micros>(10, next / kMillisecond));
 }
 
+void start_notifier(int slot, Oid database, TimestampTz now) {
+    TrackedNotifier& notifier = notifiers[slot];
+    BackgroundWorker worker;
+    fill_worker(&worker, "idem_notifier_main", "idempotency notifier");
+    worker.bgw_restart_time = BGW_NEVER_RESTART;
+    worker.bgw_main_arg = ObjectIdGetDatum(database);
+    std::memcpy(worker.bgw_extra, &slot, sizeof slot);
+    worker.bgw_notify_pid = MyProcPid;
+    if (notifier.handle != nullptr) pfree(notifier.handle);
+    notifier.handle = nullptr;
+    MemoryContext previous = MemoryContextSwitchTo(TopMemoryContext);
+    const bool started = RegisterDynamicBackgroundWorker(&worker, &notifier.handle);
+    MemoryContextSwitchTo(previous);
+    notifier.last_start = now;
+    if (!started && !notifier.start_failed)
+        ereport(LOG, (errmsg("idempotency launcher: no free background worker slot for the "
+                             "outbox notifier of database %u; enqueuing transactions notify "
+                             "in their own commits; raise max_worker_processes",
+                             database)));
+    notifier.start_failed = !started;
+}
+
+// Starts the notifiers committing backends asked for; returns how long to
+// sleep at most (ms).
+long launch_wanted_notifiers(long sleep_ms) {
+    Oid wanted[kNotifierSlots];
+    wanted_notifiers(wanted);
+    const TimestampTz now = GetCurrentTimestamp();
+    for (int slot = 0; slot < kNotifierSlots; ++slot) {
+        if (wanted[slot] == InvalidOid || handle_running(notifiers[slot].handle)) continue;
+        const TimestampTz due = notifiers[slot].last_start + kNotifierRestartPause;
+        if (now < due)
+            sleep_ms = std::min<long>(sleep_ms, static_cast<long>((due - now) / kMillisecond) + 1);
+        else if (!database_exists(wanted[slot]))
+            forget_notifier_slot(slot, wanted[slot]);
+        else
+            start_notifier(slot, wanted[slot], now);
+    }
+    return sleep_ms;
+}
+
 void launcher_loop() {
+    set_launcher_latch(MyLatch);
     TimestampTz next_scan = 0;
     for (;;) {
         CHECK_FOR_INTERRUPTS();
@@ -197,7 +253,7 @@ void launcher_loop() {
                 scan_databases();
                 next_scan = now + settings::ms(settings::launcher_naptime_ms);
             }
-            sleep_ms = launch_due_workers();
+            sleep_ms = launch_wanted_notifiers(launch_due_workers());
         }
         (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sleep_ms,
                         PG_WAIT_EXTENSION);

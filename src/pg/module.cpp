@@ -1,6 +1,8 @@
 // The module's entry: the magic block and _PG_init.
 #include "pg/guard.hpp"
 #include "pg/metrics.hpp"
+#include "pg/notifier_table.hpp"
+#include "pg/outbox_notify.hpp"
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
 #include "pg/wakeup.hpp"
@@ -16,8 +18,10 @@ extern "C" void _PG_init(void) {
     idem::pg::settings::define();
     idem::pg::install_metrics_callbacks();
     idem::pg::install_wakeup_callbacks();
+    idem::pg::install_outbox_notify_callbacks();
     // Shared memory and the workers need the library to be preloaded.
     if (!process_shared_preload_libraries_in_progress) return;
     idem::pg::install_shared_state_hooks();
+    idem::pg::install_notifier_table_hooks();
     idem::pg::register_launcher();
 }

@@ -7,12 +7,12 @@
 #include "pg/args.hpp"
 #include "pg/guard.hpp"
 #include "pg/metrics.hpp"
+#include "pg/outbox_notify.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
 
 extern "C" {
-#include "commands/async.h"
 #include "common/pg_prng.h"
 #include "utils/array.h"
 }
@@ -21,7 +21,6 @@ namespace idem::pg {
 
 namespace {
 
-constexpr const char* kChannel = "idempotency_outbox";
 constexpr int kDefaultBatch = 100;
 
 // A jsonb argument that must be a JSON object when given.
@@ -86,10 +85,8 @@ Datum enqueue_body(FunctionCallInfo fcinfo) {
     connect_spi();
     const std::int64_t id = insert_event(event, now, &inserted);
     finish_spi();
-    // Delivered to listeners only if this transaction commits. PostgreSQL
-    // serialises the commits of notifying transactions (a cluster-wide
-    // lock held through the commit), hence the setting to turn it off.
-    if (inserted && settings::outbox_notify) Async_Notify(kChannel, text_to_cstring(event.topic));
+    // Delivered to listeners only if this transaction commits.
+    if (inserted) notify_outbox_on_commit(event.topic);
     count_on_commit(inserted ? Counter::OutboxEnqueued : Counter::OutboxDeduplicated);
     PG_RETURN_INT64(id);
 }

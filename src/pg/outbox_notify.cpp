@@ -1,0 +1,100 @@
+#include "pg/outbox_notify.hpp"
+
+#include <cstring>
+
+#include "pg/notifier_table.hpp"
+#include "pg/settings.hpp"
+
+extern "C" {
+#include "commands/async.h"
+}
+
+namespace idem::pg {
+
+namespace {
+
+// The current transaction's topics for the notifier, and its pinned slot
+// (between the pre-commit and the end of the transaction).
+TopicList deferred;
+int pinned_slot = -1;
+
+bool deferring_possible() {
+    return notifier_table_available() && settings::worker_enabled && !IsInParallelMode();
+}
+
+bool already_deferred(const char* name, std::size_t bytes) {
+    for (int i = 0; i < deferred.count; ++i)
+        if (strncmp(deferred.names[i], name, bytes) == 0 && deferred.names[i][bytes] == '\0')
+            return true;
+    return false;
+}
+
+void notify_deferred_now() {
+    for (int i = 0; i < deferred.count; ++i) Async_Notify(kOutboxChannel, deferred.names[i]);
+    deferred.count = 0;
+}
+
+void forget_transaction() {
+    deferred.count = 0;
+    pinned_slot = -1;
+}
+
+void on_transaction_event(XactEvent event, void*) {
+    if (deferred.count == 0 && pinned_slot < 0) return;
+    switch (event) {
+    case XACT_EVENT_PRE_COMMIT:
+        // Still inside the transaction: either a notifier is pinned to send
+        // the topics after the commit, or the commit sends them itself.
+        pinned_slot = pin_notifier(MyDatabaseId, deferred.count);
+        if (pinned_slot < 0) notify_deferred_now();
+        break;
+    case XACT_EVENT_COMMIT:
+        if (pinned_slot >= 0) publish_and_unpin(pinned_slot, deferred.count, &deferred);
+        forget_transaction();
+        break;
+    case XACT_EVENT_ABORT:
+        if (pinned_slot >= 0) publish_and_unpin(pinned_slot, deferred.count, nullptr);
+        forget_transaction();
+        break;
+    case XACT_EVENT_PRE_PREPARE:
+        // COMMIT PREPARED may run anywhere, later: nothing would notify then.
+        // PostgreSQL refuses PREPARE after a NOTIFY for the same reason.
+        ereport(ERROR,
+                (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+                 errmsg("cannot PREPARE a transaction that has enqueued outbox events "
+                        "while idempotency.outbox_notify is on"),
+                 errhint("SET LOCAL idempotency.outbox_notify = off before enqueuing; "
+                         "relays then find the events when they poll.")));
+        break;
+    case XACT_EVENT_PREPARE:
+        forget_transaction();
+        break;
+    default:
+        break;
+    }
+}
+
+}  // namespace
+
+void notify_outbox_on_commit(const text* topic) {
+    if (!settings::outbox_notify) return;
+    const char* name = VARDATA_ANY(topic);
+    const std::size_t bytes = VARSIZE_ANY_EXHDR(topic);
+    if (!deferring_possible() || bytes >= static_cast<std::size_t>(kTopicBytes)) {
+        Async_Notify(kOutboxChannel, text_to_cstring(topic));
+        return;
+    }
+    if (already_deferred(name, bytes)) return;
+    // More distinct topics than a slot holds: no notifier could take them all.
+    if (deferred.count == kNotifierTopics) {
+        Async_Notify(kOutboxChannel, text_to_cstring(topic));
+        return;
+    }
+    std::memcpy(deferred.names[deferred.count], name, bytes);
+    deferred.names[deferred.count][bytes] = '\0';
+    ++deferred.count;
+}
+
+void install_outbox_notify_callbacks() { RegisterXactCallback(on_transaction_event, nullptr); }
+
+}  // namespace idem::pg
