@@ -2,16 +2,25 @@
 
 namespace idem::pg {
 
-std::uint64_t execute(Statement& statement, const Params& params, long limit) {
+namespace {
+
+SPIPlanPtr prepared(Statement& statement, int cursor_options) {
     if (statement.plan == nullptr) {
-        SPIPlanPtr plan = SPI_prepare(statement.sql, statement.nargs, statement.argtypes);
+        SPIPlanPtr plan = SPI_prepare_cursor(statement.sql, statement.nargs, statement.argtypes,
+                                             cursor_options);
         if (plan == nullptr)
             elog(ERROR, "idempotency: could not prepare statement: %s",
                  SPI_result_code_string(SPI_result));
         SPI_keepplan(plan);
         statement.plan = plan;
     }
-    const int rc = SPI_execute_plan(statement.plan, const_cast<Datum*>(params.values),
+    return statement.plan;
+}
+
+}  // namespace
+
+std::uint64_t execute(Statement& statement, const Params& params, long limit) {
+    const int rc = SPI_execute_plan(prepared(statement, 0), const_cast<Datum*>(params.values),
                                     params.nulls, false, limit);
     if (rc < 0) elog(ERROR, "idempotency: statement failed: %s", SPI_result_code_string(rc));
     return SPI_processed;
@@ -48,6 +57,22 @@ std::uint64_t execute_in_subtransaction(Statement& statement, const Params& para
     PG_END_TRY();
     return processed;
 }
+
+Portal open_cursor(Statement& statement, const Params& params) {
+    constexpr int kOptions = CURSOR_OPT_NO_SCROLL | CURSOR_OPT_FAST_PLAN | CURSOR_OPT_GENERIC_PLAN;
+    Portal cursor = SPI_cursor_open(nullptr, prepared(statement, kOptions),
+                                    const_cast<Datum*>(params.values), params.nulls, false);
+    if (cursor == nullptr)
+        elog(ERROR, "idempotency: could not open cursor: %s", SPI_result_code_string(SPI_result));
+    return cursor;
+}
+
+std::uint64_t fetch(Portal cursor, long count) {
+    SPI_cursor_fetch(cursor, true, count);
+    return SPI_processed;
+}
+
+void close_cursor(Portal cursor) { SPI_cursor_close(cursor); }
 
 Datum column(int column, bool* isnull, std::uint64_t row) {
     return SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, column, isnull);

@@ -57,6 +57,15 @@ std::uint64_t execute(Statement& statement, const Params& params, long limit = 0
 std::uint64_t execute_in_subtransaction(Statement& statement, const Params& params,
                                         bool keep_if_rows, long limit = 0);
 
+// A cursor over a SELECT's rows, planned once per backend (a generic plan
+// tuned for fetching the first rows). Every fetch reads with the snapshot
+// taken when the cursor opened, however many statements run in between.
+Portal open_cursor(Statement& statement, const Params& params);
+// The next `count` rows into SPI_tuptable; returns how many came (fewer
+// than `count` once the rows are exhausted).
+std::uint64_t fetch(Portal cursor, long count);
+void close_cursor(Portal cursor);
+
 // Column `column` (1-based) of result row `row`.
 Datum column(int column, bool* isnull, std::uint64_t row = 0);
 std::optional<std::int64_t> column_int8(int column, std::uint64_t row = 0);
