@@ -7,6 +7,7 @@
 #include "pg/args.hpp"
 #include "pg/guard.hpp"
 #include "pg/metrics.hpp"
+#include "pg/outbox_claim.hpp"
 #include "pg/outbox_notify.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/settings.hpp"
@@ -91,6 +92,25 @@ Datum enqueue_body(FunctionCallInfo fcinfo) {
     PG_RETURN_INT64(id);
 }
 
+// Where outbox_claim's events go: the function's result set.
+struct HandedOutEvents {
+    ReturnSetInfo* rsinfo;
+    std::uint64_t expired;  // of them, handed out again after a lease ran out
+};
+
+void put_handed_out(std::uint64_t count, void* context) {
+    HandedOutEvents* out = static_cast<HandedOutEvents*>(context);
+    constexpr int kDeliveryColumns = 8;
+    for (std::uint64_t row = 0; row < count; ++row) {
+        Datum values[kDeliveryColumns];
+        bool nulls[kDeliveryColumns];
+        for (int i = 0; i < kDeliveryColumns; ++i) values[i] = column(i + 1, &nulls[i], row);
+        tuplestore_putvalues(out->rsinfo->setResult, out->rsinfo->setDesc, values, nulls);
+        bool isnull = false;
+        if (DatumGetBool(column(kDeliveryColumns + 1, &isnull, row))) ++out->expired;
+    }
+}
+
 Datum claim_body(FunctionCallInfo fcinfo) {
     ClaimRequest request;
     request.relay = name_arg(fcinfo, 0, "relay");
@@ -103,25 +123,15 @@ Datum claim_body(FunctionCallInfo fcinfo) {
     request.max_attempts = settings::outbox_max_attempts;
 
     InitMaterializedSRF(fcinfo, 0);
-    ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+    HandedOutEvents out{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), 0};
     connect_spi();
     const Micros now = GetCurrentTimestamp();
     request.lease_until = now + lease;
-    const std::uint64_t count = claim_events(request, now);
-    constexpr int kDeliveryColumns = 8;
-    std::uint64_t expired = 0;
-    for (std::uint64_t row = 0; row < count; ++row) {
-        Datum values[kDeliveryColumns];
-        bool nulls[kDeliveryColumns];
-        for (int i = 0; i < kDeliveryColumns; ++i) values[i] = column(i + 1, &nulls[i], row);
-        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-        bool isnull = false;
-        if (DatumGetBool(column(kDeliveryColumns + 1, &isnull, row))) ++expired;
-    }
+    claim_events(request, now, put_handed_out, &out);
     finish_spi();
     // Handed out again after a lease ran out: a retry, as when the sweep
     // returns such an event to pending first.
-    count_on_commit(Counter::OutboxRetried, expired);
+    count_on_commit(Counter::OutboxRetried, out.expired);
     return 0;
 }
 

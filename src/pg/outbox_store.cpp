@@ -24,39 +24,6 @@ Statement kFindDeduplicated = {
     "SELECT id FROM" OUTBOX "WHERE topic = $1 AND dedup_key = $2", 2, {TEXTOID, TEXTOID},
     nullptr};
 
-// An event is due when it is pending and its time has come, or in flight
-// with a lease that ran out (and attempts left; maintenance buries the rest).
-// A pending keyed event waits while an earlier live event of its (topic, key)
-// exists or another one of them is in flight: at most one per key is in
-// flight. An expired in-flight event is the key's one in flight: it is handed
-// out again even when an earlier event of its key was redriven meanwhile
-// (that one waits behind it), or the key would be stuck until maintenance.
-Statement kClaim = {
-    "WITH picked AS ("
-    "  SELECT o.id, o.state = 'in_flight' AS expired FROM" OUTBOX "o"
-    "   WHERE o.state IN ('pending', 'in_flight')"
-    "     AND CASE WHEN o.state = 'pending' THEN o.available_at <= $1"
-    "              ELSE o.lease_until <= $1 AND o.attempts < $6 END"
-    "     AND ($5::pg_catalog.text[] IS NULL OR o.topic = ANY ($5))"
-    "     AND (o.key IS NULL OR ("
-    "          (o.state = 'in_flight' OR"
-    "           NOT EXISTS (SELECT 1 FROM" OUTBOX "p"
-    "                       WHERE p.topic = o.topic AND p.key = o.key AND p.id < o.id"
-    "                         AND p.state IN ('pending', 'in_flight')))"
-    "      AND NOT EXISTS (SELECT 1 FROM" OUTBOX "f"
-    "                       WHERE f.topic = o.topic AND f.key = o.key AND f.id <> o.id"
-    "                         AND f.state = 'in_flight')))"
-    "   ORDER BY o.id LIMIT $2"
-    "   FOR NO KEY UPDATE OF o SKIP LOCKED),"
-    " claimed AS ("
-    "  UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, lease_until = $3,"
-    "         relay = $4, updated_at = $1"
-    "    FROM picked WHERE o.id = picked.id"
-    "  RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts,"
-    "            o.enqueued_at, picked.expired)"
-    " SELECT * FROM claimed ORDER BY id",
-    6, {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID, TEXTOID, TEXTARRAYOID, INT4OID}, nullptr};
-
 // A late ack (after the lease ran out and the event went back to pending)
 // still counts: the event was delivered.
 Statement kAck = {
@@ -127,14 +94,6 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
         }
         CHECK_FOR_INTERRUPTS();
     }
-}
-
-std::uint64_t claim_events(const ClaimRequest& request, Micros now) {
-    Params params;
-    params.add_timestamp(now).add_int4(request.batch).add_timestamp(request.lease_until);
-    params.add_text(request.relay).add_datum(request.topics, request.has_topics);
-    params.add_int4(request.max_attempts);
-    return execute(kClaim, params);
 }
 
 std::uint64_t ack_events(Datum ids, Micros now) {

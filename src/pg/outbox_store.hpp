@@ -1,5 +1,6 @@
 // Where the SQL of the transactional outbox lives: every statement that
-// reads or changes idempotency.outbox. Callers hold an SPI connection.
+// reads or changes idempotency.outbox, except the claim's (outbox_claim.hpp).
+// Callers hold an SPI connection.
 #pragma once
 
 #include <cstdint>
@@ -22,20 +23,6 @@ struct NewEvent {
 // Inserts the event; with a dedup_key already taken by (topic, dedup_key),
 // inserts nothing and returns the existing event's id. *inserted tells which.
 std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted);
-
-struct ClaimRequest {
-    text* relay;
-    int batch;
-    Micros lease_until;
-    Datum topics;  // text[], when has_topics
-    bool has_topics;
-    int max_attempts;
-};
-
-// Hands out due events (see the statement for the rules); the rows are left
-// in SPI_tuptable as the outbox_delivery columns followed by whether the
-// event's previous lease had run out, in id order. Returns the count.
-std::uint64_t claim_events(const ClaimRequest& request, Micros now);
 
 std::uint64_t ack_events(Datum ids, Micros now);
 
