@@ -60,51 +60,38 @@ Statement kWalkLive = {
     "AND ($3::pg_catalog.text[] IS NULL OR topic = ANY ($3)) ORDER BY id",
     3, {TIMESTAMPTZOID, INT4OID, TEXTARRAYOID}, nullptr};
 
-// Locks up to $4 of the candidates, in id order, that are still due.
-Statement kLockCandidates = {
-    "SELECT id, state = 'in_flight' FROM" OUTBOX
-    "WHERE id = ANY ($1) AND state IN ('pending', 'in_flight') AND " IS_DUE("$2", "$3")
-    "ORDER BY id LIMIT $4 FOR NO KEY UPDATE SKIP LOCKED",
-    4, {INT8ARRAYOID, TIMESTAMPTZOID, INT4OID, INT4OID}, nullptr};
-
-// Hands out the locked events, but none whose pair has another event in
-// flight (the pair's head redriven behind it). $5: the ids that were in
-// flight with an expired lease.
+// Locks up to $4 of the candidates, in id order, that are still due (on
+// their newest version), and hands them out, but none whose pair has
+// another event in flight (the pair's head redriven behind it). The last
+// column: whether the event was in flight with an expired lease.
 Statement kHandOut = {
-    "WITH handed AS ("
-    "  UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, lease_until = $2,"
-    "         relay = $3, updated_at = $4"
-    "   WHERE o.id = ANY ($1)"
+    "WITH locked AS ("
+    "  SELECT id, state = 'in_flight' AS expired FROM" OUTBOX
+    "   WHERE id = ANY ($1) AND state IN ('pending', 'in_flight') AND " IS_DUE("$2", "$3")
+    "   ORDER BY id LIMIT $4 FOR NO KEY UPDATE SKIP LOCKED),"
+    " handed AS ("
+    "  UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, lease_until = $5,"
+    "         relay = $6, updated_at = $2"
+    "    FROM locked WHERE o.id = locked.id"
     "     AND (o.key IS NULL OR NOT EXISTS ("
     "          SELECT 1 FROM" OUTBOX "f WHERE f.topic = o.topic AND f.key = o.key"
     "             AND f.id <> o.id AND f.state = 'in_flight'))"
     "  RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts,"
-    "            o.enqueued_at, o.id = ANY ($5))"
+    "            o.enqueued_at, locked.expired)"
     " SELECT * FROM handed ORDER BY id",
-    5, {INT8ARRAYOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID, INT8ARRAYOID}, nullptr};
+    6, {INT8ARRAYOID, TIMESTAMPTZOID, INT4OID, INT4OID, TIMESTAMPTZOID, TEXTOID}, nullptr};
 
-// Rows read per window: the first covers a batch and the events usually met
-// before it; later ones double, up to a bound on memory per window.
+// Rows read per window. The first window is sized by what the backend's
+// last full claim walked per event handed out (other relays' events and
+// events waiting behind their heads come before a batch); later windows
+// double, up to a bound on memory per window.
 constexpr long kMaxWindow = 8192;
+constexpr double kFirstWalkPerEvent = 1.5;
+double walked_per_event = kFirstWalkPerEvent;  // this backend's last full claim
 
-long first_window(int batch) { return std::min<long>(kMaxWindow, 2L * batch + 16); }
-
-// One claim's progress. Trivially destructible; its arrays live in `memory`.
-struct Claim {
-    const ClaimRequest* request;
-    Micros now;
-    HandedOut sink;
-    void* context;
-    Datum* locked;  // ids locked and not yet handed out
-    int locked_count;
-    Datum* expired;  // those of them whose lease had run out
-    int expired_count;
-    std::uint64_t handed;
-};
-
-Datum int8_array(const Datum* ids, int count) {
-    return PointerGetDatum(construct_array(const_cast<Datum*>(ids), count, INT8OID,
-                                           sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+long first_window(int batch) {
+    const double rows = batch * walked_per_event * 1.1 + 16;
+    return std::min<long>(kMaxWindow, static_cast<long>(rows));
 }
 
 // Whether the walked row `row` may be handed out, as far as the live events
@@ -126,32 +113,23 @@ bool is_candidate(OutboxKeySet keys, std::uint64_t row) {
     return due && in_flight && !earlier_in_flight;
 }
 
-void lock_candidates(Claim* claim, const Datum* ids, int count) {
-    const int wanted = claim->request->batch - static_cast<int>(claim->handed) - claim->locked_count;
+// Hands out up to `wanted` of the candidates; returns how many, and in
+// *last the greatest id handed out.
+std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* ids, int count,
+                       int wanted, HandedOut sink, void* context, Datum* last) {
     Params params;
-    params.add(int8_array(ids, count)).add_timestamp(claim->now);
-    params.add_int4(claim->request->max_attempts).add_int4(wanted);
-    const std::uint64_t locked = execute(kLockCandidates, params);
-    for (std::uint64_t row = 0; row < locked; ++row) {
+    params.add(PointerGetDatum(construct_array(ids, count, INT8OID, sizeof(int64),
+                                               FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)));
+    params.add_timestamp(now).add_int4(request.max_attempts).add_int4(wanted);
+    params.add_timestamp(request.lease_until).add_text(request.relay);
+    const std::uint64_t handed = execute(kHandOut, params);
+    if (handed > 0) {
+        sink(handed, context);
         bool isnull = false;
-        const Datum id = Int64GetDatum(DatumGetInt64(column(1, &isnull, row)));
-        claim->locked[claim->locked_count++] = id;
-        if (DatumGetBool(column(2, &isnull, row))) claim->expired[claim->expired_count++] = id;
+        *last = column(1, &isnull, handed - 1);
     }
     SPI_freetuptable(SPI_tuptable);
-}
-
-void hand_out(Claim* claim) {
-    Params params;
-    params.add(int8_array(claim->locked, claim->locked_count));
-    params.add_timestamp(claim->request->lease_until).add_text(claim->request->relay);
-    params.add_timestamp(claim->now).add(int8_array(claim->expired, claim->expired_count));
-    const std::uint64_t handed = execute(kHandOut, params);
-    if (handed > 0) claim->sink(handed, claim->context);
-    SPI_freetuptable(SPI_tuptable);
-    claim->handed += handed;
-    claim->locked_count = 0;
-    claim->expired_count = 0;
+    return handed;
 }
 
 }  // namespace
@@ -161,55 +139,52 @@ std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut si
     MemoryContext const caller_memory = CurrentMemoryContext;
     MemoryContext const claim_memory =
         AllocSetContextCreate(caller_memory, "idempotency outbox claim", ALLOCSET_DEFAULT_SIZES);
-    MemoryContext const window_memory =
-        AllocSetContextCreate(claim_memory, "idempotency outbox claim window",
-                              ALLOCSET_DEFAULT_SIZES);
-    Claim claim;
-    claim.request = &request;
-    claim.now = now;
-    claim.sink = sink;
-    claim.context = context;
-    claim.locked = static_cast<Datum*>(MemoryContextAlloc(claim_memory, sizeof(Datum) * request.batch));
-    claim.locked_count = 0;
-    claim.expired =
-        static_cast<Datum*>(MemoryContextAlloc(claim_memory, sizeof(Datum) * request.batch));
-    claim.expired_count = 0;
-    claim.handed = 0;
+    MemoryContext const window_memory = AllocSetContextCreate(
+        claim_memory, "idempotency outbox claim window", ALLOCSET_DEFAULT_SIZES);
     const OutboxKeySet keys = make_key_set(claim_memory);
+    const std::uint64_t batch = static_cast<std::uint64_t>(request.batch);
 
     Params walk_params;
     walk_params.add_timestamp(now).add_int4(request.max_attempts);
     walk_params.add_datum(request.topics, request.has_topics);
     Portal walk = open_cursor(kWalkLive, walk_params);
+    std::uint64_t handed = 0;
+    std::uint64_t walked = 0;
     for (long window = first_window(request.batch);; window = std::min(window * 2, kMaxWindow)) {
         MemoryContextReset(window_memory);
         const std::uint64_t rows = fetch(walk, window);
         MemoryContextSwitchTo(window_memory);
         Datum* candidates = static_cast<Datum*>(palloc(sizeof(Datum) * (rows + 1)));
+        auto* walked_to = static_cast<std::uint64_t*>(palloc(sizeof(std::uint64_t) * (rows + 1)));
         int count = 0;
         for (std::uint64_t row = 0; row < rows; ++row) {
             if (!is_candidate(keys, row)) continue;
             bool isnull = false;
-            candidates[count++] = Int64GetDatum(DatumGetInt64(column(1, &isnull, row)));
+            candidates[count] = Int64GetDatum(DatumGetInt64(column(1, &isnull, row)));
+            walked_to[count++] = walked + row + 1;
         }
+        walked += rows;
         SPI_freetuptable(SPI_tuptable);
-        if (count > 0) lock_candidates(&claim, candidates, count);
-        const bool walked_all = rows < static_cast<std::uint64_t>(window);
-        const bool batch_locked =
-            claim.handed + static_cast<std::uint64_t>(claim.locked_count) ==
-            static_cast<std::uint64_t>(request.batch);
-        // A locked event may still be refused (a later one of its pair in
-        // flight): then the walk goes on.
-        if (claim.locked_count > 0 && (walked_all || batch_locked)) {
-            MemoryContextSwitchTo(window_memory);
-            hand_out(&claim);
+        Datum last = 0;
+        if (count > 0) {
+            handed += hand_out(request, now, candidates, count, static_cast<int>(batch - handed),
+                               sink, context, &last);
         }
-        if (walked_all || claim.handed == static_cast<std::uint64_t>(request.batch)) break;
+        if (handed == batch) {
+            // How far the walk had to go: to the last event handed out.
+            const Datum* at = std::lower_bound(
+                candidates, candidates + count, last,
+                [](Datum a, Datum b) { return DatumGetInt64(a) < DatumGetInt64(b); });
+            walked_per_event = std::max(1.0, static_cast<double>(walked_to[at - candidates]) /
+                                                 static_cast<double>(batch));
+            break;
+        }
+        if (rows < static_cast<std::uint64_t>(window)) break;  // walked the whole queue
     }
     close_cursor(walk);
     MemoryContextSwitchTo(caller_memory);
     MemoryContextDelete(claim_memory);
-    return claim.handed;
+    return handed;
 }
 
 }  // namespace idem::pg
