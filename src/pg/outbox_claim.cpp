@@ -6,6 +6,8 @@
 #include "pg/spi.hpp"
 
 extern "C" {
+#include "storage/itemptr.h"
+#include "storage/procarray.h"
 #include "utils/array.h"
 #include "utils/memutils.h"
 }
@@ -53,33 +55,40 @@ namespace {
     " CASE WHEN state = 'pending' THEN available_at <= " now                        \
     "      ELSE lease_until <= " now " AND attempts < " max_attempts " END "
 
-// Every live event of the claimed topics in id order (outbox_live).
+// Every live event of the claimed topics in id order (outbox_live), with
+// the transaction that last locked or changed the row version read (xmax)
+// and where that version is (ctid).
 Statement kWalkLive = {
-    "SELECT id, topic, key, state = 'in_flight', " IS_DUE("$1", "$2") "FROM" OUTBOX
+    "SELECT id, topic, key, state = 'in_flight', " IS_DUE("$1", "$2") ", xmax, ctid FROM" OUTBOX
     "WHERE state IN ('pending', 'in_flight') "
     "AND ($3::pg_catalog.text[] IS NULL OR topic = ANY ($3)) ORDER BY id",
     3, {TIMESTAMPTZOID, INT4OID, TEXTARRAYOID}, nullptr};
 
-// Locks up to $4 of the candidates, in id order, that are still due (on
-// their newest version), and hands them out, but none whose pair has
-// another event in flight (the pair's head redriven behind it). The last
-// column: whether the event was in flight with an expired lease.
+// Locks up to $4 of the candidates, in id order, that are still due, and
+// hands them out. The candidates are the row versions the walk read, found
+// by ctid without an index descent; a version changed since is followed to
+// the newest one, which the lock rechecks. Only an event that ever failed
+// (and so may have been dead and redriven) or is in flight is checked for
+// another event of its pair in flight: an event pending since it committed
+// has blocked every later event of its pair all along, as producers take
+// turns (producer_turn.hpp). The last column: whether the event was in
+// flight with an expired lease.
 Statement kHandOut = {
     "WITH locked AS ("
-    "  SELECT id, state = 'in_flight' AS expired FROM" OUTBOX
-    "   WHERE id = ANY ($1) AND state IN ('pending', 'in_flight') AND " IS_DUE("$2", "$3")
+    "  SELECT ctid, state = 'in_flight' AS expired FROM" OUTBOX
+    "   WHERE ctid = ANY ($1) AND state IN ('pending', 'in_flight') AND " IS_DUE("$2", "$3")
     "   ORDER BY id LIMIT $4 FOR NO KEY UPDATE SKIP LOCKED),"
     " handed AS ("
     "  UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, lease_until = $5,"
     "         relay = $6, updated_at = $2"
-    "    FROM locked WHERE o.id = locked.id"
-    "     AND (o.key IS NULL OR NOT EXISTS ("
+    "    FROM locked WHERE o.ctid = locked.ctid"
+    "     AND (o.key IS NULL OR (o.state = 'pending' AND o.last_error IS NULL) OR NOT EXISTS ("
     "          SELECT 1 FROM" OUTBOX "f WHERE f.topic = o.topic AND f.key = o.key"
     "             AND f.id <> o.id AND f.state = 'in_flight'))"
     "  RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts,"
     "            o.enqueued_at, locked.expired)"
     " SELECT * FROM handed ORDER BY id",
-    6, {INT8ARRAYOID, TIMESTAMPTZOID, INT4OID, INT4OID, TIMESTAMPTZOID, TEXTOID}, nullptr};
+    6, {TIDARRAYOID, TIMESTAMPTZOID, INT4OID, INT4OID, TIMESTAMPTZOID, TEXTOID}, nullptr};
 
 // Rows read per window. The first window is sized by what the backend's
 // last full claim walked per event handed out (other relays' events and
@@ -94,32 +103,57 @@ long first_window(int batch) {
     return std::min<long>(kMaxWindow, static_cast<long>(rows));
 }
 
+// Whether another transaction that is still running holds the row: it
+// locked or changed the version the walk read (xmax), and only conflicting
+// locks are taken on live events (the claim's, nack's, the sweep's), so the
+// lock would skip it. Asking the procarray once per holder is far cheaper
+// than trying the lock; the lock still decides for every other row.
+// Consecutive rows usually share their holder (one relay's batch).
+struct Holders {
+    TransactionId last;
+    bool last_running;
+};
+
+bool held_by_other(Holders* holders, TransactionId xmax) {
+    if (!TransactionIdIsNormal(xmax)) return false;
+    if (xmax != holders->last) {
+        holders->last = xmax;
+        holders->last_running =
+            !TransactionIdIsCurrentTransactionId(xmax) && TransactionIdIsInProgress(xmax);
+    }
+    return holders->last_running;
+}
+
 // Whether the walked row `row` may be handed out, as far as the live events
 // before it tell; records its pair.
-bool is_candidate(OutboxKeySet keys, std::uint64_t row) {
+bool is_candidate(OutboxKeySet keys, Holders* holders, std::uint64_t row) {
     bool isnull = false;
     const bool in_flight = DatumGetBool(column(4, &isnull, row));
     const bool due = DatumGetBool(column(5, &isnull, row));
-    const Datum key = column(3, &isnull, row);
-    if (isnull) return due;  // no key, no order
+    const bool held =
+        due && held_by_other(holders, DatumGetTransactionId(column(6, &isnull, row)));
+    bool no_key = false;
+    const Datum key = column(3, &no_key, row);
+    if (no_key) return due && !held;  // no key, no order
     const Datum topic = column(2, &isnull, row);
     bool first = false;
     KeySighting* pair = meet_key(keys, DatumGetTextPP(topic), DatumGetTextPP(key), &first);
     const bool earlier_in_flight = in_flight_seen(pair);
     if (in_flight) mark_in_flight(pair);
+    if (held) return false;  // its pair's later events wait behind it all the same
     if (first) return due;
     // Behind its pair's head: only an expired in-flight event (the head was
     // redriven), and never a second one in flight.
     return due && in_flight && !earlier_in_flight;
 }
 
-// Hands out up to `wanted` of the candidates; returns how many, and in
-// *last the greatest id handed out.
-std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* ids, int count,
+// Hands out up to `wanted` of the candidates (row versions); returns how
+// many, and in *last the greatest id handed out.
+std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions, int count,
                        int wanted, HandedOut sink, void* context, Datum* last) {
     Params params;
-    params.add(PointerGetDatum(construct_array(ids, count, INT8OID, sizeof(int64),
-                                               FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)));
+    params.add(PointerGetDatum(construct_array(versions, count, TIDOID, sizeof(ItemPointerData),
+                                               false, TYPALIGN_SHORT)));
     params.add_timestamp(now).add_int4(request.max_attempts).add_int4(wanted);
     params.add_timestamp(request.lease_until).add_text(request.relay);
     const std::uint64_t handed = execute(kHandOut, params);
@@ -150,24 +184,31 @@ std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut si
     Portal walk = open_cursor(kWalkLive, walk_params);
     std::uint64_t handed = 0;
     std::uint64_t walked = 0;
+    Holders holders{InvalidTransactionId, false};
     for (long window = first_window(request.batch);; window = std::min(window * 2, kMaxWindow)) {
         MemoryContextReset(window_memory);
         const std::uint64_t rows = fetch(walk, window);
         MemoryContextSwitchTo(window_memory);
+        // The candidates: their ids, row versions and how far the walk was.
         Datum* candidates = static_cast<Datum*>(palloc(sizeof(Datum) * (rows + 1)));
+        Datum* versions = static_cast<Datum*>(palloc(sizeof(Datum) * (rows + 1)));
+        auto* tids = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (rows + 1)));
         auto* walked_to = static_cast<std::uint64_t*>(palloc(sizeof(std::uint64_t) * (rows + 1)));
         int count = 0;
         for (std::uint64_t row = 0; row < rows; ++row) {
-            if (!is_candidate(keys, row)) continue;
+            if (!is_candidate(keys, &holders, row)) continue;
             bool isnull = false;
             candidates[count] = Int64GetDatum(DatumGetInt64(column(1, &isnull, row)));
+            ItemPointerCopy(reinterpret_cast<ItemPointer>(DatumGetPointer(column(7, &isnull, row))),
+                            &tids[count]);
+            versions[count] = PointerGetDatum(&tids[count]);
             walked_to[count++] = walked + row + 1;
         }
         walked += rows;
         SPI_freetuptable(SPI_tuptable);
         Datum last = 0;
         if (count > 0) {
-            handed += hand_out(request, now, candidates, count, static_cast<int>(batch - handed),
+            handed += hand_out(request, now, versions, count, static_cast<int>(batch - handed),
                                sink, context, &last);
         }
         if (handed == batch) {
