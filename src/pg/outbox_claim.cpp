@@ -27,13 +27,14 @@ extern "C" {
 // the queue's start, the claim meets every live event before the one it
 // reads: the first time it meets a pair is that pair's head, so per-key
 // order costs a hash lookup instead of an index probe per candidate. The
-// heads and unkeyed events that are due are then locked, SKIP LOCKED, in id
-// order and no more than the batch still needs: events other relays hold are
-// passed over without further work. Only the locked ones are checked for a
-// later event of their pair in flight (after a redrive), in the UPDATE that
-// hands them out. Windows grow until the batch is full or the queue ends, so
-// thousands of events blocked behind a hot key or held by other relays
-// delay a claim but never starve the events after them.
+// heads and unkeyed events that are due, and not held by a running
+// transaction (another relay's claim, a nack), are then locked by row
+// version, SKIP LOCKED, in id order and no more than the batch still needs,
+// and handed out in the same statement. Only the ones that ever failed are
+// checked for a later event of their pair in flight (after a redrive).
+// Windows grow until the batch is full or the queue ends, so thousands of
+// events blocked behind a hot key or held by other relays delay a claim but
+// never starve the events after them.
 //
 // Why one snapshot. Producers of a pair take turns (producer_turn.hpp), so
 // a visible event implies that every earlier event of its pair is visible in
@@ -42,9 +43,9 @@ extern "C" {
 // read, and hand n+1 out first.
 //
 // Between the walk's snapshot and the lock, other relays may have changed
-// an event: the lock rechecks that it is still due (on its newest version),
-// and an event the walk saw as live keeps blocking its pair for this claim,
-// which errs on the side of waiting.
+// an event: the lock rechecks that it is still due, and an event the walk
+// saw as live keeps blocking its pair for this claim, which errs on the
+// side of waiting.
 
 namespace idem::pg {
 
@@ -66,8 +67,11 @@ Statement kWalkLive = {
 
 // Locks up to $4 of the candidates, in id order, that are still due, and
 // hands them out. The candidates are the row versions the walk read, found
-// by ctid without an index descent; a version changed since is followed to
-// the newest one, which the lock rechecks. Only an event that ever failed
+// by ctid without an index descent. A version changed since the walk is
+// passed over this time (a change while the statement runs is followed to
+// the newest version, which the lock rechecks; the UPDATE, reading by ctid
+// with its own snapshot, may then leave it locked but not handed out until
+// this transaction ends): such rows wait for the next claim. Only an event that ever failed
 // (and so may have been dead and redriven) or is in flight is checked for
 // another event of its pair in flight: an event pending since it committed
 // has blocked every later event of its pair all along, as producers take
