@@ -52,8 +52,10 @@ def gather(cfg, injector, fleet, final_metrics, total_metrics):
             wlogs.append(e)
     q = injector.query
     keys = {r[0]: dict(status=r[1], attempts=r[2], late=r[3], result=r[4], token=r[5])
-            for r in q("SELECT key, status::text, attempts, lease_until < completed_at, result, token"
-                       "  FROM idempotency.idempotency_keys WHERE scope = 'default'")}
+            for r in q("SELECT key, status::text, attempts, "
+                       "       claimed_at + %s * interval '1 second' < completed_at, result, token"
+                       "  FROM idempotency.idempotency_keys WHERE scope = 'default'",
+                       (cfg.key_lease,))}
     ledger = defaultdict(list)
     for key, charge_id in q("SELECT job_key, charge_id FROM ledger"):
         ledger[key].append(charge_id)
@@ -205,7 +207,9 @@ def prove(cfg, injector, fleet, data, drained):
     metric(f"claims >= jobs + kills after the claim + fenced workers "
            f"({m['claims']} >= {n} + {kills['after_effect']} + {len(stale)})",
            m["claims"] >= n + kills["after_effect"] + len(stale), "bound: external kills add more")
-    # The table keeps lease_until through the complete: late = completed after it.
+    # Workers claim with key_lease and never heartbeat, so a lease ends
+    # key_lease after claimed_at (lease_until itself is cleared once the
+    # sweep settles an ended lease): late = completed after that.
     metric(f"late_completions = completions after the lease in the table "
            f"({m['late_completions']} = {late_in_table})", m["late_completions"] == late_in_table, "exact")
     # A stall_late worker completes key_lease + 0.6 s after its claim.
