@@ -77,27 +77,43 @@ struct ClaimArgs {
     Micros lease;
 };
 
+// Whether this backend's last claim created its key. A claim first tries
+// what the last one needed: the INSERT of a new key (one statement when the
+// key is new, as it mostly is for a worker draining a queue), or the read of
+// an existing one (one statement for a duplicate). A wrong guess costs one
+// statement that changes nothing (a sequence value at most).
+bool last_claim_created_key = true;
+
+// A new key, PROCESSING under a new token; false when the key exists.
+bool create_claimed(const ClaimArgs& args, OutcomeFields* out) {
+    const Micros now = GetCurrentTimestamp();
+    std::int64_t token = 0;
+    if (!insert_claimed(args.id, now + args.lease, args.request.fingerprint,
+                        args.request.has_fingerprint, now, &token))
+        return false;  // it exists (a concurrent creator's transaction has ended)
+    *out = OutcomeFields{};
+    out->outcome = Outcome::Claimed;
+    out->status = Status::Processing;
+    out->token = token;
+    out->attempt = 1;
+    count_on_commit(Counter::Claims);
+    log_transition(args.id.scope, args.id.key, std::nullopt, Status::Processing, token, 1);
+    return true;
+}
+
 void claim_once(const ClaimArgs& args, OutcomeFields* out) {
+    if (last_claim_created_key && create_claimed(args, out)) return;
     for (int round = 0; round < kMaxRaceRounds; ++round) {
         StoredKey stored;
         const bool found = read_key(args.id, RowLock::None, &stored);
+        last_claim_created_key = !found;
+        if (!found) {
+            if (create_claimed(args, out)) return;
+            continue;  // created concurrently; that transaction has ended: read again
+        }
         // The clock is read after the row: a row changed just before the
         // read (a retry due now) must not look due in the future.
         Micros now = GetCurrentTimestamp();
-        if (!found) {
-            std::int64_t token = 0;
-            if (!insert_claimed(args.id, now + args.lease, args.request.fingerprint,
-                                args.request.has_fingerprint, now, &token))
-                continue;  // created concurrently; that transaction has ended: read again
-            *out = OutcomeFields{};
-            out->outcome = Outcome::Claimed;
-            out->status = Status::Processing;
-            out->token = token;
-            out->attempt = 1;
-            count_on_commit(Counter::Claims);
-            log_transition(args.id.scope, args.id.key, std::nullopt, Status::Processing, token, 1);
-            return;
-        }
         const int max_attempts = settings::max_attempts;
         ClaimDecision decision =
             decide_claim(stored.state, fingerprint_conflict(stored, args.request), now, max_attempts);
