@@ -9,10 +9,11 @@ SET client_min_messages = warning;
 CREATE EXTENSION idempotency;
 RESET client_min_messages;
 CREATE TEMP TABLE t (label text PRIMARY KEY, token bigint);
+-- Plain types only, so that the helper outlives DROP EXTENSION below.
 CREATE FUNCTION pg_temp.key(p_key text) RETURNS TABLE (
-    status idempotency.idem_status, has_lease boolean, filed_at_expiry boolean, has_purge_at boolean)
+    status text, has_lease boolean, filed_at_expiry boolean, has_purge_at boolean)
 LANGUAGE sql AS $$
-    SELECT status, lease_until IS NOT NULL, purge_at = expires_at, purge_at IS NOT NULL
+    SELECT status::text, lease_until IS NOT NULL, purge_at = expires_at, purge_at IS NOT NULL
       FROM idempotency.idempotency_keys WHERE key = p_key
 $$;
 
@@ -78,7 +79,6 @@ SELECT * FROM pg_temp.key('s-refile');
 -- A session that worked on a database of 0.2.0 (no purge_at: the library
 -- uses the statements of that layout) sees the update at once: after
 -- ALTER EXTENSION UPDATE its complete with a short retention files the key.
-DROP FUNCTION pg_temp.key(text);
 DROP EXTENSION idempotency;
 SET client_min_messages = warning;
 CREATE EXTENSION idempotency VERSION '0.2.0';
@@ -88,12 +88,6 @@ INSERT INTO t SELECT 'o1', token FROM idempotency.idem_claim('s-old-1');
 SELECT outcome FROM idempotency.idem_complete('s-old-1', (SELECT token FROM t WHERE label = 'o1'), retain => '0');
 SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
 ALTER EXTENSION idempotency UPDATE;
-CREATE FUNCTION pg_temp.key(p_key text) RETURNS TABLE (
-    status idempotency.idem_status, has_lease boolean, filed_at_expiry boolean, has_purge_at boolean)
-LANGUAGE sql AS $$
-    SELECT status, lease_until IS NOT NULL, purge_at = expires_at, purge_at IS NOT NULL
-      FROM idempotency.idempotency_keys WHERE key = p_key
-$$;
 INSERT INTO t SELECT 'o2', token FROM idempotency.idem_claim('s-old-2');
 SELECT outcome FROM idempotency.idem_complete('s-old-2', (SELECT token FROM t WHERE label = 'o2'), retain => '0');
 SELECT * FROM pg_temp.key('s-old-2');

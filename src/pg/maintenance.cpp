@@ -111,21 +111,24 @@ std::uint64_t expire_disconnected(int batch) {
     return expire(kExpireDisconnected, batch, "holder disconnected");
 }
 
-std::uint64_t purge(Statement& statement, Micros cutoff, int batch) {
+// Runs a batch statement over the rows due by `cutoff` ($1), at most `batch` ($2).
+std::uint64_t run_due(Statement& statement, Micros cutoff, int batch) {
     Params params;
     params.add_timestamp(cutoff).add_int4(batch);
     return execute(statement, params);
 }
 
-std::uint64_t settle_leases(int batch) { return purge(kSettleLeases, GetCurrentTimestamp(), batch); }
+std::uint64_t settle_leases(int batch) {
+    return run_due(kSettleLeases, GetCurrentTimestamp(), batch);
+}
 
 // COMPLETED / FAILED_FINAL --retention--> deleted: a transition to log.
 std::uint64_t purge_keys(int batch) {
     const bool current = keys_have_purge_at();
     if (!settings::log_transitions)
-        return purge(current ? kPurgeKeys : kPurgeKeysBefore030, GetCurrentTimestamp(), batch);
-    const std::uint64_t purged =
-        purge(current ? kPurgeKeysLogged : kPurgeKeysLoggedBefore030, GetCurrentTimestamp(), batch);
+        return run_due(current ? kPurgeKeys : kPurgeKeysBefore030, GetCurrentTimestamp(), batch);
+    const std::uint64_t purged = run_due(current ? kPurgeKeysLogged : kPurgeKeysLoggedBefore030,
+                                         GetCurrentTimestamp(), batch);
     for (std::uint64_t row = 0; row < purged; ++row) {
         bool isnull = false;
         const Status from =
@@ -138,11 +141,11 @@ std::uint64_t purge_keys(int batch) {
 }
 
 std::uint64_t purge_inbox(int batch) {
-    return purge(kPurgeInbox,
+    return run_due(kPurgeInbox,
                  GetCurrentTimestamp() - settings::seconds(settings::inbox_retention_s), batch);
 }
 
-std::uint64_t purge_locks(int batch) { return purge(kPurgeLocks, GetCurrentTimestamp(), batch); }
+std::uint64_t purge_locks(int batch) { return run_due(kPurgeLocks, GetCurrentTimestamp(), batch); }
 
 std::uint64_t expire_outbox_leases(int batch) {
     std::uint64_t dead = 0;

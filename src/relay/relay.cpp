@@ -141,6 +141,21 @@ void Relay::take_results() {
     }
 }
 
+// A lost connection or a transient error: counted, and the call is tried
+// again later (after reconnecting, or shortly). True when it was one of them.
+bool Relay::database_unavailable(DbStatus status, const std::string& error,
+                                 Clock::time_point now) {
+    if (status != DbStatus::Lost && status != DbStatus::Transient) return false;
+    ++stats_.db_errors;
+    if (status == DbStatus::Lost) {
+        connection_lost(error, now);
+    } else {
+        log_warning("%s; trying again", error.c_str());
+        retry_db_at_ = now + kTransientRetry;
+    }
+    return true;
+}
+
 void Relay::connection_lost(const std::string& error, Clock::time_point now) {
     log_warning("database connection lost: %s; reconnecting", error.c_str());
     stats_.connected = false;
@@ -186,17 +201,7 @@ void Relay::flush_acks(Clock::time_point now) {
     std::int64_t changed = 0;
     std::string error;
     const DbStatus status = db_.ack(ids, &changed, &error);
-    if (status == DbStatus::Lost) {
-        ++stats_.db_errors;
-        connection_lost(error, now);
-        return;
-    }
-    if (status == DbStatus::Transient) {
-        ++stats_.db_errors;
-        log_warning("%s; trying again", error.c_str());
-        retry_db_at_ = now + kTransientRetry;
-        return;
-    }
+    if (database_unavailable(status, error, now)) return;
     if (status == DbStatus::Fatal) {
         ++stats_.db_errors;
         log_error("%s; %zu event(s) not acked (they will be delivered again)", error.c_str(),
@@ -235,17 +240,7 @@ void Relay::flush_nacks(Clock::time_point now) {
         const std::string message = d.outcome.error.substr(0, 1000);
         const DbStatus status =
             db_.nack(event.id, message, retryable, d.outcome.retry_in, &state, &error);
-        if (status == DbStatus::Lost) {
-            ++stats_.db_errors;
-            connection_lost(error, now);
-            break;
-        }
-        if (status == DbStatus::Transient) {
-            ++stats_.db_errors;
-            log_warning("%s; trying again", error.c_str());
-            retry_db_at_ = now + kTransientRetry;
-            break;
-        }
+        if (database_unavailable(status, error, now)) break;
         if (status == DbStatus::Fatal) {
             ++stats_.db_errors;
             log_error("event %lld: %s", static_cast<long long>(event.id), error.c_str());
@@ -284,17 +279,7 @@ void Relay::claim(Clock::time_point now) {
     const DbStatus status = db_.claim(want, &events, &error);
     ++stats_.claims;
     stats_.notifications = db_.notifications();
-    if (status == DbStatus::Lost) {
-        ++stats_.db_errors;
-        connection_lost(error, now);
-        return;
-    }
-    if (status == DbStatus::Transient) {
-        ++stats_.db_errors;
-        log_warning("%s; trying again", error.c_str());
-        retry_db_at_ = now + kTransientRetry;
-        return;
-    }
+    if (database_unavailable(status, error, now)) return;
     if (status == DbStatus::Fatal) {
         ++stats_.db_errors;
         fail(error);

@@ -30,6 +30,7 @@ private:
     void on_signals(Clock::time_point now);
     void take_results();
     void reconnect(Clock::time_point now);
+    bool database_unavailable(DbStatus status, const std::string& error, Clock::time_point now);
     void connection_lost(const std::string& error, Clock::time_point now);
     void flush_acks(Clock::time_point now);
     void flush_nacks(Clock::time_point now);
