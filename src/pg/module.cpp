@@ -2,6 +2,7 @@
 #include "pg/guard.hpp"
 #include "pg/metrics.hpp"
 #include "pg/notifier_table.hpp"
+#include "pg/outbox_held.hpp"
 #include "pg/outbox_notify.hpp"
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
@@ -19,6 +20,9 @@ extern "C" void _PG_init(void) {
     idem::pg::install_metrics_callbacks();
     idem::pg::install_wakeup_callbacks();
     idem::pg::install_outbox_notify_callbacks();
+    // Last: PostgreSQL calls the newest callback first, and the claims it
+    // writes before the commit must precede every other callback's work.
+    idem::pg::install_outbox_held_callbacks();
     // Shared memory and the workers need the library to be preloaded.
     if (!process_shared_preload_libraries_in_progress) return;
     idem::pg::install_shared_state_hooks();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pg/outbox_held.hpp"
 #include "pg/outbox_key_set.hpp"
 #include "pg/spi.hpp"
 
@@ -30,8 +31,10 @@ extern "C" {
 // heads and unkeyed events that are due, and not held by a running
 // transaction (another relay's claim, a nack), are then locked by row
 // version, SKIP LOCKED, in id order and no more than the batch still needs,
-// and handed out in the same statement. Only the ones that ever failed are
-// checked for a later event of their pair in flight (after a redrive).
+// and handed out in the same statement; the lock is all a claim takes until
+// its transaction commits (outbox_held.hpp). Events this transaction holds
+// from an earlier claim count as in flight. Only the ones that ever failed
+// are checked for a later event of their pair in flight (after a redrive).
 // Windows grow until the batch is full or the queue ends, so thousands of
 // events blocked behind a hot key or held by other relays delay a claim but
 // never starve the events after them.
@@ -69,30 +72,25 @@ Statement kWalkLive = {
 // hands them out. The candidates are the row versions the walk read, found
 // by ctid without an index descent. A version changed since the walk is
 // passed over this time (a change while the statement runs is followed to
-// the newest version, which the lock rechecks; the UPDATE, reading by ctid
-// with its own snapshot, may then leave it locked but not handed out until
-// this transaction ends): such rows wait for the next claim. Only an event that ever failed
-// (and so may have been dead and redriven) or is in flight is checked for
-// another event of its pair in flight: an event pending since it committed
-// has blocked every later event of its pair all along, as producers take
-// turns (producer_turn.hpp). The last column: whether the event was in
+// the newest version, which the lock rechecks): such rows wait for the next
+// claim. Only an event that ever failed (and so may have been dead and
+// redriven) or is in flight is checked for another event of its pair in
+// flight, or held by this transaction ($5): an event pending since it
+// committed has blocked every later event of its pair all along, as
+// producers take turns (producer_turn.hpp). The claim itself is written at
+// commit (outbox_held.hpp). The last column: whether the event was in
 // flight with an expired lease.
 Statement kHandOut = {
-    "WITH locked AS ("
-    "  SELECT ctid, state = 'in_flight' AS expired FROM" OUTBOX
-    "   WHERE ctid = ANY ($1) AND state IN ('pending', 'in_flight') AND " IS_DUE("$2", "$3")
-    "   ORDER BY id LIMIT $4 FOR NO KEY UPDATE SKIP LOCKED),"
-    " handed AS ("
-    "  UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, lease_until = $5,"
-    "         relay = $6, updated_at = $2"
-    "    FROM locked WHERE o.ctid = locked.ctid"
-    "     AND (o.key IS NULL OR (o.state = 'pending' AND o.last_error IS NULL) OR NOT EXISTS ("
-    "          SELECT 1 FROM" OUTBOX "f WHERE f.topic = o.topic AND f.key = o.key"
-    "             AND f.id <> o.id AND f.state = 'in_flight'))"
-    "  RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts,"
-    "            o.enqueued_at, locked.expired)"
-    " SELECT * FROM handed ORDER BY id",
-    6, {TIDARRAYOID, TIMESTAMPTZOID, INT4OID, INT4OID, TIMESTAMPTZOID, TEXTOID}, nullptr};
+    "SELECT o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts + 1,"
+    "       o.enqueued_at, o.state = 'in_flight' FROM" OUTBOX "o"
+    " WHERE o.ctid = ANY ($1) AND o.state IN ('pending', 'in_flight') AND " IS_DUE("$2", "$3")
+    "   AND (o.key IS NULL OR (o.state = 'pending' AND o.last_error IS NULL) OR ("
+    "        NOT EXISTS (SELECT 1 FROM" OUTBOX "f WHERE f.topic = o.topic AND f.key = o.key"
+    "                       AND f.id <> o.id AND f.state = 'in_flight')"
+    "    AND NOT EXISTS (SELECT 1 FROM" OUTBOX "f WHERE f.id = ANY ($5) AND f.topic = o.topic"
+    "                       AND f.key = o.key AND f.id <> o.id)))"
+    " ORDER BY o.id LIMIT $4 FOR NO KEY UPDATE OF o SKIP LOCKED",
+    5, {TIDARRAYOID, TIMESTAMPTZOID, INT4OID, INT4OID, INT8ARRAYOID}, nullptr};
 
 // Rows read per window. The first window is sized by what the backend's
 // last full claim walked per event handed out (other relays' events and
@@ -132,8 +130,11 @@ bool held_by_other(Holders* holders, TransactionId xmax) {
 // before it tell; records its pair.
 bool is_candidate(OutboxKeySet keys, Holders* holders, std::uint64_t row) {
     bool isnull = false;
-    const bool in_flight = DatumGetBool(column(4, &isnull, row));
-    const bool due = DatumGetBool(column(5, &isnull, row));
+    // Held by this transaction: handed out by an earlier claim, its claim
+    // not yet written. It is in flight as far as its pair is concerned.
+    const bool mine = holds_any() && holds(DatumGetInt64(column(1, &isnull, row)));
+    const bool in_flight = mine || DatumGetBool(column(4, &isnull, row));
+    const bool due = !mine && DatumGetBool(column(5, &isnull, row));
     const bool held =
         due && held_by_other(holders, DatumGetTransactionId(column(6, &isnull, row)));
     bool no_key = false;
@@ -159,11 +160,16 @@ std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions,
     params.add(PointerGetDatum(construct_array(versions, count, TIDOID, sizeof(ItemPointerData),
                                                false, TYPALIGN_SHORT)));
     params.add_timestamp(now).add_int4(request.max_attempts).add_int4(wanted);
-    params.add_timestamp(request.lease_until).add_text(request.relay);
+    params.add(held_ids());
     const std::uint64_t handed = execute(kHandOut, params);
     if (handed > 0) {
         sink(handed, context);
+        auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * handed));
         bool isnull = false;
+        for (std::uint64_t row = 0; row < handed; ++row)
+            ids[row] = DatumGetInt64(column(1, &isnull, row));
+        hold_events(ClaimWrite{request.relay, request.lease_until, now}, ids,
+                    static_cast<int>(handed));
         *last = column(1, &isnull, handed - 1);
     }
     SPI_freetuptable(SPI_tuptable);

@@ -8,6 +8,7 @@
 #include "pg/guard.hpp"
 #include "pg/metrics.hpp"
 #include "pg/outbox_claim.hpp"
+#include "pg/outbox_held.hpp"
 #include "pg/outbox_notify.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/settings.hpp"
@@ -135,10 +136,46 @@ Datum claim_body(FunctionCallInfo fcinfo) {
     return 0;
 }
 
+// Acks the events this transaction holds with their claims' changes, and
+// the others as they are; returns how many changed.
+std::uint64_t ack_held_and_others(Datum ids, Micros now) {
+    Datum* elements = nullptr;
+    int count = 0;
+    deconstruct_array(DatumGetArrayTypeP(ids), INT8OID, 8, true, TYPALIGN_DOUBLE, &elements,
+                      nullptr, &count);
+    Datum* held = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
+    Datum* relays = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
+    Datum* others = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
+    int held_count = 0;
+    int other_count = 0;
+    for (int i = 0; i < count; ++i) {
+        if (const text* relay = settle_held(DatumGetInt64(elements[i]))) {
+            relays[held_count] = PointerGetDatum(relay);
+            held[held_count++] = elements[i];
+        } else {
+            others[other_count++] = elements[i];
+        }
+    }
+    std::uint64_t changed = 0;
+    if (held_count > 0) {
+        changed += ack_held_events(
+            PointerGetDatum(construct_array(held, held_count, INT8OID, 8, true, TYPALIGN_DOUBLE)),
+            PointerGetDatum(construct_array(relays, held_count, TEXTOID, -1, false, TYPALIGN_INT)),
+            now);
+    }
+    if (other_count > 0) {
+        changed += ack_events(
+            PointerGetDatum(construct_array(others, other_count, INT8OID, 8, true, TYPALIGN_DOUBLE)),
+            now);
+    }
+    return changed;
+}
+
 Datum ack_body(FunctionCallInfo fcinfo) {
     const Datum ids = ids_arg(fcinfo, 0, "ids");
+    const Micros now = GetCurrentTimestamp();
     connect_spi();
-    const std::uint64_t changed = ack_events(ids, GetCurrentTimestamp());
+    const std::uint64_t changed = holds_any() ? ack_held_and_others(ids, now) : ack_events(ids, now);
     finish_spi();
     count_on_commit(Counter::OutboxDelivered, changed);
     PG_RETURN_INT64(static_cast<int64>(changed));
@@ -161,16 +198,22 @@ Datum nack_body(FunctionCallInfo fcinfo) {
                     static_cast<long long>(id));
     }
     // Only an event out for delivery can fail; a delivered or dead event, or
-    // one never handed out, keeps its state.
-    const bool handed_out = strcmp(event.label, "in_flight") == 0 ||
+    // one never handed out, keeps its state. An event this transaction
+    // holds is out for delivery, its claim not yet written.
+    Failure failure{false, error, 0, event.attempts, settle_held(id)};
+    if (failure.claimed_by != nullptr) ++failure.attempts;
+    const bool handed_out = failure.claimed_by != nullptr ||
+                            strcmp(event.label, "in_flight") == 0 ||
                             (strcmp(event.label, "pending") == 0 && event.attempts > 0);
     Datum result = event.state;
     if (handed_out) {
         const Micros now = GetCurrentTimestamp();
-        const FailDecision decision = decide_fail(event.attempts, retryable, retry_in, policy,
+        const FailDecision decision = decide_fail(failure.attempts, retryable, retry_in, policy,
                                                   pg_prng_double(&pg_global_prng_state));
         const bool dead = decision.next == Status::FailedFinal;
-        retry_or_bury(id, dead, error, now + decision.delay.value_or(0), now);
+        failure.dead = dead;
+        failure.available_at = now + decision.delay.value_or(0);
+        retry_or_bury(id, failure, now);
         count_on_commit(dead ? Counter::OutboxDead : Counter::OutboxRetried);
         result = DirectFunctionCall2(enum_in, CStringGetDatum(dead ? "dead" : "pending"),
                                      ObjectIdGetDatum(event.state_type));

@@ -32,6 +32,21 @@ Statement kAck = {
     "(state = 'pending' AND attempts > 0))",
     2, {INT8ARRAYOID, TIMESTAMPTZOID}, nullptr};
 
+Statement kWriteClaims = {
+    "UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, "
+    "lease_until = h.lease_until, relay = h.relay, updated_at = h.claimed_at "
+    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3), "
+    "pg_catalog.unnest($4)) AS h(id, lease_until, relay, claimed_at) "
+    "WHERE o.id = h.id AND o.state IN ('pending', 'in_flight')",
+    4, {INT8ARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID}, nullptr};
+
+Statement kAckHeld = {
+    "UPDATE" OUTBOX "o SET state = 'delivered', attempts = o.attempts + 1, relay = h.relay, "
+    "delivered_at = $3, lease_until = NULL, updated_at = $3 "
+    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS h(id, relay) "
+    "WHERE o.id = h.id AND o.state IN ('pending', 'in_flight')",
+    3, {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID}, nullptr};
+
 Statement kLock = {
     "SELECT state, state::pg_catalog.text, attempts FROM" OUTBOX "WHERE id = $1 "
     "FOR NO KEY UPDATE",
@@ -40,8 +55,8 @@ Statement kLock = {
 Statement kRetryOrBury = {
     "UPDATE" OUTBOX "SET state = CASE WHEN $2 THEN 'dead' ELSE 'pending' END"
     "::idempotency.outbox_state, last_error = $3, available_at = $4, lease_until = NULL, "
-    "updated_at = $5 WHERE id = $1",
-    5, {INT8OID, BOOLOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+    "updated_at = $5, attempts = $6, relay = COALESCE($7, relay) WHERE id = $1",
+    7, {INT8OID, BOOLOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID, TEXTOID}, nullptr};
 
 Statement kRedrive = {
     "UPDATE" OUTBOX "SET state = 'pending', attempts = 0, available_at = $3, "
@@ -102,6 +117,18 @@ std::uint64_t ack_events(Datum ids, Micros now) {
     return execute(kAck, params);
 }
 
+void write_claims(const ClaimedEvents& events) {
+    Params params;
+    params.add(events.ids).add(events.lease_untils).add(events.relays).add(events.claimed_ats);
+    execute(kWriteClaims, params);
+}
+
+std::uint64_t ack_held_events(Datum ids, Datum relays, Micros now) {
+    Params params;
+    params.add(ids).add(relays).add_timestamp(now);
+    return execute(kAckHeld, params);
+}
+
 bool lock_event(std::int64_t id, EventState* out) {
     Params params;
     params.add_int8(id);
@@ -114,10 +141,11 @@ bool lock_event(std::int64_t id, EventState* out) {
     return true;
 }
 
-void retry_or_bury(std::int64_t id, bool dead, const text* error, Micros available_at, Micros now) {
+void retry_or_bury(std::int64_t id, const Failure& failure, Micros now) {
     Params params;
-    params.add_int8(id).add(BoolGetDatum(dead)).add_text(error).add_timestamp(available_at);
-    params.add_timestamp(now);
+    params.add_int8(id).add(BoolGetDatum(failure.dead)).add_text(failure.error);
+    params.add_timestamp(failure.available_at).add_timestamp(now).add_int4(failure.attempts);
+    params.add_text(failure.claimed_by);
     execute(kRetryOrBury, params);
 }
 

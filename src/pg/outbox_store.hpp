@@ -26,6 +26,20 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted);
 
 std::uint64_t ack_events(Datum ids, Micros now);
 
+// Events this transaction claims and has not yet written (outbox_held.hpp):
+// parallel arrays, one element per event.
+struct ClaimedEvents {
+    Datum ids;           // bigint[]
+    Datum lease_untils;  // timestamptz[]
+    Datum relays;        // text[]
+    Datum claimed_ats;   // timestamptz[]
+};
+// Writes the claims: in flight, one more attempt, the lease and the relay.
+void write_claims(const ClaimedEvents& events);
+// Acks held events (ids, with the relays that claimed them), writing their
+// claims with the delivery.
+std::uint64_t ack_held_events(Datum ids, Datum relays, Micros now);
+
 struct EventState {
     Datum state;  // outbox_state enum value
     Oid state_type;
@@ -34,8 +48,17 @@ struct EventState {
 };
 // Locks the event's row; false when it does not exist.
 bool lock_event(std::int64_t id, EventState* out);
-// pending (due at available_at) or dead, with the error.
-void retry_or_bury(std::int64_t id, bool dead, const text* error, Micros available_at, Micros now);
+// What a nack writes: pending (due at available_at) or dead, with the
+// error and the attempts; a nack of a held event also writes its claim's
+// relay (null otherwise, which keeps the relay).
+struct Failure {
+    bool dead;
+    const text* error;
+    Micros available_at;
+    std::int32_t attempts;
+    const text* claimed_by;
+};
+void retry_or_bury(std::int64_t id, const Failure& failure, Micros now);
 
 std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros now);
 

@@ -47,9 +47,12 @@ OverrideSearchPath catalog_only_path = {NIL, true, false, 0};
 }  // namespace
 
 OwnerScope enter_owner_scope(FunctionCallInfo fcinfo) {
+    return enter_owner_scope_of(function_owner(fcinfo->flinfo->fn_oid));
+}
+
+OwnerScope enter_owner_scope_of(Oid owner) {
     OwnerScope scope{};
     GetUserIdAndSecContext(&scope.saved_user, &scope.saved_context);
-    const Oid owner = function_owner(fcinfo->flinfo->fn_oid);
     SetUserIdAndSecContext(owner, scope.saved_context | SECURITY_LOCAL_USERID_CHANGE);
 #if PG_VERSION_NUM < 170000
     PushOverrideSearchPath(&catalog_only_path);

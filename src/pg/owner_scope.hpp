@@ -21,6 +21,9 @@ struct OwnerScope {
 };
 
 OwnerScope enter_owner_scope(FunctionCallInfo fcinfo);
+// The same for work done on a function's behalf after it returned (at
+// commit), as `owner`.
+OwnerScope enter_owner_scope_of(Oid owner);
 void leave_owner_scope(const OwnerScope& scope);
 
 }  // namespace idem::pg

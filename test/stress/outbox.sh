@@ -10,7 +10,9 @@
 # transaction, what rolled back in `rolled_back` after the rollback (payload
 # numbers come from a sequence, so they are never reused). Relays (pgbench,
 # STRESS_RELAYS clients) claim batches of 1-16 events with leases of
-# 300-700 ms and deliver them to the `receiver` table in a transaction of
+# 300-700 ms. One claim in five delivers them to the `receiver` table and
+# acks, or nacks, inside the claim's own transaction, or does so and then
+# rolls back. The others commit the claim, then deliver in a transaction of
 # their own before acking (at-least-once); some die before delivering or
 # before acking (the lease runs out and the event is re-claimed), some nack
 # retryably, some stall past their lease and ack late. idem_maintenance()

@@ -22,11 +22,14 @@ CREATE TABLE produced (
 -- What producers enqueued and then rolled back (written after the rollback).
 CREATE TABLE rolled_back (pid bigint PRIMARY KEY, client int NOT NULL);
 
--- Every event a claim handed out, with the lease it got (claim transaction).
+-- Every event a claim handed out (claim transaction), with the lease it got
+-- once the claim committed, and the time right after the claim returned
+-- (the latest it can have been made; the lease, when there is one, tells
+-- exactly). A claim acked or nacked in its own transaction has no lease.
 CREATE TABLE claim_log (
     cno bigint NOT NULL, event_id bigint NOT NULL, topic text NOT NULL, key text,
     pid bigint NOT NULL, attempt int NOT NULL, relay int NOT NULL, lease_ms int NOT NULL,
-    lease_until timestamptz, fate text NOT NULL);
+    lease_until timestamptz, returned_at timestamptz NOT NULL, fate text NOT NULL);
 CREATE INDEX ON claim_log (cno);
 CREATE INDEX ON claim_log (event_id, attempt);
 -- Every nack (its transaction) and every ack with what it returned.
@@ -86,35 +89,76 @@ BEGIN
     COMMIT;
 END $$;
 
--- One relay round. Transaction 1: claim a batch and log it with its lease.
--- Then, by p_fate (1..100):
---    1-5   dies before delivering (the lease runs out, someone re-claims);
---    6-14  the sink fails: nack every event retryably (within the lease);
---   15-20  delivers (transaction 2) and dies before acking;
---   21-28  delivers, stalls past its lease, then acks late (transaction 3);
---   29-    delivers, then acks.
+-- One relay round. Transaction 1: claim a batch and log it. Then, by
+-- p_fate (1..100), either inside that transaction (the claim is held by its
+-- row locks and written only if it outlives the transaction):
+--    1-12  delivers to the receiver and acks, then commits;
+--   13-16  nacks every event retryably, then commits;
+--   17-20  delivers and acks, then dies before the commit (rolls back);
+-- or after committing it (the claim is written with its lease):
+--   21-25  dies before delivering (the lease runs out, someone re-claims);
+--   26-34  the sink fails: nack every event retryably (within the lease);
+--   35-40  delivers (transaction 2) and dies before acking;
+--   41-48  delivers, stalls past its lease, then acks late (transaction 3);
+--   49-    delivers, then acks.
 CREATE PROCEDURE relay_round(p_relay int, p_batch int, p_lease_ms int, p_fate int,
                              INOUT handed_out int DEFAULT 0)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_cno bigint := nextval('claim_seq');
-    v_fate text := CASE WHEN p_fate <= 5 THEN 'die'
-                        WHEN p_fate <= 14 THEN 'nack'
-                        WHEN p_fate <= 20 THEN 'deliver-die'
-                        WHEN p_fate <= 28 THEN 'late-ack'
+    v_started timestamptz := clock_timestamp();
+    v_fate text := CASE WHEN p_fate <= 12 THEN 'ack-in-claim'
+                        WHEN p_fate <= 16 THEN 'nack-in-claim'
+                        WHEN p_fate <= 20 THEN 'die-in-claim'
+                        WHEN p_fate <= 25 THEN 'die'
+                        WHEN p_fate <= 34 THEN 'nack'
+                        WHEN p_fate <= 40 THEN 'deliver-die'
+                        WHEN p_fate <= 48 THEN 'late-ack'
                         ELSE 'ack' END;
     v_ids bigint[];
     r record;
 BEGIN
-    INSERT INTO claim_log (cno, event_id, topic, key, pid, attempt, relay, lease_ms, fate)
+    INSERT INTO claim_log (cno, event_id, topic, key, pid, attempt, relay, lease_ms, fate,
+                           returned_at)
     SELECT v_cno, c.id, c.topic, c.key, (c.payload->>'pid')::bigint, c.attempt, p_relay,
-           p_lease_ms, v_fate
+           p_lease_ms, v_fate, '-infinity'
       FROM idempotency.outbox_claim('relay-' || p_relay, p_batch,
                                     make_interval(secs => p_lease_ms / 1000.0)) c;
     GET DIAGNOSTICS handed_out = ROW_COUNT;
-    -- The lease this claim set (the row is still ours in this transaction).
-    UPDATE claim_log l SET lease_until = o.lease_until
-      FROM idempotency.outbox o WHERE l.cno = v_cno AND o.id = l.event_id;
+    UPDATE claim_log SET returned_at = clock_timestamp() WHERE cno = v_cno;
+    IF handed_out > 0 AND v_fate = 'nack-in-claim' THEN
+        INSERT INTO nack_log
+        SELECT v_cno, l.event_id, l.attempt,
+               idempotency.outbox_nack(l.event_id, 'sink: 503', true,
+                                       make_interval(secs => random() * 0.2))::text
+          FROM claim_log l WHERE l.cno = v_cno ORDER BY l.event_id;
+        COMMIT;
+        RETURN;
+    END IF;
+    IF handed_out > 0 AND v_fate IN ('ack-in-claim', 'die-in-claim') THEN
+        INSERT INTO receiver (event_id, topic, key, pid, attempt, cno, relay)
+        SELECT l.event_id, l.topic, l.key, l.pid, l.attempt, v_cno, p_relay
+          FROM claim_log l WHERE l.cno = v_cno ORDER BY l.event_id;
+        SELECT array_agg(l.event_id ORDER BY l.event_id) INTO v_ids
+          FROM claim_log l WHERE l.cno = v_cno;
+        INSERT INTO ack_log SELECT v_cno, v_ids, idempotency.outbox_ack(v_ids), false;
+        IF v_fate = 'die-in-claim' THEN
+            ROLLBACK;
+        END IF;
+        COMMIT;
+        RETURN;
+    END IF;
+    COMMIT;
+    -- The lease this claim set, written when its transaction committed. The
+    -- row is still this claim's: nobody else may take it before the lease
+    -- ends (300 ms at least); were it taken all the same, the lease is
+    -- taken as the earliest it could be, from the time before the claim.
+    UPDATE claim_log l SET lease_until = coalesce(
+        (SELECT o.lease_until FROM idempotency.outbox o
+          WHERE o.id = l.event_id AND o.state = 'in_flight' AND o.attempts = l.attempt
+            AND o.relay = 'relay-' || p_relay),
+        v_started + make_interval(secs => p_lease_ms / 1000.0))
+     WHERE l.cno = v_cno;
     COMMIT;
     IF handed_out = 0 OR v_fate = 'die' THEN
         RETURN;
