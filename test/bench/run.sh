@@ -40,7 +40,7 @@
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
 # enqueue in all (the same load for both variants; 0: as fast as they can),
-# BENCH_BACKLOG (40000 per second of a run, at least 200000) pending events
+# BENCH_BACKLOG (60000 per second of a run, at least 300000) pending events
 # before each relay run (relays must not run dry: that would measure the
 # backlog, not them),
 # BENCH_CHURN_SECONDS (60) per churn run, BENCH_SIZE_KEYS (5000000).
@@ -72,7 +72,7 @@ bench_note=${BENCH_NOTE:-}
 relays_list=${BENCH_RELAYS:-"1 2 4"}
 producers=${BENCH_PRODUCERS:-4}
 producer_rate=${BENCH_PRODUCER_RATE:-500}
-default_backlog=$((seconds * 40000 > 200000 ? seconds * 40000 : 200000))
+default_backlog=$((seconds * 60000 > 300000 ? seconds * 60000 : 300000))
 backlog=${BENCH_BACKLOG:-$default_backlog}
 churn_seconds=${BENCH_CHURN_SECONDS:-60}
 churn_relays=2
