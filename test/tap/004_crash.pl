@@ -2,7 +2,8 @@
 # postmaster restart every backend; the cluster comes back, the launcher is
 # back and the work goes on. A SIGTERM ends a worker promptly and ends the
 # launcher, which the postmaster restarts, without touching other sessions.
-# A worker that fails logs it and the next one retries.
+# A worker that fails logs it and the next one retries. A relay killed while
+# it holds claimed events leaves them pending.
 use strict;
 use warnings;
 
@@ -146,6 +147,39 @@ isnt($new_launcher, $launcher, 'it is a new process');
 diag(sprintf('kill -9 of the launcher -> cluster up with a launcher: %s', fmt_ms(time - $t)));
 work_goes_on('after-launcher-kill', 'after the launcher was killed');
 
+# --- kill -9 of a relay holding claims in an open transaction -------------------
+# A claim is written only when its transaction commits: the crash leaves the
+# events as they were before the claim (and before an ack of one of them).
+$node->safe_psql('postgres',
+	q{SELECT idempotency.outbox_enqueue('crash', jsonb_build_object('n', n), 'k' || n)
+	    FROM generate_series(1, 3) n});
+my $relay = $node->background_psql('postgres');
+my $relay_pid = $relay->query_safe('SELECT pg_backend_pid()');
+$relay->query_safe('BEGIN');
+is( $relay->query_safe(
+		q{SELECT count(*) FROM idempotency.outbox_claim('crash-relay', 10, topics => '{crash}')}),
+	'3',
+	'a relay holds three claimed events in an open transaction');
+is( $relay->query_safe(
+		q{SELECT idempotency.outbox_ack(ARRAY(
+		    SELECT id FROM idempotency.outbox WHERE topic = 'crash' AND key = 'k1'))}),
+	'1',
+	'and has acked one of them');
+ok(kill('KILL', $relay_pid), "kill -9 of the relay's backend $relay_pid");
+eval { $relay->quit; };
+ok(poll_until(30, sub { crash_restart_count() == 3 }), 'the postmaster restarts all backends');
+ok(wait_until_up($node, 60), 'the cluster accepts connections again');
+is( $node->safe_psql('postgres',
+		q{SELECT string_agg(key || ' ' || state || ' ' || attempts, ', ' ORDER BY id)
+		    FROM idempotency.outbox WHERE topic = 'crash'}),
+	'k1 pending 0, k2 pending 0, k3 pending 0',
+	'the events are pending, never handed out as far as the table knows');
+is( $node->safe_psql('postgres',
+		q{SELECT string_agg(attempt::text, ',' ORDER BY id)
+		    FROM idempotency.outbox_claim('crash-relay-2', 10, topics => '{crash}')}),
+	'1,1,1',
+	'and the next claim hands them out at once, attempt 1');
+
 # --- a worker that fails logs it, and the next one retries ------------------------
 $node->safe_psql(
 	'postgres', q{
@@ -171,7 +205,7 @@ is(purge_left(), 50, 'nothing purged while the purge fails');
 work_goes_on('during-failures', 'while the purge fails');    # expiry runs before the purge
 $node->safe_psql('postgres', 'UPDATE public.fail_purge SET on_ = false');
 ok(poll_until(10, sub { purge_left() == 0 }), 'once the cause is gone, the purge completes');
-is(crash_restart_count(), 2, 'worker errors never crash the cluster');
+is(crash_restart_count(), 3, 'worker errors never crash the cluster');
 isnt(backend_pid($node, 'idempotency launcher'), '', 'the launcher survived the failing workers');
 
 $node->stop;
