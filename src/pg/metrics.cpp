@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "pg/arrays.hpp"
 #include "pg/guard.hpp"
 #include "pg/shared_state.hpp"
 
@@ -120,8 +121,7 @@ Datum metrics_body(FunctionCallInfo fcinfo) {
     Datum buckets[kBucketCount];
     for (int i = 0; i < kBucketCount; ++i)
         buckets[i] = Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&shared->buckets[i])));
-    values[kCounterCount] =
-        PointerGetDatum(construct_array(buckets, kBucketCount, INT8OID, 8, true, TYPALIGN_DOUBLE));
+    values[kCounterCount] = int8_array(buckets, kBucketCount);
     SpinLockAcquire(&shared->mutex);
     values[kCounterCount + 1] = TimestampTzGetDatum(shared->stats_reset);
     SpinLockRelease(&shared->mutex);

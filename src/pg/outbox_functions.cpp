@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "core/retry.hpp"
 #include "pg/args.hpp"
+#include "pg/arrays.hpp"
 #include "pg/guard.hpp"
 #include "pg/metrics.hpp"
 #include "pg/outbox_claim.hpp"
@@ -140,9 +141,7 @@ Datum claim_body(FunctionCallInfo fcinfo) {
 // the others as they are; returns how many changed.
 std::uint64_t ack_held_and_others(Datum ids, Micros now) {
     Datum* elements = nullptr;
-    int count = 0;
-    deconstruct_array(DatumGetArrayTypeP(ids), INT8OID, 8, true, TYPALIGN_DOUBLE, &elements,
-                      nullptr, &count);
+    const int count = int8_elements(ids, &elements);
     Datum* held = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     Datum* relays = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     Datum* others = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
@@ -157,17 +156,10 @@ std::uint64_t ack_held_and_others(Datum ids, Micros now) {
         }
     }
     std::uint64_t changed = 0;
-    if (held_count > 0) {
-        changed += ack_held_events(
-            PointerGetDatum(construct_array(held, held_count, INT8OID, 8, true, TYPALIGN_DOUBLE)),
-            PointerGetDatum(construct_array(relays, held_count, TEXTOID, -1, false, TYPALIGN_INT)),
-            now);
-    }
-    if (other_count > 0) {
-        changed += ack_events(
-            PointerGetDatum(construct_array(others, other_count, INT8OID, 8, true, TYPALIGN_DOUBLE)),
-            now);
-    }
+    if (held_count > 0)
+        changed += ack_held_events(int8_array(held, held_count), text_array(relays, held_count),
+                                   now);
+    if (other_count > 0) changed += ack_events(int8_array(others, other_count), now);
     return changed;
 }
 
@@ -199,21 +191,20 @@ Datum nack_body(FunctionCallInfo fcinfo) {
     }
     // Only an event out for delivery can fail; a delivered or dead event, or
     // one never handed out, keeps its state. An event this transaction
-    // holds is out for delivery, its claim not yet written.
-    Failure failure{false, error, 0, event.attempts, settle_held(id)};
-    if (failure.claimed_by != nullptr) ++failure.attempts;
-    const bool handed_out = failure.claimed_by != nullptr ||
-                            strcmp(event.label, "in_flight") == 0 ||
+    // holds is out for delivery, its claim not yet written: the nack writes
+    // it (one more attempt, the claim's relay).
+    const text* claimed_by = settle_held(id);
+    const bool handed_out = claimed_by != nullptr || strcmp(event.label, "in_flight") == 0 ||
                             (strcmp(event.label, "pending") == 0 && event.attempts > 0);
     Datum result = event.state;
     if (handed_out) {
         const Micros now = GetCurrentTimestamp();
-        const FailDecision decision = decide_fail(failure.attempts, retryable, retry_in, policy,
+        const std::int32_t attempts = event.attempts + (claimed_by != nullptr ? 1 : 0);
+        const FailDecision decision = decide_fail(attempts, retryable, retry_in, policy,
                                                   pg_prng_double(&pg_global_prng_state));
         const bool dead = decision.next == Status::FailedFinal;
-        failure.dead = dead;
-        failure.available_at = now + decision.delay.value_or(0);
-        retry_or_bury(id, failure, now);
+        const Micros due = now + decision.delay.value_or(0);
+        retry_or_bury(id, Failure{dead, error, due, attempts, claimed_by}, now);
         count_on_commit(dead ? Counter::OutboxDead : Counter::OutboxRetried);
         result = DirectFunctionCall2(enum_in, CStringGetDatum(dead ? "dead" : "pending"),
                                      ObjectIdGetDatum(event.state_type));

@@ -2,13 +2,13 @@
 
 #include <cstring>
 
+#include "pg/arrays.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/owner_scope.hpp"
 #include "pg/spi.hpp"
 
 extern "C" {
 #include "access/xact.h"
-#include "utils/array.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -65,11 +65,6 @@ HeldEvent* find(std::int64_t id) {
     return static_cast<HeldEvent*>(hash_search(held, &id, HASH_FIND, nullptr));
 }
 
-Datum int8_array(const Datum* values, int count) {
-    return PointerGetDatum(construct_array(const_cast<Datum*>(values), count, INT8OID, 8, true,
-                                           TYPALIGN_DOUBLE));
-}
-
 // Writes the claims of the held events no ack or nack settled.
 void write_unsettled() {
     const int count = static_cast<int>(unsettled);
@@ -90,11 +85,9 @@ void write_unsettled() {
     }
     ClaimedEvents claimed;
     claimed.ids = int8_array(ids, n);
-    claimed.lease_untils =
-        PointerGetDatum(construct_array(leases, n, TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE));
-    claimed.relays = PointerGetDatum(construct_array(relays, n, TEXTOID, -1, false, TYPALIGN_INT));
-    claimed.claimed_ats =
-        PointerGetDatum(construct_array(times, n, TIMESTAMPTZOID, 8, true, TYPALIGN_DOUBLE));
+    claimed.lease_untils = timestamptz_array(leases, n);
+    claimed.relays = text_array(relays, n);
+    claimed.claimed_ats = timestamptz_array(times, n);
 
     const OwnerScope scope = enter_owner_scope_of(writer);
     PushActiveSnapshot(GetTransactionSnapshot());
