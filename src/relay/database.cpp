@@ -18,18 +18,41 @@ constexpr const char* kChannel = "idempotency_outbox";
 constexpr const char* kCheckSql =
     "SELECT e.extname IS NOT NULL, "
     "       e.extname IS NOT NULL AND pg_catalog.has_schema_privilege('idempotency', 'USAGE'), "
-    "       CURRENT_USER::pg_catalog.text "
+    "       CURRENT_USER::pg_catalog.text, "
+    "       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
+    "                 ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
+    "                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
+    "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_release') "
     "  FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_extension e "
     "    ON e.extname OPERATOR(pg_catalog.=) 'idempotency'";
+// The claimed events in id order; the payload and headers of those past the
+// byte budget ($5, and the first event anyway when $6) are not sent: the
+// relay releases them at once.
 constexpr const char* kClaimSql =
-    "SELECT d.id, d.topic, d.key, d.payload::pg_catalog.text, d.headers::pg_catalog.text, "
-    "d.dedup_key, d.attempt, pg_catalog.date_part('epoch', d.enqueued_at) "
-    "FROM idempotency.outbox_claim($1::pg_catalog.text, $2::pg_catalog.int4, "
-    "$3::pg_catalog.interval, $4::pg_catalog.text[]) d";
+    "SELECT s.id, s.topic, s.key, CASE WHEN s.fits THEN s.p END, CASE WHEN s.fits THEN s.h END, "
+    "       s.dedup_key, s.attempt, s.enqueued, s.fits "
+    "FROM (SELECT c.*, "
+    "             pg_catalog.sum(c.bytes) OVER (ORDER BY c.id) OPERATOR(pg_catalog.<=) $5::pg_catalog.int8 "
+    "             OR (pg_catalog.row_number() OVER (ORDER BY c.id) OPERATOR(pg_catalog.=) 1 AND $6::pg_catalog.bool) AS fits "
+    "      FROM (SELECT d.id, d.topic, d.key, d.p, d.h, d.dedup_key, d.attempt, d.enqueued, "
+    "                   pg_catalog.octet_length(d.p) OPERATOR(pg_catalog.+) "
+    "                   COALESCE(pg_catalog.octet_length(d.h), 0) AS bytes "
+    "            FROM (SELECT o.id, o.topic, o.key, o.payload::pg_catalog.text AS p, "
+    "                         o.headers::pg_catalog.text AS h, o.dedup_key, o.attempt, "
+    "                         pg_catalog.date_part('epoch', o.enqueued_at) AS enqueued "
+    "                  FROM idempotency.outbox_claim($1::pg_catalog.text, $2::pg_catalog.int4, "
+    "                       $3::pg_catalog.interval, $4::pg_catalog.text[]) o OFFSET 0) d) c) s "
+    "ORDER BY s.id";
 constexpr const char* kAckSql = "SELECT idempotency.outbox_ack($1::pg_catalog.int8[])";
 constexpr const char* kNackSql =
     "SELECT idempotency.outbox_nack($1::pg_catalog.int8, $2::pg_catalog.text, "
     "$3::pg_catalog.bool, $4::pg_catalog.interval)::pg_catalog.text";
+constexpr const char* kReleaseSql =
+    "SELECT idempotency.outbox_release($1::pg_catalog.int8[], $2::pg_catalog.text)";
+// In milliseconds; absent until the extension's library is loaded in the session.
+constexpr const char* kRetrySettingsSql =
+    "SELECT s.name, s.setting FROM pg_catalog.pg_settings s WHERE s.name OPERATOR(pg_catalog.=) "
+    "ANY ('{idempotency.retry_base_delay,idempotency.retry_max_delay}'::pg_catalog.text[])";
 constexpr const char* kLagSql =
     "SELECT COALESCE(pg_catalog.max(pg_catalog.date_part('epoch', l.lag)), 0) "
     "FROM idempotency.outbox_lag l "
@@ -48,6 +71,16 @@ std::string array_literal(const std::vector<std::string>& items) {
     }
     out += '}';
     return out;
+}
+
+std::string id_array(const std::vector<std::int64_t>& ids) {
+    std::string literal = "{";
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i > 0) literal += ',';
+        literal += std::to_string(ids[i]);
+    }
+    literal += '}';
+    return literal;
 }
 
 std::string one_line(const char* message) {
@@ -126,6 +159,7 @@ DbStatus Database::connect(std::string* error) {
     const bool installed = PQntuples(check) == 1 && strcmp(PQgetvalue(check, 0, 0), "t") == 0;
     const bool usage = installed && strcmp(PQgetvalue(check, 0, 1), "t") == 0;
     const std::string role = PQntuples(check) == 1 ? PQgetvalue(check, 0, 2) : "";
+    can_release_ = PQntuples(check) == 1 && strcmp(PQgetvalue(check, 0, 3), "t") == 0;
     PQclear(check);
     if (!installed || !usage) {
         *error = !installed ? "the idempotency extension is not installed in this database "
@@ -142,7 +176,9 @@ DbStatus Database::connect(std::string* error) {
     };
     for (const Prepared& p : {Prepared{"idem_relay_claim", kClaimSql},
                               Prepared{"idem_relay_ack", kAckSql},
-                              Prepared{"idem_relay_nack", kNackSql}}) {
+                              Prepared{"idem_relay_nack", kNackSql},
+                              Prepared{"idem_relay_release", can_release_ ? kReleaseSql : nullptr}}) {
+        if (p.sql == nullptr) continue;
         PGresult* result = PQprepare(conn_, p.name, p.sql, 0, nullptr);
         if (PQresultStatus(result) != PGRES_COMMAND_OK)
             return setup_failed(failure(result, "preparing", error));
@@ -150,6 +186,7 @@ DbStatus Database::connect(std::string* error) {
     }
     // Events committed before the LISTEN took effect are found by the first claim.
     notified_ = true;
+    settings_read_ = false;
     return DbStatus::Ok;
 }
 
@@ -168,6 +205,7 @@ DbStatus Database::failure(PGresult* result, const char* what, std::string* erro
     const char* field = result != nullptr ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
     const std::string state_text = field != nullptr ? field : "";
     const char* sqlstate = field != nullptr ? state_text.c_str() : nullptr;
+    last_sqlstate_ = state_text;
     const char* primary =
         result != nullptr ? PQresultErrorField(result, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
     std::string message = primary != nullptr ? one_line(primary)
@@ -224,14 +262,17 @@ bool Database::take_notified() {
     return notified;
 }
 
-DbStatus Database::claim(int count, std::vector<Event>* events, std::string* error) {
+DbStatus Database::claim(int count, std::int64_t bytes_left, bool first_anyway,
+                         std::vector<Event>* events, std::string* error) {
     events->clear();
     if (conn_ == nullptr) return DbStatus::Lost;
     const std::string batch = std::to_string(count);
-    const char* params[4] = {options_.relay.c_str(), batch.c_str(), lease_text_.c_str(),
-                             topics_literal_.empty() ? nullptr : topics_literal_.c_str()};
+    const std::string budget = std::to_string(bytes_left);
+    const char* params[6] = {options_.relay.c_str(), batch.c_str(), lease_text_.c_str(),
+                             topics_literal_.empty() ? nullptr : topics_literal_.c_str(),
+                             budget.c_str(), first_anyway ? "true" : "false"};
     const Clock::time_point lease_until = Clock::now() + options_.lease;
-    PGresult* result = PQexecPrepared(conn_, "idem_relay_claim", 4, params, nullptr, nullptr, 0);
+    PGresult* result = PQexecPrepared(conn_, "idem_relay_claim", 6, params, nullptr, nullptr, 0);
     collect_notifications();
     if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_claim", error);
     const int rows = PQntuples(result);
@@ -246,9 +287,40 @@ DbStatus Database::claim(int count, std::vector<Event>* events, std::string* err
         if (!PQgetisnull(result, row, 5)) event.dedup_key = std::string(PQgetvalue(result, row, 5));
         event.attempt = atoi(PQgetvalue(result, row, 6));
         event.enqueued_at = strtod(PQgetvalue(result, row, 7), nullptr);
+        event.fits = strcmp(PQgetvalue(result, row, 8), "t") == 0;
         event.lease_until = lease_until;
         events->push_back(std::move(event));
     }
+    PQclear(result);
+    // The extension's library is loaded in this session now: its settings show.
+    if (!settings_read_) read_retry_settings();
+    return DbStatus::Ok;
+}
+
+void Database::read_retry_settings() {
+    PGresult* result = PQexec(conn_, kRetrySettingsSql);
+    if (PQresultStatus(result) == PGRES_TUPLES_OK) {
+        for (int row = 0; row < PQntuples(result); ++row) {
+            const Millis value(strtoll(PQgetvalue(result, row, 1), nullptr, 10));
+            if (strcmp(PQgetvalue(result, row, 0), "idempotency.retry_base_delay") == 0)
+                retry_settings_.base = value;
+            else
+                retry_settings_.max = value;
+        }
+        settings_read_ = PQntuples(result) == 2;
+    }
+    PQclear(result);
+}
+
+DbStatus Database::release(const std::vector<std::int64_t>& ids, std::int64_t* changed,
+                           std::string* error) {
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const std::string literal = id_array(ids);
+    const char* params[2] = {literal.c_str(), options_.relay.c_str()};
+    PGresult* result = PQexecPrepared(conn_, "idem_relay_release", 2, params, nullptr, nullptr, 0);
+    collect_notifications();
+    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_release", error);
+    *changed = strtoll(PQgetvalue(result, 0, 0), nullptr, 10);
     PQclear(result);
     return DbStatus::Ok;
 }
@@ -256,12 +328,7 @@ DbStatus Database::claim(int count, std::vector<Event>* events, std::string* err
 DbStatus Database::ack(const std::vector<std::int64_t>& ids, std::int64_t* changed,
                        std::string* error) {
     if (conn_ == nullptr) return DbStatus::Lost;
-    std::string literal = "{";
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        if (i > 0) literal += ',';
-        literal += std::to_string(ids[i]);
-    }
-    literal += '}';
+    const std::string literal = id_array(ids);
     const char* params[1] = {literal.c_str()};
     PGresult* result = PQexecPrepared(conn_, "idem_relay_ack", 1, params, nullptr, nullptr, 0);
     collect_notifications();

@@ -13,6 +13,7 @@
 
 #include "relay/event.hpp"
 #include "relay/options.hpp"
+#include "relay/retry_delay.hpp"
 
 struct pg_conn;
 struct pg_result;
@@ -53,7 +54,19 @@ public:
     int socket() const;
 
     // Claims up to count events (outbox_claim with --relay, --lease, --topics).
-    DbStatus claim(int count, std::vector<Event>* events, std::string* error);
+    // Events past bytes_left (payload and headers, in id order) come without
+    // them and with fits = false, except the first when first_anyway.
+    DbStatus claim(int count, std::int64_t bytes_left, bool first_anyway,
+                   std::vector<Event>* events, std::string* error);
+    // outbox_release: claimed events back to pending, the attempt not
+    // counted. Only when can_release() (the extension has it).
+    DbStatus release(const std::vector<std::int64_t>& ids, std::int64_t* changed,
+                     std::string* error);
+    bool can_release() const { return can_release_; }
+    // The extension's backoff settings in this session (read after a claim).
+    const RetrySettings& retry_settings() const { return retry_settings_; }
+    // The SQLSTATE of the last failed call ("" when it had none).
+    const std::string& last_sqlstate() const { return last_sqlstate_; }
     // outbox_ack; *changed is its result.
     DbStatus ack(const std::vector<std::int64_t>& ids, std::int64_t* changed, std::string* error);
     // outbox_nack; *state is the event's state after it.
@@ -75,12 +88,17 @@ private:
     DbStatus failure(::pg_result* result, const char* what, std::string* error);
     bool exec_setup(const char* sql, std::string* error, DbStatus* status);
     void collect_notifications();
+    void read_retry_settings();
 
     const Options& options_;
     std::string topics_literal_;  // text[] literal, empty for every topic
     std::string lease_text_;      // interval text
     pg_conn* conn_ = nullptr;
     bool notified_ = false;
+    bool can_release_ = false;
+    bool settings_read_ = false;
+    RetrySettings retry_settings_;
+    std::string last_sqlstate_;
     std::uint64_t notifications_ = 0;
 };
 

@@ -21,26 +21,37 @@ struct Event {
     int attempt = 0;
     double enqueued_at = 0;              // seconds since the epoch
     Clock::time_point lease_until;       // when our claim runs out (local clock)
+    bool fits = true;                    // within --max-in-flight-bytes (else payload and
+                                         // headers were not fetched: release it)
+
+    std::int64_t bytes() const {
+        return static_cast<std::int64_t>(payload.size() + (headers ? headers->size() : 0));
+    }
 };
 
 enum class Verdict {
     Ack,    // the sink has it: outbox_ack
     Retry,  // try again later: outbox_nack(retryable => true)
     Dead,   // never deliverable: outbox_nack(retryable => false)
-    Skip,   // not attempted (its lease would run out first): left to expire
+    Skip,   // not attempted (its lease would run out first, the relay is stopping):
+            // released back to pending without counting an attempt
 };
 
 struct Outcome {
     Verdict verdict = Verdict::Retry;
     std::string error;                     // for Retry and Dead
     std::optional<std::int64_t> retry_in;  // milliseconds, when the sink asked (Retry-After)
+    long status = 0;                       // the HTTP status, when there was one
 
-    static Outcome ack() { return Outcome{Verdict::Ack, {}, {}}; }
-    static Outcome retry(std::string error, std::optional<std::int64_t> retry_in = {}) {
-        return Outcome{Verdict::Retry, std::move(error), retry_in};
+    static Outcome ack(long status = 0) { return Outcome{Verdict::Ack, {}, {}, status}; }
+    static Outcome retry(std::string error, std::optional<std::int64_t> retry_in = {},
+                         long status = 0) {
+        return Outcome{Verdict::Retry, std::move(error), retry_in, status};
     }
-    static Outcome dead(std::string error) { return Outcome{Verdict::Dead, std::move(error), {}}; }
-    static Outcome skip(std::string why) { return Outcome{Verdict::Skip, std::move(why), {}}; }
+    static Outcome dead(std::string error, long status = 0) {
+        return Outcome{Verdict::Dead, std::move(error), {}, status};
+    }
+    static Outcome skip(std::string why) { return Outcome{Verdict::Skip, std::move(why), {}, 0}; }
 };
 
 // A finished delivery, on its way back to the database thread.

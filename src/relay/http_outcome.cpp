@@ -56,16 +56,19 @@ std::string printable(std::string_view text, std::size_t limit) {
 
 Outcome classify_response(long status, const std::optional<std::int64_t>& retry_after_ms,
                           std::string_view body) {
-    if ((status >= 200 && status < 300) || status == 409) return Outcome::ack();
+    if (status >= 200 && status < 300) return Outcome::ack(status);
     std::string error = "HTTP " + std::to_string(status);
     const std::string quoted = printable(trim(body), 200);
     if (!quoted.empty()) error += ": " + quoted;
-    if (status == 408 || status == 425 || status == 429 || (status >= 500 && status < 600))
-        return Outcome::retry(error, retry_after_ms);
-    if (status >= 400 && status < 500) return Outcome::dead(error);
+    // 409: a request with this Idempotency-Key is still in progress at the
+    // receiver; it may yet fail, so the event is not delivered until a 2xx.
+    if (status == 408 || status == 409 || status == 425 || status == 429 ||
+        (status >= 500 && status < 600))
+        return Outcome::retry(error, retry_after_ms, status);
+    if (status >= 400 && status < 500) return Outcome::dead(error, status);
     // 1xx after the final answer, 3xx (redirects are not followed), or
     // anything outside HTTP: a sink misconfiguration that may be fixed.
-    return Outcome::retry(error + " (unexpected status)", retry_after_ms);
+    return Outcome::retry(error + " (unexpected status)", retry_after_ms, status);
 }
 
 }  // namespace idem::relay

@@ -1,5 +1,5 @@
-// What an HTTP answer means for an outbox event: 2xx and 409 ack; 408, 425,
-// 429 and 5xx retry (honouring Retry-After); any other status is final.
+// What an HTTP answer means for an outbox event: 2xx acks; 408, 409, 425,
+// 429 and 5xx retry (honouring Retry-After); any other 4xx is final.
 #pragma once
 
 #include <cstdint>

@@ -1,63 +1,35 @@
 #include "relay/http_sink.hpp"
 
-#include <cctype>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <strings.h>
 
 #include <curl/curl.h>
 
+#include "relay/http_headers.hpp"
 #include "relay/http_outcome.hpp"
 #include "relay/json.hpp"
 #include "relay/log.hpp"
+#include "relay/redact.hpp"
 
 namespace idem::relay {
 
 namespace {
 
 constexpr std::size_t kBodyQuoteBytes = 512;
-
-// Headers the relay sets itself; an event's header of the same name is dropped.
-const char* const kReservedHeaders[] = {
-    "idempotency-key", "x-outbox-id", "x-outbox-topic", "x-outbox-key", "x-outbox-attempt",
-    "content-length", "transfer-encoding", "host", "connection", "expect"};
-
-bool is_token(const std::string& name) {
-    if (name.empty()) return false;
-    for (const char c : name) {
-        const unsigned char u = static_cast<unsigned char>(c);
-        if (isalnum(u)) continue;
-        if (!strchr("!#$%&'*+-.^_`|~", c)) return false;
-    }
-    return true;
-}
-
-bool is_safe_value(const std::string& value) {
-    for (const char c : value)
-        if (c == '\r' || c == '\n' || c == '\0') return false;
-    return true;
-}
-
-// A value of the relay's own headers: control bytes percent-encoded, so a
-// topic or key can never split a header.
-std::string header_value(std::string_view value) {
-    std::string out;
-    for (const char c : value) {
-        const unsigned char u = static_cast<unsigned char>(c);
-        if (u < 0x20 || u == 0x7f) {
-            char escaped[4];
-            snprintf(escaped, sizeof escaped, "%%%02X", u);
-            out += escaped;
-        } else {
-            out += c;
-        }
-    }
-    return out;
-}
+// The most of a response body read: its start is quoted in errors, the rest
+// is not needed (a longer body ends the transfer, the status stands).
+constexpr std::size_t kMaxBodyBytes = 1 << 20;
 
 struct Response {
-    std::string body;
+    std::string body;  // its start
+    std::size_t body_bytes = 0;
     std::optional<std::string> retry_after;
+    long status = 0;            // of the last status line
+    bool headers_done = false;  // the header block of a final (not 1xx) answer ended
+    const std::atomic<bool>* aborted = nullptr;
 };
 
 size_t on_body(char* data, size_t size, size_t count, void* user) {
@@ -65,24 +37,45 @@ size_t on_body(char* data, size_t size, size_t count, void* user) {
     const size_t bytes = size * count;
     if (response->body.size() < kBodyQuoteBytes)
         response->body.append(data, std::min(bytes, kBodyQuoteBytes - response->body.size()));
-    return bytes;
+    response->body_bytes += bytes;
+    return response->body_bytes > kMaxBodyBytes ? 0 : bytes;
 }
 
 size_t on_header(char* data, size_t size, size_t count, void* user) {
     Response* response = static_cast<Response*>(user);
     const size_t bytes = size * count;
-    static const char kName[] = "retry-after:";
-    if (bytes > sizeof kName - 1 && strncasecmp(data, kName, sizeof kName - 1) == 0)
-        response->retry_after = std::string(data + sizeof kName - 1, bytes - (sizeof kName - 1));
-    // A new status line (after a 100 Continue) starts a new header block.
-    if (bytes >= 5 && strncmp(data, "HTTP/", 5) == 0) response->retry_after.reset();
+    const std::string_view line(data, bytes);
+    static constexpr std::string_view kRetryAfter = "retry-after:";
+    if (line.size() >= 5 && line.substr(0, 5) == "HTTP/") {
+        // A new status line (after a 100 Continue) starts a new header block.
+        response->retry_after.reset();
+        response->headers_done = false;
+        const std::size_t space = line.find(' ');
+        response->status = space == std::string_view::npos ? 0 : atol(std::string(line.substr(space + 1, 3)).c_str());
+    } else if (line == "\r\n" || line == "\n") {
+        if (response->status >= 200) response->headers_done = true;
+    } else if (line.size() > kRetryAfter.size() &&
+               strncasecmp(data, kRetryAfter.data(), kRetryAfter.size()) == 0) {
+        response->retry_after = std::string(line.substr(kRetryAfter.size()));
+    }
     return bytes;
+}
+
+// Non-zero ends the transfer: the relay was told to stop at once.
+int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+    const Response* response = static_cast<const Response*>(user);
+    return response->aborted != nullptr && response->aborted->load() ? 1 : 0;
 }
 
 class HttpSink : public Sink {
 public:
-    HttpSink(const std::string& url, Millis timeout, Millis connect_timeout)
-        : url_(url), timeout_(timeout), connect_timeout_(connect_timeout), curl_(curl_easy_init()) {}
+    HttpSink(const std::string& url, Millis timeout, Millis connect_timeout,
+             const std::atomic<bool>& aborted)
+        : url_(url),
+          timeout_(timeout),
+          connect_timeout_(connect_timeout),
+          aborted_(aborted),
+          curl_(curl_easy_init()) {}
     ~HttpSink() override {
         if (curl_ != nullptr) curl_easy_cleanup(curl_);
     }
@@ -93,6 +86,7 @@ public:
         if (curl_ == nullptr) return Outcome::retry("libcurl: could not create a handle");
         curl_slist* headers = build_headers(event);
         Response response;
+        response.aborted = &aborted_;
         char error_buffer[CURL_ERROR_SIZE] = "";
 
         // The handle is reused so that connections are kept alive.
@@ -111,22 +105,27 @@ public:
         curl_easy_setopt(curl_, CURLOPT_WRITEDATA, &response);
         curl_easy_setopt(curl_, CURLOPT_HEADERFUNCTION, on_header);
         curl_easy_setopt(curl_, CURLOPT_HEADERDATA, &response);
+        curl_easy_setopt(curl_, CURLOPT_XFERINFOFUNCTION, on_progress);
+        curl_easy_setopt(curl_, CURLOPT_XFERINFODATA, &response);
+        curl_easy_setopt(curl_, CURLOPT_NOPROGRESS, 0L);
         curl_easy_setopt(curl_, CURLOPT_ERRORBUFFER, error_buffer);
         curl_easy_setopt(curl_, CURLOPT_USERAGENT, "idem-relay/0.1.0");
         curl_easy_setopt(curl_, CURLOPT_FOLLOWLOCATION, 0L);
 
         const CURLcode code = curl_easy_perform(curl_);
         curl_slist_free_all(headers);
-        if (code != CURLE_OK) {
+        // Once the status line and headers of the answer arrived, the answer
+        // is known: a body that does not end in time, is too long or breaks
+        // off does not change it.
+        if (code != CURLE_OK && !response.headers_done) {
             std::string error = "HTTP delivery failed: ";
-            error += error_buffer[0] != '\0' ? error_buffer : curl_easy_strerror(code);
+            if (code == CURLE_ABORTED_BY_CALLBACK) error += "the relay was stopped during the delivery";
+            else error += error_buffer[0] != '\0' ? error_buffer : curl_easy_strerror(code);
             return Outcome::retry(printable(error, 300));
         }
-        long status = 0;
-        curl_easy_getinfo(curl_, CURLINFO_RESPONSE_CODE, &status);
         std::optional<std::int64_t> retry_after;
         if (response.retry_after) retry_after = parse_retry_after(*response.retry_after, time(nullptr));
-        return classify_response(status, retry_after, response.body);
+        return classify_response(response.status, retry_after, response.body);
     }
 
 private:
@@ -144,10 +143,8 @@ private:
                             static_cast<long long>(event.id));
             }
             for (const auto& [name, value] : members) {
-                bool reserved = false;
-                for (const char* r : kReservedHeaders) reserved = reserved || strcasecmp(name.c_str(), r) == 0;
-                if (reserved) continue;
-                if (!is_token(name) || !is_safe_value(value)) {
+                if (is_reserved_header(name)) continue;
+                if (!is_header_name(name) || !is_header_value(value)) {
                     log_warning("event %lld: header '%s' is not a valid HTTP header; not sent",
                                 static_cast<long long>(event.id), printable(name, 60).c_str());
                     continue;
@@ -158,11 +155,11 @@ private:
             }
         }
         if (!content_type) add("Content-Type: application/json");
-        add("Idempotency-Key: " +
-            header_value(event.dedup_key ? *event.dedup_key : "outbox-" + std::to_string(event.id)));
+        add("Idempotency-Key: " + encode_header_value(event.dedup_key ? *event.dedup_key
+                                                                       : "outbox-" + std::to_string(event.id)));
         add("X-Outbox-Id: " + std::to_string(event.id));
-        add("X-Outbox-Topic: " + header_value(event.topic));
-        if (event.key) add("X-Outbox-Key: " + header_value(*event.key));
+        add("X-Outbox-Topic: " + encode_header_value(event.topic));
+        if (event.key) add("X-Outbox-Key: " + encode_header_value(*event.key));
         add("X-Outbox-Attempt: " + std::to_string(event.attempt));
         add("Expect:");  // no 100-continue round trip
         return list;
@@ -171,6 +168,7 @@ private:
     std::string url_;
     Millis timeout_;
     Millis connect_timeout_;
+    const std::atomic<bool>& aborted_;
     CURL* curl_;
 };
 
@@ -179,32 +177,17 @@ public:
     HttpTarget(std::string url, Millis timeout, Millis connect_timeout)
         : url_(std::move(url)), timeout_(timeout), connect_timeout_(connect_timeout) {}
     std::unique_ptr<Sink> open() override {
-        return std::make_unique<HttpSink>(url_, timeout_, connect_timeout_);
+        return std::make_unique<HttpSink>(url_, timeout_, connect_timeout_, aborted_);
     }
     Millis max_delivery_time() const override { return timeout_; }
-    std::string describe() const override { return "POST " + shown_url_(); }
+    void abort() override { aborted_ = true; }
+    std::string describe() const override { return "POST " + redact_url(url_); }
 
 private:
-    // The URL without any user:password part.
-    std::string shown_url_() const {
-        CURLU* handle = curl_url();
-        std::string shown = url_;
-        if (handle != nullptr && curl_url_set(handle, CURLUPART_URL, url_.c_str(), 0) == CURLUE_OK) {
-            curl_url_set(handle, CURLUPART_USER, nullptr, 0);
-            curl_url_set(handle, CURLUPART_PASSWORD, nullptr, 0);
-            char* text = nullptr;
-            if (curl_url_get(handle, CURLUPART_URL, &text, 0) == CURLUE_OK) {
-                shown = text;
-                curl_free(text);
-            }
-        }
-        if (handle != nullptr) curl_url_cleanup(handle);
-        return shown;
-    }
-
     std::string url_;
     Millis timeout_;
     Millis connect_timeout_;
+    std::atomic<bool> aborted_{false};
 };
 
 }  // namespace
@@ -223,7 +206,7 @@ std::unique_ptr<SinkTarget> make_http_target(const Options& options, std::string
     if (host != nullptr) curl_free(host);
     curl_url_cleanup(handle);
     if (code != CURLUE_OK || !has_host) {
-        *error = "--sink '" + options.sink + "' is not a valid URL" +
+        *error = "--sink '" + redact_url(options.sink) + "' is not a valid URL" +
                  (code != CURLUE_OK ? std::string(" (") + curl_url_strerror(code) + ")" : "");
         return nullptr;
     }

@@ -15,8 +15,9 @@ std::mutex log_mutex;
 std::string log_name = "idem-relay";
 
 void emit(const char* level, const char* format, va_list args) {
-    char message[2048];
-    vsnprintf(message, sizeof message, format, args);
+    char text[2048];
+    vsnprintf(text, sizeof text, format, args);
+    const std::string message = log_safe(text);
     struct timeval now;
     gettimeofday(&now, nullptr);
     struct tm local;
@@ -25,15 +26,35 @@ void emit(const char* level, const char* format, va_list args) {
     strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &local);
     std::lock_guard<std::mutex> lock(log_mutex);
     fprintf(stderr, "%s.%03d %s: %s%s\n", stamp, static_cast<int>(now.tv_usec / 1000),
-            log_name.c_str(), level, message);
+            log_name.c_str(), level, message.c_str());
     fflush(stderr);
 }
 
 }  // namespace
 
+std::string log_safe(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+        const unsigned char u = static_cast<unsigned char>(c);
+        if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\r') {
+            out += "\\r";
+        } else if ((u < 0x20 && c != '\t') || u == 0x7f) {
+            char escaped[5];
+            snprintf(escaped, sizeof escaped, "\\x%02X", u);
+            out += escaped;
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
 void set_log_name(const std::string& relay) {
     std::lock_guard<std::mutex> lock(log_mutex);
-    log_name = "idem-relay[" + relay + "]";
+    log_name = "idem-relay[" + log_safe(relay) + "]";
 }
 
 void log_info(const char* format, ...) {

@@ -7,6 +7,7 @@
 #include <curl/curl.h>
 
 #include "relay/database.hpp"
+#include "relay/exit_status.hpp"
 #include "relay/log.hpp"
 #include "relay/metrics_server.hpp"
 #include "relay/options.hpp"
@@ -20,8 +21,8 @@
 namespace {
 
 constexpr const char* kVersion = "0.1.0";
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
+using idem::relay::kExitFailure;
+using idem::relay::kExitUsage;
 
 std::string joined(const std::vector<std::string>& items) {
     std::string out;

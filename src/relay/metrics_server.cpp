@@ -142,9 +142,14 @@ void MetricsServer::answer(int client) {
         write_all(client, response(200, "OK", "text/plain; version=0.0.4; charset=utf-8",
                                    stats_.prometheus(relay_), head));
     } else if (path == "/healthz") {
+        const bool healthy = stats_.healthy.load();
         const bool up = stats_.connected.load();
-        write_all(client, response(up ? 200 : 503, up ? "OK" : "Service Unavailable",
-                                   "text/plain", up ? "ok\n" : "database connection down\n", head));
+        const char* body = !healthy ? "stopping on a failure (see the relay's log)\n"
+                           : !up    ? "database connection down\n"
+                                    : "ok\n";
+        write_all(client, response(healthy && up ? 200 : 503,
+                                   healthy && up ? "OK" : "Service Unavailable", "text/plain",
+                                   body, head));
     } else {
         write_all(client, response(404, "Not Found", "text/plain", "not found\n", head));
     }

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "relay/redact.hpp"
+
 namespace idem::relay {
 
 namespace {
@@ -28,13 +30,20 @@ bool starts_with_nocase(const std::string& text, const char* prefix) {
     return strncasecmp(text.c_str(), prefix, strlen(prefix)) == 0;
 }
 
+std::string trimmed(const std::string& text) {
+    const std::size_t first = text.find_first_not_of(" \t");
+    if (first == std::string::npos) return "";
+    return text.substr(first, text.find_last_not_of(" \t") - first + 1);
+}
+
+// "a, b" is a and b: spaces around the commas are not part of the names.
 bool split_topics(const std::string& text, std::vector<std::string>* topics, std::string* error) {
     topics->clear();
     std::size_t start = 0;
     for (;;) {
         const std::size_t comma = text.find(',', start);
-        const std::string topic =
-            text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        const std::string topic = trimmed(
+            text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
         if (topic.empty()) {
             *error = "--topics: empty topic name in '" + text + "'";
             return false;
@@ -68,6 +77,25 @@ bool parse_duration(const std::string& text, Millis* out) {
     const double ms = number * scale;
     if (ms > 100.0 * 365 * 24 * 3600 * 1000) return false;
     *out = Millis(static_cast<long long>(std::llround(ms)));
+    return true;
+}
+
+bool parse_size(const std::string& text, std::int64_t* out) {
+    if (text.empty() || !isdigit(static_cast<unsigned char>(text[0]))) return false;
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long number = strtoull(text.c_str(), &end, 10);
+    if (errno != 0) return false;
+    std::string unit(end);
+    for (char& c : unit) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+    int shift;
+    if (unit.empty() || unit == "b") shift = 0;
+    else if (unit == "k" || unit == "kb") shift = 10;
+    else if (unit == "m" || unit == "mb") shift = 20;
+    else if (unit == "g" || unit == "gb") shift = 30;
+    else return false;
+    if (number > (static_cast<unsigned long long>(INT64_MAX) >> shift)) return false;
+    *out = static_cast<std::int64_t>(number << shift);
     return true;
 }
 
@@ -119,7 +147,7 @@ bool parse_loopback_address(const std::string& text, std::string* host, int* por
 ParseResult parse_options(int argc, const char* const* argv) {
     ParseResult result;
     Options& options = result.options;
-    bool has_dsn = false, has_relay = false, has_sink = false;
+    bool has_dsn = false, has_relay = false, has_sink = false, has_topics = false;
     bool explicit_http_timeout = false;
 
     auto fail = [&result](const std::string& message) {
@@ -147,15 +175,16 @@ ParseResult parse_options(int argc, const char* const* argv) {
             value = arg.substr(eq + 1);
             has_value = true;
         }
-        if (name == "--once") {
-            if (has_value) return fail("--once takes no value");
-            options.once = true;
+        if (name == "--once" || name == "--all-topics") {
+            if (has_value) return fail(name + " takes no value");
+            if (name == "--once") options.once = true;
+            else options.all_topics = true;
             continue;
         }
         static const char* const kWithValue[] = {
             "--dsn", "--relay", "--sink", "--topics", "--batch", "--lease", "--parallel",
             "--metrics-addr", "--poll-interval", "--http-timeout", "--connect-timeout",
-            "--progress-interval"};
+            "--progress-interval", "--max-in-flight-bytes"};
         bool known = false;
         for (const char* option : kWithValue) known = known || name == option;
         if (!known) return fail("unknown option '" + name + "'");
@@ -177,12 +206,13 @@ ParseResult parse_options(int argc, const char* const* argv) {
             if (value != "stdout" && !starts_with_nocase(value, "http://") &&
                 !starts_with_nocase(value, "https://"))
                 return fail("--sink must be 'stdout' or an http:// or https:// URL, not '" +
-                            value + "'");
+                            redact_url(value) + "'");
             options.sink = value;
             has_sink = true;
         } else if (name == "--topics") {
             std::string error;
             if (!split_topics(value, &options.topics, &error)) return fail(error);
+            has_topics = true;
         } else if (name == "--batch") {
             if (!parse_int(value, 1, kMaxBatch, &options.batch))
                 return fail("--batch must be a whole number from 1 to 10000, not '" + value + "'");
@@ -215,12 +245,21 @@ ParseResult parse_options(int argc, const char* const* argv) {
             if (!parse_duration(value, &options.progress_interval))
                 return fail("--progress-interval must be a duration (0 turns it off), not '" +
                             value + "'");
+        } else if (name == "--max-in-flight-bytes") {
+            if (!parse_size(value, &options.max_in_flight_bytes) ||
+                options.max_in_flight_bytes < 1024)
+                return fail("--max-in-flight-bytes must be a size of at least 1kB such as 64MB, "
+                            "not '" + value + "'");
         }
     }
 
     if (!has_dsn) return fail("--dsn is required");
     if (!has_relay) return fail("--relay is required");
     if (!has_sink) return fail("--sink is required");
+    if (has_topics == options.all_topics)
+        return fail(has_topics ? "--topics and --all-topics exclude each other"
+                               : "--topics or --all-topics is required: name the topics this "
+                                 "sink takes, or say that it takes every topic");
 
     if (!explicit_http_timeout)
         options.http_timeout = std::max(Millis(1), std::min(Millis(10000), options.lease / 3));
@@ -240,19 +279,23 @@ std::string usage() {
 outbox (idempotency.outbox_enqueue) to a sink, at least once, in order per key.
 
 Usage:
-  idem-relay --dsn DSN --relay NAME --sink SINK [--topics a,b] [--batch N]
-             [--lease 30s] [--parallel N] [--once] [--metrics-addr 127.0.0.1:PORT]
+  idem-relay --dsn DSN --relay NAME --sink SINK (--topics a,b | --all-topics)
+             [--batch N] [--lease 30s] [--parallel N] [--once]
+             [--metrics-addr 127.0.0.1:PORT]
 
 Required:
   --dsn DSN            libpq connection string or URI of the database that has the
                        extension, e.g. 'host=/run/postgresql dbname=app user=relay'
-                       or postgresql://relay@db/app. The role needs only USAGE on
-                       schema idempotency.
+                       or postgresql://relay@db/app. The role needs what
+                       idempotency.grant_relay gives (USAGE on schema idempotency
+                       before 0.4.0).
   --relay NAME         this relay's name, recorded on the events it claims
                        (1 to 255 bytes)
   --sink SINK          where events go:
                          stdout     one JSON object per line: {"id", "topic", "key",
-                                    "headers", "payload", "attempt"}
+                                    "headers", "payload", "attempt"}; acked once
+                                    flushed, and in a pipe once the reader has
+                                    read it; a closed pipe stops the relay
                          http://... or https://...
                                     POST of the payload (Content-Type:
                                     application/json unless the event's headers
@@ -260,47 +303,72 @@ Required:
                                     Idempotency-Key (the event's dedup_key, or
                                     outbox-<id>), X-Outbox-Id, X-Outbox-Topic,
                                     X-Outbox-Key (keyed events), X-Outbox-Attempt
-                                    and the event's own headers.
-                                    2xx and 409: delivered (acked).
-                                    408, 425, 429, 5xx, timeouts and connection
-                                    errors: retried later (nacked as retryable;
-                                    a Retry-After header, seconds or HTTP date,
-                                    sets the delay; without it the extension's
-                                    backoff applies).
-                                    Any other status: dead (nacked as final).
+                                    and the event's own headers (none that folds,
+                                    '_' as '-', to a name the relay sets or HTTP
+                                    framing owns; none with a control byte).
+                                    Idempotency-Key, X-Outbox-Topic and
+                                    X-Outbox-Key are percent-encoded: '%', space,
+                                    control and non-ASCII bytes become %XX.
+  --topics a,b         the topics this sink takes (spaces around commas ignored)
+  --all-topics         ... or every topic: one of the two is required
+
+HTTP answers (the sink's first answer line and headers decide; a body is read
+up to 1 MB and never changes the outcome):
+  2xx                  delivered (acked)
+  408, 409, 425, 429, 5xx, timeouts, connection errors
+                       retried (nacked as retryable). 409 means a request with
+                       this Idempotency-Key is still in progress. The wait is
+                       the extension's backoff (idempotency.retry_base_delay
+                       doubling per attempt, at most idempotency.retry_max_delay);
+                       a longer Retry-After (seconds or HTTP date) is honoured
+                       up to retry_max_delay. After idempotency.outbox_max_attempts
+                       the event is dead.
+  other 4xx            dead (nacked as final), except while the sink is checked:
+                       when the first 10 distinct events delivered (or, with
+                       --once, every event that could be tried) all get the same
+                       such status, the sink is taken as misconfigured: the relay
+                       stops (exit 1), the events stay pending, attempts not counted
+  1xx, 3xx, others     retried (redirects are not followed)
 
 Options:
-  --topics a,b         deliver only these topics (default: every topic)
   --batch N            events claimed per round trip, 1 to 10000 (default 100);
-                       at most N events are in flight at a time
+                       fewer when the deliveries so far show that not all of
+                       them could start within the lease
   --lease DURATION     how long a claimed event stays ours before another relay
                        may take it over (default 30s; at most the server's
-                       idempotency.max_lease)
+                       idempotency.max_lease). An event whose lease would run
+                       out before its delivery could finish is not attempted: it
+                       is released back to pending, no attempt counted
   --parallel N         deliveries in progress at once, on N threads (default 1).
                        Events of different keys go out concurrently; an event
                        is never handed out while an earlier event of its
-                       (topic, key) is in flight or waiting to retry, so per-key
-                       order holds with any N.
-  --once               deliver every event that is due now, then exit 0
-                       (for scripts and tests)
+                       (topic, key) is in flight, waiting to retry or dead, so
+                       per-key order holds with any N.
+  --once               deliver every event that is due now, then exit
+  --max-in-flight-bytes SIZE  payload and headers held in memory at most
+                       (default 64MB; kB, MB, GB); one event larger than that
+                       still goes alone
   --metrics-addr ADDR  serve Prometheus text metrics on http://ADDR/metrics (and
-                       a health check on /healthz); ADDR is a loopback address
-                       with a port, e.g. 127.0.0.1:9187 (port 0: any free port,
-                       logged at start)
+                       a health check on /healthz: 503 while the database is
+                       away or once the relay stops on a failure); ADDR is a
+                       loopback address with a port, e.g. 127.0.0.1:9187 (port 0:
+                       any free port, logged at start)
   --poll-interval DUR  claim at least this often even without a notification
                        (default 1s); the relay wakes at once on LISTEN
                        idempotency_outbox, polling picks up retries that came
                        due, delayed events and expired leases
-  --http-timeout DUR   total time allowed for one HTTP delivery (default the
-                       smaller of 10s and a third of --lease; must be shorter
-                       than --lease)
+  --http-timeout DUR   total time allowed for one delivery (default the smaller
+                       of 10s and a third of --lease; must be shorter than
+                       --lease); for stdout in a pipe, the time the reader may
+                       take to read a line
   --connect-timeout DUR  time allowed to connect to the HTTP sink (default the
                        smaller of 5s and --http-timeout)
   --progress-interval DUR  how often to print a progress line on stderr
                        (default 10s; 0 turns it off): delivered, retried and
                        dead counts, events in flight, the outbox lag (from
-                       idempotency.outbox_lag, when the role may read it) and
-                       the longest enqueue-to-delivery delay of the interval
+                       idempotency.outbox_lag, when the role may read it), the
+                       longest enqueue-to-delivery delay of the interval, events
+                       waiting for a retry, released and left to their lease
   --help               show this help and exit
   --version            show the version and exit
 
@@ -314,13 +382,23 @@ Behaviour:
     doubling to 5s) and keeps the outcomes of deliveries made meanwhile, to
     ack or nack them once it is back. Only the first connection must succeed;
     with --once the relay gives up (exit 1) after 30s without a database.
-  - SIGTERM or SIGINT: stop claiming, finish the deliveries in flight, ack or
-    nack them, exit 0. A second signal abandons events not yet started (their
-    leases run out and another relay delivers them).
+  - An ack or nack the database refuses (a privilege revoked): /healthz says
+    503, the relay stops and exits 1.
+  - SIGTERM or SIGINT: stop claiming, release the events not started, finish
+    the deliveries in progress (at most --http-timeout), ack or nack them,
+    exit 0; a stop takes at most --http-timeout plus 5s while the database
+    answers. A second signal cuts the deliveries in progress short (they are
+    retried). Give a service manager a stop timeout longer than that.
+  - Log lines are one line each: CR, LF and other control bytes in topics, keys
+    and errors are written as \n, \r, \xNN; a sink URL's password and query
+    values are written as ***.
 
-Exit status: 0 on success (including after SIGTERM/SIGINT), 1 on a runtime
-failure (database unreachable at start, extension missing, permission denied,
-metrics address in use, stdout closed), 2 on a bad command line.
+Exit status: 0 on success (including after SIGTERM/SIGINT, and --once with
+events waiting for a retry: its last line counts them); 1 on a runtime failure
+(database unreachable at start, extension missing, permission denied, an ack
+refused, a misconfigured sink, stdout closed, metrics address in use, --once
+with due events left undelivered); 2 on a bad command line; 3 when --once
+finished but events went dead in the run.
 )";
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,8 @@ struct Options {
     std::string dsn;                  // --dsn: libpq connection string or URI
     std::string relay;                // --relay: this relay's name (outbox_claim's relay)
     std::string sink;                 // --sink: "stdout" or an http:// / https:// URL
-    std::vector<std::string> topics;  // --topics a,b: empty for every topic
+    std::vector<std::string> topics;  // --topics a,b: empty with --all-topics
+    bool all_topics = false;          // --all-topics: every topic (an explicit choice)
     int batch = 100;                  // --batch: events per claim (1..10000)
     Millis lease{30000};              // --lease: how long a claimed event is ours
     int parallel = 1;                 // --parallel: concurrent deliveries
@@ -25,6 +27,7 @@ struct Options {
     Millis http_timeout{0};           // --http-timeout: 0 = min(10s, lease/3)
     Millis connect_timeout{0};        // --connect-timeout: 0 = min(5s, http timeout)
     Millis progress_interval{10000};  // --progress-interval: 0 = no progress lines
+    std::int64_t max_in_flight_bytes = 64LL << 20;  // --max-in-flight-bytes
 };
 
 enum class ParseStatus { Run, Help, Version, Error };
@@ -43,6 +46,10 @@ std::string usage();
 // "250ms", "30s", "1.5s", "2m", "1h"; a bare number is seconds. False when
 // the text is not a duration or is negative.
 bool parse_duration(const std::string& text, Millis* out);
+
+// "64MB", "512kB", "1GB", a bare number of bytes (units of 1024). False when
+// the text is not a size.
+bool parse_size(const std::string& text, std::int64_t* out);
 
 // "127.0.0.1:9187", "[::1]:9187", "localhost:9187". The host must be a
 // loopback address; it comes back numeric.

@@ -7,7 +7,9 @@
 #include <poll.h>
 #include <sys/time.h>
 
+#include "relay/exit_status.hpp"
 #include "relay/log.hpp"
+#include "relay/retry_delay.hpp"
 #include "relay/signals.hpp"
 
 namespace idem::relay {
@@ -22,6 +24,9 @@ constexpr auto kTransientRetry = std::chrono::milliseconds(200);
 constexpr Millis kLagRefresh{10000};
 // --once gives up when the database stays away this long.
 constexpr auto kOnceReconnectLimit = std::chrono::seconds(30);
+// After a stop, how long the outcomes of the last deliveries may wait for an
+// unreachable database, beyond --http-timeout (the longest delivery).
+constexpr auto kStopGrace = std::chrono::seconds(5);
 
 double wall_seconds() {
     struct timeval now;
@@ -37,7 +42,13 @@ long long millis(Clock::duration d) {
 
 Relay::Relay(const Options& options, Database& db, WorkerPool& pool, SinkTarget& target,
              Stats& stats, const WakePipe& wake)
-    : options_(options), db_(db), pool_(pool), target_(target), stats_(stats), wake_(wake) {}
+    : options_(options),
+      db_(db),
+      pool_(pool),
+      target_(target),
+      stats_(stats),
+      wake_(wake),
+      sizer_(options, target.max_delivery_time()) {}
 
 int Relay::run() {
     const Clock::time_point start = Clock::now();
@@ -53,9 +64,11 @@ int Relay::run() {
         take_results();
 
         if (!db_.connected() && now >= reconnect_at_) reconnect(now);
+        if (!held_.empty()) settle_held(now);
         if (db_.connected() && now >= retry_db_at_) {
             flush_acks(now);
-            flush_nacks(now);
+            if (db_.connected()) flush_nacks(now);
+            if (db_.connected()) flush_releases(now);
         }
         if (db_.connected() && !stopping_ && now >= retry_db_at_) claim(now);
         now = Clock::now();
@@ -63,82 +76,158 @@ int Relay::run() {
 
         if (stopping_ && in_flight_ == 0 && flushed()) break;
         if (options_.once && once_done_ && in_flight_ == 0 && flushed()) break;
+        const bool only_unwritten = in_flight_ == static_cast<std::int64_t>(unwritten());
         if (!db_.connected() && !flushed()) {
             // Outcomes we cannot write: give up only when told to hurry, or
             // when waiting longer is pointless.
-            const bool hurry = abandoned_ ||
-                               (stopping_ && now - stop_at_ > std::max<Clock::duration>(
-                                                                  options_.lease, std::chrono::seconds(5)));
-            if (hurry && in_flight_ == static_cast<std::int64_t>(to_ack_.size() + to_nack_.size())) {
-                log_error("%zu delivered event(s) could not be acked and %zu failure(s) not "
-                          "recorded: the database is unreachable; they will be delivered again "
-                          "when their lease runs out",
-                          to_ack_.size(), to_nack_.size());
-                exit_code_ = 1;
+            const bool hurry = abandoned_ || (stopping_ && now - stop_at_ > options_.http_timeout +
+                                                                                 kStopGrace);
+            if (hurry && only_unwritten) {
+                log_error("%zu delivered event(s) could not be acked, %zu failure(s) not "
+                          "recorded and %zu event(s) not released: the database is unreachable; "
+                          "they will be delivered again when their lease runs out",
+                          to_ack_.size(), to_nack_.size() + held_.size(), to_release_.size());
+                exit_code_ = kExitFailure;
                 break;
             }
         }
         if (!db_.connected() && options_.once && now - lost_since_ > kOnceReconnectLimit &&
-            in_flight_ == static_cast<std::int64_t>(to_ack_.size() + to_nack_.size())) {
+            only_unwritten) {
             log_error("the database stayed unreachable for %lld s; giving up (--once)",
                       static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(
                                                  kOnceReconnectLimit).count()));
-            exit_code_ = 1;
+            exit_code_ = kExitFailure;
             break;
         }
         if (!db_.connected() && exit_code_ != 0 && in_flight_ == 0 && flushed()) break;
         wait(now);
     }
     pool_.stop();
+    const int status = final_status();
     if (options_.progress_interval.count() > 0 || stopping_ || options_.once)
         progress(Clock::now(), true);
-    return exit_code_;
+    return status;
+}
+
+int Relay::final_status() {
+    if (exit_code_ != 0 || !options_.once || stopping_) return exit_code_;
+    if (left_to_lease_ > 0) {
+        log_error("%llu due event(s) were not attempted and are left to their lease (the "
+                  "extension has no outbox_release, or it failed): not everything due was "
+                  "delivered",
+                  static_cast<unsigned long long>(left_to_lease_));
+        return kExitFailure;
+    }
+    if (stats_.dead.load() > 0) {
+        log_error("%llu event(s) went dead in this run (see idempotency.outbox_dead_letters)",
+                  static_cast<unsigned long long>(stats_.dead.load()));
+        return kExitDeadLetters;
+    }
+    return kExitOk;
 }
 
 void Relay::fail(const std::string& error) {
     log_error("%s", error.c_str());
-    exit_code_ = 1;
+    exit_code_ = kExitFailure;
+    stats_.healthy = false;
+    stop_delivering();
+}
+
+// No more claims, and the events not started yet go back to pending: what
+// is left is bounded by the deliveries in progress (--http-timeout).
+void Relay::stop_delivering() {
     if (!stopping_) {
         stopping_ = true;
         stop_at_ = Clock::now();
     }
+    pool_.abandon_queued();
 }
 
 void Relay::on_signals(Clock::time_point now) {
     const int requests = stop_requests();
     if (requests >= 1 && !stopping_) {
-        stopping_ = true;
-        stop_at_ = now;
-        log_info("stopping: no more claims; finishing %lld event(s) in flight",
+        log_info("stopping: no more claims; finishing the deliveries in progress (at most %lld "
+                 "ms), releasing the %lld other event(s) in flight",
+                 static_cast<long long>(options_.http_timeout.count()),
                  static_cast<long long>(in_flight_));
+        stop_delivering();
+        stop_at_ = now;
     }
     if (requests >= 2 && !abandoned_) {
         abandoned_ = true;
-        pool_.abandon_queued();
-        log_info("stopping now: events not yet started are left to their lease");
+        target_.abort();
+        log_info("stopping now: the deliveries in progress are cut short");
     }
 }
 
-void Relay::resolved(std::size_t count) {
-    in_flight_ -= static_cast<std::int64_t>(count);
+void Relay::resolved(const Delivery& delivery) {
+    in_flight_ -= 1;
+    in_flight_bytes_ -= delivery.event.bytes();
     stats_.in_flight = in_flight_;
+    stats_.in_flight_bytes = in_flight_bytes_;
 }
 
 void Relay::take_results() {
-    for (Delivery& delivery : pool_.take_results()) {
-        switch (delivery.outcome.verdict) {
-            case Verdict::Ack: to_ack_.push_back(std::move(delivery)); break;
-            case Verdict::Retry:
-            case Verdict::Dead: to_nack_.push_back(std::move(delivery)); break;
-            case Verdict::Skip:
-                ++stats_.skipped;
-                log_warning("event %lld (topic %s) not delivered: %s",
-                            static_cast<long long>(delivery.event.id), delivery.event.topic.c_str(),
-                            delivery.outcome.error.c_str());
-                resolved(1);
-                break;
-        }
+    for (Delivery& delivery : pool_.take_results()) judge(std::move(delivery));
+}
+
+// Where an outcome goes; final failures wait while the sink check cannot
+// tell a misconfigured sink from undeliverable events.
+void Relay::judge(Delivery&& delivery) {
+    if (delivery.outcome.verdict == Verdict::Skip) {
+        ++stats_.skipped;
+        to_release_.push_back(std::move(delivery));
+        return;
     }
+    sizer_.delivered(delivery.seconds);
+    const SinkCheck::State before = check_.state();
+    const SinkCheck::State after = check_.observe(delivery.event.id, delivery.outcome);
+    switch (delivery.outcome.verdict) {
+        case Verdict::Ack: to_ack_.push_back(std::move(delivery)); break;
+        case Verdict::Retry: to_nack_.push_back(std::move(delivery)); break;
+        case Verdict::Dead:
+            if (after == SinkCheck::State::Undecided) {
+                if (held_.empty()) held_until_ = delivery.event.lease_until - options_.lease / 2;
+                held_until_ = std::min(held_until_, delivery.event.lease_until - options_.lease / 2);
+                held_.push_back(std::move(delivery));
+            } else if (after == SinkCheck::State::Misconfigured) {
+                to_release_.push_back(std::move(delivery));
+            } else {
+                to_nack_.push_back(std::move(delivery));
+            }
+            break;
+        case Verdict::Skip: break;
+    }
+    if (before != after) decided(after);
+}
+
+void Relay::decided(SinkCheck::State state) {
+    if (state == SinkCheck::State::Working) {
+        for (Delivery& d : held_) to_nack_.push_back(std::move(d));
+        held_.clear();
+    } else if (state == SinkCheck::State::Misconfigured) {
+        for (Delivery& d : held_) to_release_.push_back(std::move(d));
+        held_.clear();
+        fail("the sink answered " + check_.reason() + " to each of the first " +
+             std::to_string(check_.failed_events()) +
+             " events delivered: it looks misconfigured (check --sink); stopping, the events "
+             "stay pending");
+    }
+}
+
+// Final failures the sink check holds back: released (pending again, no
+// attempt counted) when their lease is half gone or the relay stops, so
+// that another delivery may decide; with --once, when nothing else can be
+// tried, they decide themselves.
+void Relay::settle_held(Clock::time_point now) {
+    if (options_.once && !stopping_ && nothing_claimed_ &&
+        in_flight_ == static_cast<std::int64_t>(held_.size())) {
+        decided(check_.conclude());
+        return;
+    }
+    if (!stopping_ && now < held_until_) return;
+    for (Delivery& d : held_) to_release_.push_back(std::move(d));
+    held_.clear();
 }
 
 // A lost connection or a transient error: counted, and the call is tried
@@ -204,10 +293,12 @@ void Relay::flush_acks(Clock::time_point now) {
     if (database_unavailable(status, error, now)) return;
     if (status == DbStatus::Fatal) {
         ++stats_.db_errors;
-        log_error("%s; %zu event(s) not acked (they will be delivered again)", error.c_str(),
-                  ids.size());
+        fail(error + "; " + std::to_string(ids.size()) +
+             " delivered event(s) not acked (they will be delivered again when their lease runs "
+             "out); stopping");
     } else {
         stats_.delivered += ids.size();
+        for (const std::int64_t id : ids) waiting_retry_.erase(id);
         const double wall = wall_seconds();
         for (const Delivery& d : to_ack_) {
             const double delay = wall - d.event.enqueued_at;
@@ -217,7 +308,7 @@ void Relay::flush_acks(Clock::time_point now) {
         // The next event of an acked key may be due now.
         if (keyed) due_ = true;
     }
-    resolved(to_ack_.size());
+    for (const Delivery& d : to_ack_) resolved(d);
     to_ack_.clear();
 }
 
@@ -238,45 +329,106 @@ void Relay::flush_nacks(Clock::time_point now) {
         std::string state, error;
         // Errors are stored: keep them short.
         const std::string message = d.outcome.error.substr(0, 1000);
-        const DbStatus status =
-            db_.nack(event.id, message, retryable, d.outcome.retry_in, &state, &error);
+        const std::optional<std::int64_t> retry_in =
+            retry_in_ms(d.outcome.retry_in, event.attempt, db_.retry_settings());
+        const DbStatus status = db_.nack(event.id, message, retryable, retry_in, &state, &error);
         if (database_unavailable(status, error, now)) break;
         if (status == DbStatus::Fatal) {
             ++stats_.db_errors;
-            log_error("event %lld: %s", static_cast<long long>(event.id), error.c_str());
-            continue;
+            if (db_.last_sqlstate() == "IK002") {  // removed from the outbox meanwhile
+                log_warning("event %lld: %s", static_cast<long long>(event.id), error.c_str());
+                continue;
+            }
+            fail("event " + std::to_string(event.id) + ": " + error +
+                 "; its failure is not recorded; stopping");
+            done = to_nack_.size();
+            break;
         }
         const std::string what = "event " + std::to_string(event.id) + " (topic " + event.topic +
                                  (event.key ? ", key " + *event.key : std::string()) + ")";
         if (state == "dead") {
             ++stats_.dead;
+            waiting_retry_.erase(event.id);
             log_warning("%s is dead after attempt %d: %s", what.c_str(), event.attempt,
                         d.outcome.error.c_str());
         } else if (state == "pending") {
             ++stats_.retried;
-            if (d.outcome.retry_in)
+            waiting_retry_.insert(event.id);
+            if (retry_in)
                 log_info("%s attempt %d failed, retry in %lld ms: %s", what.c_str(), event.attempt,
-                         static_cast<long long>(*d.outcome.retry_in), d.outcome.error.c_str());
+                         static_cast<long long>(*retry_in), d.outcome.error.c_str());
             else
                 log_info("%s attempt %d failed, will be retried: %s", what.c_str(), event.attempt,
                          d.outcome.error.c_str());
         }
     }
-    resolved(done);
+    for (std::size_t i = 0; i < done; ++i) resolved(to_nack_[i]);
     to_nack_.erase(to_nack_.begin(), to_nack_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+void Relay::flush_releases(Clock::time_point now) {
+    if (to_release_.empty()) return;
+    std::vector<std::int64_t> ids;
+    ids.reserve(to_release_.size());
+    // An event whose lease ran out meanwhile may be claimed again already
+    // (by this relay too): the lease's expiry has given it back.
+    for (const Delivery& d : to_release_)
+        if (now < d.event.lease_until) ids.push_back(d.event.id);
+    if (ids.empty()) {
+        for (const Delivery& d : to_release_) resolved(d);
+        to_release_.clear();
+        return;
+    }
+    if (db_.can_release() && release_works_) {
+        std::int64_t changed = 0;
+        std::string error;
+        const DbStatus status = db_.release(ids, &changed, &error);
+        if (database_unavailable(status, error, now)) return;
+        if (status == DbStatus::Ok) {
+            stats_.released += static_cast<std::uint64_t>(changed);
+            log_info("%zu event(s) not attempted released back to pending (%s)", ids.size(),
+                     to_release_.front().outcome.error.c_str());
+            due_ = true;  // they are due again
+        } else {
+            ++stats_.db_errors;
+            release_works_ = false;
+            log_warning("%s; events not attempted are left to their lease from now on",
+                        error.c_str());
+        }
+    }
+    if (!db_.can_release() || !release_works_) {
+        if (left_to_lease_ == 0 && !db_.can_release())
+            log_warning("this extension has no outbox_release (older than 0.4.0): events not "
+                        "attempted are left to their lease, which counts an attempt");
+        left_to_lease_ += ids.size();
+    }
+    for (const Delivery& d : to_release_) resolved(d);
+    to_release_.clear();
+}
+
+bool Relay::may_claim() const { return !stopping_ && claim_size() > 0; }
+
+// While the sink check is undecided, no more events are out than it needs.
+int Relay::claim_size() const {
+    int want = sizer_.want(in_flight_, in_flight_bytes_);
+    if (check_.state() == SinkCheck::State::Undecided) {
+        const std::int64_t judging = in_flight_ - static_cast<std::int64_t>(held_.size());
+        want = static_cast<int>(std::clamp<std::int64_t>(check_.still_to_try() - judging, 0, want));
+    }
+    return want;
 }
 
 void Relay::claim(Clock::time_point now) {
     if (db_.take_notified()) due_ = true;
-    // Claim when at most half a batch is in flight, and only as much as fits.
-    if (in_flight_ > options_.batch / 2) return;
+    const int want = claim_size();
+    if (want == 0) return;
     if (options_.once && in_flight_ == 0 && flushed()) due_ = true;
     if (!due_ && now < next_poll_) return;
-    const int want = options_.batch - static_cast<int>(in_flight_);
     const bool all_resolved = in_flight_ == 0 && flushed();
     std::vector<Event> events;
     std::string error;
-    const DbStatus status = db_.claim(want, &events, &error);
+    const DbStatus status = db_.claim(want, options_.max_in_flight_bytes - in_flight_bytes_,
+                                      in_flight_ == 0, &events, &error);
     ++stats_.claims;
     stats_.notifications = db_.notifications();
     if (database_unavailable(status, error, now)) return;
@@ -287,13 +439,31 @@ void Relay::claim(Clock::time_point now) {
     }
     const int got = static_cast<int>(events.size());
     due_ = got == want;  // a full batch: there is probably more
+    nothing_claimed_ = got == 0;
     next_poll_ = now + options_.poll_interval;
     if (options_.once && got == 0 && all_resolved) once_done_ = true;
     if (got == 0) return;
     stats_.claimed += events.size();
-    in_flight_ += got;
+    std::vector<Event> deliver;
+    deliver.reserve(events.size());
+    for (Event& event : events) {
+        ++in_flight_;
+        in_flight_bytes_ += event.bytes();
+        if (event.fits) {
+            deliver.push_back(std::move(event));
+        } else {
+            // Past --max-in-flight-bytes: fetched without its payload, given back.
+            ++stats_.skipped;
+            Delivery skipped;
+            skipped.event = std::move(event);
+            skipped.outcome = Outcome::skip("it does not fit in --max-in-flight-bytes now");
+            to_release_.push_back(std::move(skipped));
+        }
+    }
+    for (const Event& event : deliver) sizer_.claimed(event.bytes());
     stats_.in_flight = in_flight_;
-    pool_.submit(std::move(events));
+    stats_.in_flight_bytes = in_flight_bytes_;
+    if (!deliver.empty()) pool_.submit(std::move(deliver));
 }
 
 Millis Relay::tick_interval() const {
@@ -334,12 +504,14 @@ void Relay::progress(Clock::time_point now, bool final_line) {
     const double rate =
         interval > 0 ? static_cast<double>(delivered - last_delivered_) / interval : 0.0;
     log_info("%sdelivered=%llu retried=%llu dead=%llu in_flight=%lld lag=%s delay_max=%.3fs "
-             "rate=%.1f/s db=%s",
+             "rate=%.1f/s db=%s waiting_retry=%zu released=%llu not_attempted=%llu",
              final_line ? "stopped: " : "", static_cast<unsigned long long>(delivered),
              static_cast<unsigned long long>(stats_.retried.load()),
              static_cast<unsigned long long>(stats_.dead.load()),
              static_cast<long long>(in_flight_), lag.c_str(), interval_max_delay_, rate,
-             db_.connected() ? "up" : "down");
+             db_.connected() ? "up" : "down", waiting_retry_.size(),
+             static_cast<unsigned long long>(stats_.released.load()),
+             static_cast<unsigned long long>(left_to_lease_));
     last_delivered_ = delivered;
     last_progress_ = now;
     interval_max_delay_ = 0;
@@ -354,14 +526,16 @@ void Relay::wait(Clock::time_point now) {
     auto before = [&until](Clock::time_point t) { until = std::min(until, t); };
     if (db_.connected()) {
         if (!flushed()) before(retry_db_at_);
-        if (!stopping_ && in_flight_ <= options_.batch / 2) {
+        if (may_claim()) {
             if (due_ || (options_.once && in_flight_ == 0 && flushed())) before(retry_db_at_);
             before(next_poll_);
         }
     } else {
         before(reconnect_at_);
     }
-    if (in_flight_ > 0) before(now + kBusyWake);
+    // Deliveries running (held final failures wait for their own time).
+    if (in_flight_ > static_cast<std::int64_t>(held_.size())) before(now + kBusyWake);
+    if (!held_.empty()) before(held_until_);
     if (tick_interval().count() > 0) before(next_progress_);
     if (stopping_) before(now + std::chrono::milliseconds(100));
 

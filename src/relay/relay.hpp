@@ -1,17 +1,21 @@
 // The delivery loop, on the one thread that uses libpq: claim due events,
-// hand them to the delivery threads, ack and nack their outcomes, wake on
-// LISTEN or the poll timer, reconnect when the database goes away, drain on
-// SIGTERM/SIGINT, stop after one pass with --once.
+// hand them to the delivery threads, ack, nack or release their outcomes,
+// wake on LISTEN or the poll timer, reconnect when the database goes away,
+// drain on SIGTERM/SIGINT, stop after one pass with --once, and stop with a
+// failure when the sink looks misconfigured or an ack cannot be written.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
+#include "relay/claim_sizer.hpp"
 #include "relay/database.hpp"
 #include "relay/event.hpp"
 #include "relay/options.hpp"
 #include "relay/sink.hpp"
+#include "relay/sink_check.hpp"
 #include "relay/stats.hpp"
 #include "relay/wake.hpp"
 #include "relay/worker_pool.hpp"
@@ -23,7 +27,7 @@ public:
     Relay(const Options& options, Database& db, WorkerPool& pool, SinkTarget& target,
           Stats& stats, const WakePipe& wake);
 
-    // Runs until stopped; returns the exit status (0, or 1 after a failure).
+    // Runs until stopped; returns the exit status (exit_status.hpp).
     int run();
 
 private:
@@ -32,15 +36,28 @@ private:
     void reconnect(Clock::time_point now);
     bool database_unavailable(DbStatus status, const std::string& error, Clock::time_point now);
     void connection_lost(const std::string& error, Clock::time_point now);
+    void judge(Delivery&& delivery);
+    void decided(SinkCheck::State state);
+    void settle_held(Clock::time_point now);
     void flush_acks(Clock::time_point now);
     void flush_nacks(Clock::time_point now);
+    void flush_releases(Clock::time_point now);
     void claim(Clock::time_point now);
+    bool may_claim() const;
+    int claim_size() const;
     void progress(Clock::time_point now, bool final_line);
     Millis tick_interval() const;
     void fail(const std::string& error);
-    void resolved(std::size_t count);
+    void stop_delivering();
+    void resolved(const Delivery& delivery);
     void wait(Clock::time_point now);
-    bool flushed() const { return to_ack_.empty() && to_nack_.empty(); }
+    int final_status();
+    bool flushed() const {
+        return to_ack_.empty() && to_nack_.empty() && to_release_.empty() && held_.empty();
+    }
+    std::size_t unwritten() const {
+        return to_ack_.size() + to_nack_.size() + to_release_.size() + held_.size();
+    }
 
     const Options& options_;
     Database& db_;
@@ -49,9 +66,19 @@ private:
     Stats& stats_;
     const WakePipe& wake_;
 
-    std::int64_t in_flight_ = 0;       // claimed and not yet acked, nacked or skipped
-    std::vector<Delivery> to_ack_;     // delivered, ack not yet written
-    std::vector<Delivery> to_nack_;    // failed, nack not yet written
+    std::int64_t in_flight_ = 0;        // claimed and not yet acked, nacked or released
+    std::int64_t in_flight_bytes_ = 0;  // their payloads and headers
+    std::vector<Delivery> to_ack_;      // delivered, ack not yet written
+    std::vector<Delivery> to_nack_;     // failed, nack not yet written
+    std::vector<Delivery> to_release_;  // not attempted (or not judged): back to pending
+    std::vector<Delivery> held_;        // final failures while the sink check is undecided
+    Clock::time_point held_until_{};    // when held_ must be settled anyway
+    SinkCheck check_;
+    ClaimSizer sizer_;
+    std::unordered_set<std::int64_t> waiting_retry_;  // nacked as retryable, not delivered since
+    std::uint64_t left_to_lease_ = 0;   // not attempted and not released (left to their lease)
+    bool release_works_ = true;
+    bool nothing_claimed_ = false;      // the last claim found nothing
     bool due_ = true;                  // claim as soon as there is room
     bool once_done_ = false;
     Clock::time_point next_poll_{};

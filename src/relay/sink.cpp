@@ -6,7 +6,7 @@
 namespace idem::relay {
 
 std::unique_ptr<SinkTarget> make_sink_target(const Options& options, std::string* error) {
-    if (options.sink == "stdout") return std::make_unique<StdoutTarget>();
+    if (options.sink == "stdout") return std::make_unique<StdoutTarget>(options.http_timeout);
     return make_http_target(options, error);
 }
 

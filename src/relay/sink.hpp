@@ -27,6 +27,9 @@ public:
     // Set once the sink cannot deliver anything any more (stdout closed): the
     // relay stops.
     virtual std::string fatal_error() const { return {}; }
+    // Ends the deliveries in progress as soon as it can (a second stop
+    // signal); they come back as retryable failures.
+    virtual void abort() {}
     virtual std::string describe() const = 0;
 };
 

@@ -77,7 +77,13 @@ std::string Stats::prometheus(const std::string& relay) const {
     counter("idem_relay_dead_total", "Events nacked as dead (final failure or attempts exhausted).",
             dead);
     counter("idem_relay_skipped_total",
-            "Claimed events not attempted because their lease would run out first.", skipped);
+            "Claimed events not attempted (their lease would run out first, they did not fit "
+            "in --max-in-flight-bytes, or the relay was stopping).",
+            skipped);
+    counter("idem_relay_released_total",
+            "Events not attempted or not judged, released back to pending without counting an "
+            "attempt.",
+            released);
     counter("idem_relay_claims_total", "outbox_claim calls.", claims);
     counter("idem_relay_notifications_total", "Notifications received on idempotency_outbox.",
             notifications);
@@ -86,6 +92,12 @@ std::string Stats::prometheus(const std::string& relay) const {
     counter("idem_relay_db_errors_total", "Failed database calls.", db_errors);
     metric(out, "idem_relay_in_flight", "gauge", "Events claimed and not yet acked or nacked.",
            labels, std::to_string(in_flight.load()));
+    metric(out, "idem_relay_in_flight_bytes", "gauge",
+           "Bytes of payload and headers of the events in flight.", labels,
+           std::to_string(in_flight_bytes.load()));
+    metric(out, "idem_relay_healthy", "gauge",
+           "1 unless the relay is stopping on a failure (see /healthz).", labels,
+           healthy.load() ? "1" : "0");
     metric(out, "idem_relay_db_connected", "gauge", "1 while the database connection is up.",
            labels, connected.load() ? "1" : "0");
     if (lag_known.load())

@@ -29,13 +29,16 @@ struct Stats {
     std::atomic<std::uint64_t> delivered{0};    // acked
     std::atomic<std::uint64_t> retried{0};      // nacked, back to pending
     std::atomic<std::uint64_t> dead{0};         // nacked, dead
-    std::atomic<std::uint64_t> skipped{0};      // left to their lease (not attempted)
+    std::atomic<std::uint64_t> skipped{0};      // claimed, not attempted (released or left to the lease)
+    std::atomic<std::uint64_t> released{0};     // back to pending by outbox_release
     std::atomic<std::uint64_t> claims{0};       // outbox_claim calls
     std::atomic<std::uint64_t> notifications{0};
     std::atomic<std::uint64_t> reconnects{0};   // connections made after a loss
     std::atomic<std::uint64_t> db_errors{0};
     std::atomic<std::int64_t> in_flight{0};     // claimed, not yet acked or nacked
+    std::atomic<std::int64_t> in_flight_bytes{0};  // their payloads and headers
     std::atomic<bool> connected{false};
+    std::atomic<bool> healthy{true};            // false once the relay is stopping on a failure
     std::atomic<bool> lag_known{false};
     std::atomic<double> lag_seconds{0};         // idempotency.outbox_lag, max over our topics
     Histogram delivery_seconds;                 // time in the sink

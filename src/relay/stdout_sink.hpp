@@ -1,5 +1,7 @@
-// The stdout sink: one JSON object per line, flushed before the event is
-// acked: {"id":1,"topic":"t","key":"k","headers":{...},"payload":{...},"attempt":1}
+// The stdout sink: one JSON object per line,
+// {"id":1,"topic":"t","key":"k","headers":{...},"payload":{...},"attempt":1}.
+// An event is acked once its line is flushed, and when stdout is a pipe once
+// the reader has read it; a closed pipe stops the relay.
 #pragma once
 
 #include <string>
@@ -13,10 +15,16 @@ std::string stdout_line(const Event& event);
 
 class StdoutTarget : public SinkTarget {
 public:
+    // bound: how long a reader of a pipe may take to read a line.
+    explicit StdoutTarget(Millis bound);
     std::unique_ptr<Sink> open() override;
-    Millis max_delivery_time() const override { return Millis(0); }
+    Millis max_delivery_time() const override { return pipe_ ? bound_ : Millis(0); }
     std::string fatal_error() const override;
-    std::string describe() const override { return "stdout"; }
+    std::string describe() const override { return pipe_ ? "stdout (a pipe)" : "stdout"; }
+
+private:
+    bool pipe_;
+    Millis bound_;
 };
 
 }  // namespace idem::relay

@@ -11,11 +11,15 @@ repeats); without a script the answer is 200. Actions:
                              on arrival, as a consumer that has taken the event)
   "sleep:S"                  wait S seconds, then 200 (meant to outlast the
                              relay's --http-timeout: the relay gives up first)
+  "hang200:S"                200 and its headers at once, then a body that
+                             stops after 10 of its 100 bytes for S seconds
   "reset"                    close the connection without answering
+A POST to a path other than /events is answered 404 (a mistyped sink URL).
 Each request is one JSON line in --log: arrival and end times, the event's id,
 topic, key, attempt, Idempotency-Key, the payload's seq and rolled_back fields,
-the action, the status sent ("reset" when none, "timeout" for sleep:), and
-how many requests were being served at once. The chosen port is written to --port-file.
+the action, the status sent ("reset" when none, "timeout" for sleep:), how
+many requests were being served at once, the header names as sent, every
+Idempotency-Key value and the X-Ctl header. The chosen port is written to --port-file.
 """
 import argparse
 import json
@@ -98,7 +102,13 @@ class Handler(BaseHTTPRequestHandler):
             "rolled_back": bool(payload.get("rolled_back")) if isinstance(payload, dict) else False,
             "action": action,
             "concurrent": concurrent,
+            "path": self.path,
+            "names": list(self.headers.keys()),
+            "ikeys": self.headers.get_all("Idempotency-Key") or [],
+            "ctl": self.headers.get("X-Ctl"),
         }
+        if not self.path.startswith("/events"):
+            action = entry["action"] = "404"
         retry_after = None
         if action == "reset":
             entry["status"] = "reset"
@@ -109,6 +119,21 @@ class Handler(BaseHTTPRequestHandler):
                 self.connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            return
+        if action.startswith("hang200:"):
+            entry["status"] = 200
+            entry["t_end"] = start
+            record(entry)
+            try:
+                self.send_response(200)
+                self.send_header("Content-Length", "100")
+                self.end_headers()
+                self.wfile.write(b"0123456789")
+                self.wfile.flush()
+                time.sleep(float(action.split(":", 1)[1]))
+            except OSError:
+                pass
+            self.close_connection = True
             return
         if action.startswith("delay:"):
             # Accepted on arrival (logged now), answered later: a relay that

@@ -2,18 +2,35 @@
 # idem-relay end to end: a throwaway cluster, a scripted HTTP receiver on
 # 127.0.0.1 (receiver.py) and the installed idem-relay, scenario by scenario:
 #
-#   cli        --help documents every option; bad options exit 2 with a
-#              message; an unreachable database or a database without the
-#              extension exit 1 with a message
+#   cli        --help documents every option; bad options (no --topics nor
+#              --all-topics among them) exit 2 with a message, a sink's
+#              password unprinted; an unreachable database or a database
+#              without the extension exit 1 with a message
 #   stdout     the stdout sink's JSON lines; --once; a delayed event and a
 #              rolled-back one are not delivered
-#   scripted   200, 204, 409 ack; 500, 408, 425, 503, 429 + Retry-After, a
-#              reset connection and a response slower than --http-timeout are
+#   scripted   200, 204 and a 200 whose body never ends ack; 409 (+
+#              Retry-After), 500, 408, 425, 503, 429 + Retry-After, a reset
+#              connection and a response slower than --http-timeout are
 #              retried; 400 and 422 are dead at once; a steady 500 is dead
 #              after idempotency.outbox_max_attempts; the event's headers and
-#              dedup_key reach the receiver; a retried event holds back the next
-#              event of its key
-#   refused    connection refused: retried, delivered by a later run
+#              dedup_key reach the receiver, reserved names ('_' folded) and
+#              control bytes do not; keys encoded reversibly; a key with CR/LF
+#              forges no log line; a retried event holds back the next event
+#              of its key
+#   refused    connection refused: retried, delivered by a later run; the
+#              URL's password and query values are not logged
+#   misconfigured  a 404 on every delivery stops the relay (exit 1) with the
+#              events pending, attempts not counted
+#   Retry-After  0, a past date and a far-future value: raised to the
+#              backoff, capped at its maximum
+#   once       exit 3 after dead letters, the summary counts retries; a slow
+#              receiver: skipped events released and delivered in the run
+#   pipe       stdout | head -1: only the line read is delivered, exit 1
+#   topics     --topics "a, b" takes both
+#   noack      an ack refused: /healthz 503, exit 1, nothing sent again
+#   bound      SIGTERM with a slow receiver: within --http-timeout, nothing
+#              started after it, the rest released
+#   memory     --max-in-flight-bytes bounds the relay's memory
 #   order      --parallel 4: deliveries overlap, per-key order holds
 #   kill       SIGKILL mid-batch, restart: every event delivered, duplicates
 #              only with the same Idempotency-Key
@@ -92,8 +109,9 @@ states() {
             (SELECT state::text, count(*) AS n FROM idempotency.outbox WHERE topic = '$1' GROUP BY 1) s"
 }
 dump() {
-    sql -F '|' -c "SELECT id, topic, coalesce(key, ''), state, attempts, coalesce(payload->>'expect', ''),
-                          coalesce(dedup_key, ''), replace(coalesce(last_error, ''), E'\n', ' ')
+    sql -F '|' -c "SELECT id, topic, translate(coalesce(key, ''), E'\n|', '  '), state, attempts,
+                          coalesce(payload->>'expect', ''), translate(coalesce(dedup_key, ''), E'\n|', '  '),
+                          translate(coalesce(last_error, ''), E'\n|', '  ')
                      FROM idempotency.outbox ORDER BY id" >"$dir/outbox.dump"
 }
 # DSN of the application-like role (USAGE on schema idempotency only).
@@ -142,11 +160,33 @@ if ! start_cluster "$dir" "$port" "log_min_messages = warning" "max_connections 
     exit 1
 fi
 as_pg "$bindir/createdb" -h "$dir" -p "$port" -U postgres "$db" || { echo "0 passed, 1 failed"; exit 1; }
+# The roles, in one place: relay_app and relay_monitor (with pg_monitor) may
+# do what a relay does; relay_noack may do all of it but outbox_ack.
 sql <<'SQL' || { echo "relay tests: setup failed" >&2; echo "0 passed, 1 failed"; exit 1; }
 CREATE EXTENSION idempotency;
 CREATE ROLE relay_app LOGIN;
-GRANT USAGE ON SCHEMA idempotency TO relay_app;
 CREATE ROLE relay_monitor LOGIN IN ROLE pg_monitor;
+CREATE ROLE relay_noack LOGIN;
+GRANT USAGE ON SCHEMA idempotency TO relay_app, relay_monitor, relay_noack;
+REVOKE EXECUTE ON FUNCTION idempotency.outbox_ack(bigint[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.outbox_ack(bigint[]) TO relay_app, relay_monitor;
+-- Until the extension has outbox_release (0.4.0), a stand-in with its
+-- meaning: events in flight that the relay claimed go back to pending at
+-- once, the attempt not counted.
+DO $$
+BEGIN
+  IF pg_catalog.to_regprocedure('idempotency.outbox_release(bigint[], text)') IS NULL THEN
+    CREATE FUNCTION idempotency.outbox_release(ids bigint[], relay text) RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS $f$
+      WITH released AS (
+        UPDATE idempotency.outbox o
+           SET state = 'pending', attempts = o.attempts - 1, lease_until = NULL, updated_at = now()
+         WHERE o.id = ANY (ids) AND o.state = 'in_flight' AND o.relay = outbox_release.relay
+        RETURNING 1)
+      SELECT count(*) FROM released
+    $f$;
+  END IF;
+END $$;
 -- Short backoffs and few attempts keep the scripted retries quick.
 ALTER DATABASE relay_test SET idempotency.retry_base_delay = '200ms';
 ALTER DATABASE relay_test SET idempotency.retry_max_delay = '1s';
@@ -164,8 +204,9 @@ log "command line"
 "$relay_bin" --help >"$dir/help.out" 2>&1
 status=$?
 missing=""
-for option in --dsn --relay --sink --topics --batch --lease --parallel --once --metrics-addr \
-    --poll-interval --http-timeout --connect-timeout --progress-interval; do
+for option in --dsn --relay --sink --topics --all-topics --batch --lease --parallel --once \
+    --metrics-addr --poll-interval --http-timeout --connect-timeout --progress-interval \
+    --max-in-flight-bytes; do
     grep -q -- "$option" "$dir/help.out" || missing="$missing $option"
 done
 if [ "$status" -eq 0 ] && [ -z "$missing" ]; then ok "--help exits 0 and documents every option"
@@ -173,7 +214,7 @@ else not_ok "--help exits 0 and documents every option" "status $status, missing
 
 bad_option() {  # bad_option EXPECTED-MESSAGE ARGS...
     local expected=$1; shift
-    "$relay_bin" "$@" >"$dir/bad.out" 2>"$dir/bad.err"
+    timeout -s KILL 10 "$relay_bin" "$@" >"$dir/bad.out" 2>"$dir/bad.err" </dev/null
     local status=$?
     if [ "$status" -eq 2 ] && grep -qi -- "$expected" "$dir/bad.err"; then
         ok "bad command line exits 2: $*"
@@ -189,13 +230,25 @@ bad_option "--batch must be" --dsn "$dsn" --relay r --sink stdout --batch 10001
 bad_option "--parallel must be" --dsn "$dsn" --relay r --sink stdout --parallel many
 bad_option "--lease must be" --dsn "$dsn" --relay r --sink stdout --lease 30x
 bad_option "--sink must be" --dsn "$dsn" --relay r --sink ftp://example
-bad_option "not a valid URL" --dsn "$dsn" --relay r --sink "http://"
+bad_option "not a valid URL" --dsn "$dsn" --relay r --sink "http://" --all-topics
 bad_option "loopback" --dsn "$dsn" --relay r --sink stdout --metrics-addr 0.0.0.0:9187
-bad_option "shorter than --lease" --dsn "$dsn" --relay r --sink stdout --lease 2s --http-timeout 5s
+bad_option "shorter than --lease" --dsn "$dsn" --relay r --sink stdout --all-topics --lease 2s --http-timeout 5s
 bad_option "needs a value" --dsn "$dsn" --relay r --sink stdout --topics
+bad_option "--topics or --all-topics is required" --dsn "$dsn" --relay r --sink stdout
+bad_option "--topics or --all-topics is required" --dsn "$dsn" --relay r --sink "http://127.0.0.1:1/events"
+bad_option "exclude each other" --dsn "$dsn" --relay r --sink stdout --topics a --all-topics
+bad_option "--max-in-flight-bytes must be" --dsn "$dsn" --relay r --sink stdout --all-topics --max-in-flight-bytes 10
+# A sink URL's password and query values never reach the log.
+timeout -s KILL 10 "$relay_bin" --dsn "$dsn" --relay r --sink "http://user:s3cret@" --all-topics >"$dir/bad.out" 2>"$dir/bad.err"
+status=$?
+if [ "$status" -eq 2 ] && grep -q "user:\*\*\*@" "$dir/bad.err" && ! grep -q s3cret "$dir/bad.err"; then
+    ok "a sink URL that does not parse: its password is not printed"
+else
+    not_ok "a sink URL that does not parse: its password is not printed" "status $status: $(head -c 300 "$dir/bad.err")"
+fi
 
 timeout -s KILL 30 "$relay_bin" --dsn "host=$dir/nowhere port=1 dbname=x connect_timeout=3" \
-    --relay r --sink stdout --once >"$dir/unreachable.out" 2>"$dir/unreachable.err"
+    --relay r --sink stdout --all-topics --once >"$dir/unreachable.out" 2>"$dir/unreachable.err"
 status=$?
 if [ "$status" -eq 1 ] && grep -q "cannot connect to the database" "$dir/unreachable.err"; then
     ok "an unreachable database: a clear message and exit 1"
@@ -203,7 +256,7 @@ else
     not_ok "an unreachable database: a clear message and exit 1" "status $status: $(head -c 300 "$dir/unreachable.err")"
 fi
 timeout -s KILL 30 "$relay_bin" --dsn "host=$dir port=$port dbname=postgres user=postgres" \
-    --relay r --sink stdout --once >"$dir/noext.out" 2>"$dir/noext.err"
+    --relay r --sink stdout --all-topics --once >"$dir/noext.out" 2>"$dir/noext.err"
 status=$?
 if [ "$status" -eq 1 ] && grep -q "extension is not installed" "$dir/noext.err"; then
     ok "a database without the extension: a clear message and exit 1"
@@ -213,14 +266,14 @@ fi
 
 sql -c "CREATE ROLE relay_nobody LOGIN" >/dev/null
 timeout -s KILL 30 "$relay_bin" --dsn "host=$dir port=$port dbname=$db user=relay_nobody" \
-    --relay r --sink stdout --once >"$dir/nousage.out" 2>"$dir/nousage.err"
+    --relay r --sink stdout --all-topics --once >"$dir/nousage.out" 2>"$dir/nousage.err"
 status=$?
 if [ "$status" -eq 1 ] && grep -q "may not use schema idempotency" "$dir/nousage.err"; then
     ok "a role without USAGE on schema idempotency: a clear message and exit 1"
 else
     not_ok "a role without USAGE on schema idempotency: a clear message and exit 1" "status $status: $(head -c 300 "$dir/nousage.err")"
 fi
-timeout -s KILL 30 "$relay_bin" --dsn "$dsn" --relay r --sink stdout --once --lease 48h \
+timeout -s KILL 30 "$relay_bin" --dsn "$dsn" --relay r --sink stdout --all-topics --once --lease 48h \
     >"$dir/longlease.out" 2>"$dir/longlease.err"
 status=$?
 if [ "$status" -eq 1 ] && grep -q "lease" "$dir/longlease.err"; then
@@ -263,7 +316,9 @@ LANGUAGE sql AS $$
 $$;
 SELECT pg_temp.ev('ok200', '["200"]', 'delivered');
 SELECT pg_temp.ev('ok204', '["204"]', 'delivered');
-SELECT pg_temp.ev('conflict409', '["409"]', 'delivered');
+SELECT pg_temp.ev('conflict409', '["409", "200"]', 'delivered');
+SELECT pg_temp.ev('conflict409ra', '["409:1", "200"]', 'delivered');
+SELECT pg_temp.ev('hang200', '["hang200:3"]', 'delivered');
 SELECT pg_temp.ev('err500', '["500", "200"]', 'delivered');
 SELECT pg_temp.ev('err503', '["503:0", "200"]', 'delivered');
 SELECT pg_temp.ev('timeout408', '["408", "200"]', 'delivered');
@@ -277,6 +332,13 @@ SELECT pg_temp.ev('reset', '["reset", "200"]', 'delivered');
 SELECT pg_temp.ev('headers', '["200"]', 'delivered', NULL,
                   '{"X-Custom": "hello", "Content-Type": "application/vnd.test+json", "X-Outbox-Id": "forged"}',
                   'dedup-1');
+SELECT pg_temp.ev('forged', '["200"]', 'delivered', NULL,
+                  '{"Idempotency_Key": "forged", "X_Outbox_Id": "forged", "x_outbox_attempt": "9",
+                    "X-Ctl": "a\u0001b"}', 'dedup-2');
+SELECT pg_temp.ev('enc1', '["200"]', 'delivered', NULL, NULL, E'same\nkey');
+SELECT pg_temp.ev('enc2', '["200"]', 'delivered', NULL, NULL, 'same%0Akey');
+SELECT pg_temp.ev('enc3', '["200"]', 'delivered', NULL, NULL, 'same key ');
+SELECT pg_temp.ev('evilkey', '["400"]', 'dead', E'evil\n2000-01-01 00:00:00.000 idem-relay[scripted]: FORGED');
 SELECT pg_temp.ev('chain1', '["500", "200"]', 'delivered', 'chain');
 SELECT pg_temp.ev('chain2', '["200"]', 'delivered', 'chain');
 BEGIN;
@@ -310,7 +372,11 @@ expect_event() {  # expect_event NAME STATE ATTEMPTS [ERROR-LIKE]
 }
 expect_event ok200 delivered 1
 expect_event ok204 delivered 1
-expect_event conflict409 delivered 1
+expect_event conflict409 delivered 2 "HTTP 409*"
+expect_event conflict409ra delivered 2 "HTTP 409*"
+expect_event hang200 delivered 1
+expect_event forged delivered 1
+expect_event evilkey dead 1 "HTTP 400*"
 expect_event err500 delivered 2 "HTTP 500*"
 expect_event err503 delivered 2 "HTTP 503*"
 expect_event timeout408 delivered 2 "HTTP 408*"
@@ -331,11 +397,20 @@ entries = sorted((json.loads(l) for l in open(sys.argv[1]) if '"s_script"' in l)
 out = []
 # 429 with Retry-After: 1 -> the second attempt at least ~1 s after the first answer.
 # (The names are in the payload, not the log: find events by their scripted actions.)
-first = [e for e in entries if e["action"] == "429:1"]
-if first:
-    second = [e for e in entries if e["id"] == first[0]["id"] and e["attempt"] == 2]
-    gap = second[0]["t"] - first[0]["t_end"] if second else -1
-    out.append("retry_after_gap=%.2f" % gap)
+for action, name in (("429:1", "retry_after_gap"), ("409:1", "conflict_gap")):
+    first = [e for e in entries if e["action"] == action]
+    if first:
+        second = [e for e in entries if e["id"] == first[0]["id"] and e["attempt"] == 2]
+        gap = second[0]["t"] - first[0]["t_end"] if second else -1
+        out.append("%s=%.2f" % (name, gap))
+# Header names as a WSGI server sees them ('_' folded into '-', case ignored).
+relay_names = {"idempotency-key", "x-outbox-id", "x-outbox-topic", "x-outbox-key", "x-outbox-attempt"}
+forged = [e for e in entries if "dedup-2" in e.get("ikeys", [])]
+if forged:
+    folded = [n.lower().replace("_", "-") for n in forged[0]["names"]]
+    clean = all(folded.count(n) <= 1 for n in relay_names) and forged[0]["ikeys"] == ["dedup-2"]
+    out.append("forged=%s|%s" % ("clean" if clean else "forged:" + ",".join(forged[0]["names"]),
+                                 "no-ctl" if forged[0]["ctl"] is None else "ctl-sent"))
 hdr = [e for e in entries if e.get("ikey") == "dedup-1"]
 if hdr:
     e = hdr[0]
@@ -350,21 +425,39 @@ check "scripted: 429 with Retry-After: 1 retried after about a second (gap ${gap
     $python -c "import sys; sys.exit(0 if float('${gap:--1}') >= 0.9 else 1)"
 check "scripted: the event's headers and dedup_key reach the receiver; relay headers cannot be forged" \
     test "$(echo "$scripted_checks" | sed -nE 's/.*headers=([^ ]*).*/\1/p')" = "hello|application/vnd.test+json|id-kept"
+gap=$(echo "$scripted_checks" | sed -nE 's/.*conflict_gap=([-0-9.]+).*/\1/p')
+check "scripted: 409 is retried, with Retry-After: 1 after about a second (gap ${gap:-none})" \
+    $python -c "import sys; sys.exit(0 if float('${gap:--1}') >= 0.9 else 1)"
+check "scripted: event headers named Idempotency_Key, X_Outbox_Id or x_outbox_attempt are not sent; nor a control byte" \
+    test "$(echo "$scripted_checks" | sed -nE 's/.*forged=([^ ]*).*/\1/p')" = "clean|no-ctl"
+check "scripted: a key with CR/LF forges no line in the relay's log" \
+    bash -c '! grep -q "^2000-01-01" "$1" && grep -q "evil\\\\n2000" "$1"' _ "$dir/scripted.err"
+check "scripted: Idempotency-Key is encoded reversibly (%, space and control bytes as %XX)" \
+    $python -c "
+import json, sys, urllib.parse
+want = {'same\nkey', 'same%0Akey', 'same key '}
+got = [e['ikey'] for e in map(json.loads, open('$dir/receiver.jsonl')) if e['topic'] == 's_script' and e['ikey'] and e['ikey'].startswith('same')]
+sys.exit(0 if len(set(got)) == 3 and {urllib.parse.unquote(k) for k in got} == want and all(' ' not in k for k in got) else 1)"
 check "scripted: a retried event holds back the next event of its key (500, 200, then the next)" \
     test "$(echo "$scripted_checks" | sed -nE 's/.*chain=([^ ]*).*/\1/p')" = "500:500,200:200,200:200"
 check "scripted: Idempotency-Key is outbox-<id> without a dedup_key" \
     $python -c "
 import json,sys
-bad=[e for e in map(json.loads, open('$dir/receiver.jsonl')) if e['topic']=='s_script' and e['ikey']!='dedup-1' and e['ikey']!='outbox-%d'%e['id']]
+dedups={'dedup-1', 'dedup-2', 'same%0Akey', 'same%250Akey', 'same%20key%20'}
+bad=[e for e in map(json.loads, open('$dir/receiver.jsonl')) if e['topic']=='s_script' and e['ikey'] not in dedups and e['ikey']!='outbox-%d'%e['id']]
 sys.exit(1 if bad else 0)"
 
 # ---------------------------------------------------------------- refused
 log "connection refused"
 closed_port=$($python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 sql -c "SELECT idempotency.outbox_enqueue('s_refused', jsonb_build_object('seq', g)) FROM generate_series(1, 5) g" >/dev/null
-once refused1 60 --dsn "$dsn" --sink "http://127.0.0.1:$closed_port/events" --topics s_refused --http-timeout 2s
+once refused1 60 --dsn "$dsn" --sink "http://user:s3cret@127.0.0.1:$closed_port/events?token=t0ken&x=1" \
+    --topics s_refused --http-timeout 2s
 status=$?
-check "refused: --once exits 0" test "$status" -eq 0
+check "refused: --once exits 0, its summary counts the events waiting for a retry" \
+    bash -c '[ "$1" -eq 0 ] && grep -q "waiting_retry=5 " "$2"' _ "$status" "$dir/refused1.err"
+check "refused: the sink's password and query values are not in the log" \
+    bash -c '! grep -qE "s3cret|t0ken" "$1" && grep -q "user:\*\*\*@127.0.0.1:[0-9]*/events?token=\*\*\*&x=\*\*\*" "$1"' _ "$dir/refused1.err"
 row=$(sql -c "SELECT count(*) FILTER (WHERE state = 'pending' AND attempts = 1 AND last_error ~* 'connect'), count(*)
               FROM idempotency.outbox WHERE topic = 's_refused'")
 check "refused: every event retryable (pending, attempt 1, a connection error)" test "$row" = "5|5"
@@ -373,6 +466,184 @@ once refused2 60 --dsn "$dsn" --sink "$sink" --topics s_refused
 status=$?
 check "refused: a later run delivers them (exit $status)" \
     sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_refused' AND state = 'delivered' AND attempts = 2" 5
+
+# ---------------------------------------------------------------- misconfigured
+log "a misconfigured sink (404 on every delivery)"
+sql -c "SELECT idempotency.outbox_enqueue('s_misconf', jsonb_build_object('seq', g), 'm' || g)
+        FROM generate_series(1, 60) g" >/dev/null
+once misconf 60 --dsn "$dsn" --sink "${sink%/events}/evnets" --topics s_misconf --parallel 2
+status=$?
+check "misconfigured: --once stops with exit 1 (exit $status)" test "$status" -eq 1
+check "misconfigured: it says why" grep -q "answered HTTP 404.* to each of the first 10 events delivered" "$dir/misconf.err"
+check "misconfigured: no event is dead; every one pending, its attempts not counted ($(states s_misconf))" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_misconf' AND state = 'pending' AND attempts = 0" 60
+requests=$(grep -c '"topic":"s_misconf"' "$dir/receiver.jsonl")
+check "misconfigured: it stopped after the first deliveries ($requests requests for 60 events)" \
+    test "$requests" -le 10
+# Two keys: only their heads can be tried, and they decide.
+sql -c "SELECT idempotency.outbox_enqueue('s_misconf2', jsonb_build_object('seq', g), 'mk' || (g % 2))
+        FROM generate_series(1, 4) g" >/dev/null
+once misconf2 60 --dsn "$dsn" --sink "${sink%/events}/evnets" --topics s_misconf2 --poll-interval 200ms
+status=$?
+check "misconfigured: with two keys, their two heads decide: exit $status, $(states s_misconf2)" \
+    bash -c '[ "$1" -eq 1 ] && grep -q "to each of the first 2 events delivered" "$2" && [ "$3" = "pending=4" ]' \
+    _ "$status" "$dir/misconf2.err" "$(states s_misconf2)"
+once misconf_fixed 60 --dsn "$dsn" --sink "$sink" --topics s_misconf --parallel 2
+check "misconfigured: with the URL fixed, every event is delivered at its first attempt (exit $?)" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_misconf' AND state = 'delivered' AND attempts = 1" 60
+
+# ---------------------------------------------------------------- Retry-After bounds
+log "Retry-After: raised to the backoff, capped at its maximum"
+sql >/dev/null <<'SQL'
+SELECT idempotency.outbox_enqueue('s_after', jsonb_build_object('name', n, 'script', s::jsonb))
+  FROM (VALUES ('zero', '["429:0", "200"]'),
+               ('past', '["503:Thu, 01 Jan 1970 00:00:00 GMT", "200"]'),
+               ('far', '["503:99999999999", "200"]')) v(n, s);
+SQL
+# This relay's session: the backoff starts at 2 s and stops at 3 s.
+after_dsn="$dsn options='-c idempotency.retry_base_delay=2s -c idempotency.retry_max_delay=3s'"
+start_relay after --dsn "$after_dsn" --sink "$sink" --topics s_after --parallel 3 --lease 10s \
+    --poll-interval 100ms --progress-interval 0
+after_pid=$relay_pid
+wait_until 30 sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_after' AND state = 'delivered'" 3
+stop_relay "$after_pid" 20
+after=$($python - "$dir/receiver.jsonl" <<'PY'
+import json, sys
+entries = [json.loads(l) for l in open(sys.argv[1]) if '"s_after"' in l]
+out = []
+for action in ("429:0", "503:Thu, 01 Jan 1970 00:00:00 GMT", "503:99999999999"):
+    first = [e for e in entries if e["action"] == action]
+    second = [e for e in entries if first and e["id"] == first[0]["id"] and e["attempt"] == 2]
+    out.append("%.2f" % (second[0]["t"] - first[0]["t_end"]) if second else "none")
+print(" ".join(out))
+PY
+)
+read -r gap_zero gap_past gap_far <<<"$after"
+check "Retry-After: 0 waits the backoff of the attempt, 2 s (waited ${gap_zero})" \
+    $python -c "import sys; sys.exit(0 if float('${gap_zero/none/-1}') >= 1.9 else 1)"
+check "Retry-After: a date in the past waits the backoff, 2 s (waited ${gap_past})" \
+    $python -c "import sys; sys.exit(0 if float('${gap_past/none/-1}') >= 1.9 else 1)"
+check "Retry-After: 99999999999 s waits the backoff's maximum, 3 s (waited ${gap_far})" \
+    $python -c "import sys; sys.exit(0 if 2.9 <= float('${gap_far/none/-1}') < 6 else 1)"
+check "Retry-After: each failure was recorded by its nack" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_after' AND attempts = 2 AND last_error ~ '^HTTP (429|503)'" 3
+
+# ---------------------------------------------------------------- --once outcomes
+log "--once: dead letters and retries in its exit status and summary"
+sql >/dev/null <<'SQL'
+SELECT idempotency.outbox_enqueue('s_once_dead', jsonb_build_object('seq', g, 'script', s::jsonb,
+                                  'expect', e), 'od' || g)
+  FROM (VALUES (1, '["200"]', 'delivered'), (2, '["400"]', 'dead'),
+               (3, '["500", "200"]', 'delivered')) v(g, s, e);
+SQL
+# A backoff of 5 s: the retried event is not due again within the run.
+once once_dead 60 --dsn "$dsn options='-c idempotency.retry_base_delay=5s'" --sink "$sink" --topics s_once_dead
+status=$?
+check "once: exit 3 when events went dead in the run (exit $status)" test "$status" -eq 3
+check "once: its summary counts the dead and the events waiting for a retry" \
+    grep -qE 'stopped: delivered=1 retried=1 dead=1 .* waiting_retry=1 ' "$dir/once_dead.err"
+
+log "--once with a slow receiver: events past their lease are released, not charged an attempt"
+sql -c "SELECT idempotency.outbox_enqueue('s_slow', jsonb_build_object('seq', g, 'script', '[\"delay:0.3\"]'::jsonb), 'sl' || g)
+        FROM generate_series(1, 12) g" >/dev/null
+once slow 60 --dsn "$dsn" --sink "$sink" --topics s_slow --lease 2s --http-timeout 1s --batch 50
+status=$?
+check "slow: --once delivers everything due and exits 0 (exit $status, $(states s_slow))" \
+    test "$status" -eq 0 -a "$(states s_slow)" = "delivered=12"
+check "slow: every event delivered at its first attempt" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_slow' AND state = 'delivered' AND attempts = 1" 12
+check "slow: some events were released unattempted, and the summary says so" \
+    grep -qE 'stopped: .* dead=0 .* released=[1-9][0-9]* not_attempted=0' "$dir/slow.err"
+
+# ---------------------------------------------------------------- stdout to a pipe
+log "stdout into a pipe that closes (| head -1)"
+sql -c "SELECT idempotency.outbox_enqueue('s_pipe', jsonb_build_object('seq', g)) FROM generate_series(1, 10) g" >/dev/null
+timeout -s KILL 60 "$relay_bin" --relay pipe --once --dsn "$dsn" --sink stdout --topics s_pipe \
+    2>"$dir/pipe.err" | head -n 1 >"$dir/pipe.out"
+status=${PIPESTATUS[0]}
+check "pipe: the relay stops with exit 1 when the pipe closes (exit $status)" test "$status" -eq 1
+shown=$($python -c "import json; print(json.loads(open('$dir/pipe.out').readline())['id'])" 2>/dev/null)
+check "pipe: only the line head read is delivered ($(states s_pipe))" \
+    sql_is "SELECT string_agg(id::text, ',') FROM idempotency.outbox WHERE topic = 's_pipe' AND state = 'delivered'" "${shown:-none}"
+
+# ---------------------------------------------------------------- --topics "a, b"
+log "--topics with spaces after the commas"
+sql -c "SELECT idempotency.outbox_enqueue(t, '{}') FROM unnest(ARRAY['s_trim_a', 's_trim_b']) t" >/dev/null
+once trim 60 --dsn "$dsn" --sink stdout --topics "s_trim_a, s_trim_b"
+check "topics: 's_trim_a, s_trim_b' delivers both topics (exit $?)" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic IN ('s_trim_a', 's_trim_b') AND state = 'delivered'" 2
+
+# ---------------------------------------------------------------- a failed ack
+log "outbox_ack refused: unhealthy, stop, exit 1"
+sql -c "SELECT idempotency.outbox_enqueue('s_noack', jsonb_build_object('seq', g, 'script', s::jsonb), 'na' || g)
+        FROM (VALUES (1, '[\"200\"]'), (2, '[\"delay:3\"]')) v(g, s)" >/dev/null
+start_relay noack --dsn "host=$dir port=$port dbname=$db user=relay_noack" --sink "$sink" --topics s_noack \
+    --parallel 2 --lease 5s --http-timeout 4s --progress-interval 0 --metrics-addr 127.0.0.1:0
+noack_pid=$relay_pid
+wait_until 15 grep -q "metrics on http://127.0.0.1:" "$dir/noack.err"
+noack_port=$(sed -nE 's|.*metrics on http://127.0.0.1:([0-9]+)/metrics.*|\1|p' "$dir/noack.err" | head -n 1)
+healthz() {
+    $python -c "
+import sys, urllib.request, urllib.error
+try:
+    urllib.request.urlopen('http://127.0.0.1:$1/healthz', timeout=2)
+    sys.exit(1)
+except urllib.error.HTTPError as e:
+    sys.exit(0 if e.code == 503 else 1)
+except OSError:
+    sys.exit(1)"
+}
+check "noack: /healthz turns 503 while the relay stops" wait_until 10 healthz "$noack_port"
+if wait_until 20 bash -c "! kill -0 $noack_pid 2>/dev/null"; then
+    wait "$noack_pid"; status=$?
+else
+    status=running
+fi
+check "noack: the relay stops by itself with exit 1 (exit $status)" test "$status" = 1
+check "noack: it says why" grep -q "outbox_ack.*stopping" "$dir/noack.err"
+check "noack: the acked-in-vain event was sent once, not again and again" test "$(received s_noack)" = 2
+if [ "$status" = running ]; then stop_relay "$noack_pid" 5 KILL; fi
+
+# ---------------------------------------------------------------- drain bound
+log "SIGTERM with a slow receiver: bounded by the delivery in progress"
+sql -c "SELECT idempotency.outbox_enqueue('s_bound', jsonb_build_object('seq', g, 'script', '[\"delay:1\"]'::jsonb), 'b' || g)
+        FROM generate_series(1, 20) g" >/dev/null
+start_relay bound --dsn "$dsn" --sink "$sink" --topics s_bound --batch 20 --lease 60s --http-timeout 3s \
+    --progress-interval 0
+bound_pid=$relay_pid
+wait_until 30 received_at_least s_bound 2
+signalled=$($python -c 'import time; print(time.time())')
+started=$SECONDS
+stop_relay "$bound_pid" 30
+status=$?
+took=$((SECONDS - started))
+check "bound: SIGTERM exits 0 within --http-timeout and a little ($took s)" test "$status" -eq 0 -a "$took" -le 6
+late=$($python -c "
+import json
+print(sum(1 for e in map(json.loads, open('$dir/receiver.jsonl')) if e['topic'] == 's_bound' and e['t'] > $signalled + 0.5))")
+check "bound: no delivery started after the signal ($late did)" test "$late" = 0
+bound_delivered=$(sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_bound' AND state = 'delivered'")
+check "bound: the $((20 - bound_delivered)) events not delivered are pending again, no attempt counted" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_bound' AND state = 'pending' AND attempts = 0" $((20 - bound_delivered))
+
+# ---------------------------------------------------------------- memory
+log "--max-in-flight-bytes bounds memory, not the event count"
+sql >/dev/null <<'SQL'
+SET idempotency.max_value_bytes = '4MB';
+SELECT idempotency.outbox_enqueue('s_big', jsonb_build_object('seq', g, 'pad', repeat('x', 2000000),
+                                  'script', '["delay:0.05"]'::jsonb))
+  FROM generate_series(1, 20) g;
+SQL
+start_relay big --dsn "$dsn" --sink "$sink" --topics s_big --parallel 2 --max-in-flight-bytes 4MB \
+    --progress-interval 0
+big_pid=$relay_pid
+wait_until 60 sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_big' AND state = 'delivered'" 20
+check "memory: 20 events of 2 MB delivered ($(states s_big))" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_big' AND state = 'delivered'" 20
+peak_kb=$(sed -nE 's/^VmHWM:\s+([0-9]+) kB/\1/p' "/proc/$big_pid/status" 2>/dev/null)
+check "memory: the relay's peak resident size stays near the bound (${peak_kb:-?} kB for 40 MB of events)" \
+    test "${peak_kb:-999999}" -lt 49152
+stop_relay "$big_pid" 20
 
 # ---------------------------------------------------------------- order
 log "per-key order with --parallel 4"
@@ -568,9 +839,10 @@ check "notify: SIGTERM exits 0" test $? -eq 0
 
 # ---------------------------------------------------------------- final
 log "final count"
-once final 60 --dsn "$dsn" --sink "$sink" --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify
+once final 60 --dsn "$dsn" --sink "$sink" \
+    --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big
 check "final: a last --once run exits 0" test $? -eq 0
-sql -c "DELETE FROM idempotency.outbox WHERE topic = 's_stdout' OR payload->>'expect' = 'pending'"
+sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pipe', 's_trim_a', 's_trim_b') OR payload->>'expect' = 'pending'"
 dump
 check "final: every committed event delivered (or dead as scripted), never a rolled-back one" \
     $python "$here/check.py" complete "$dir/receiver.jsonl" "$dir/outbox.dump"

@@ -14,10 +14,16 @@ ParseResult parse(std::vector<const char*> args) {
     return parse_options(static_cast<int>(args.size()), args.data());
 }
 
-std::vector<const char*> required(std::vector<const char*> more = {}) {
+std::vector<const char*> base(std::vector<const char*> more = {}) {
     std::vector<const char*> args = {"--dsn", "dbname=app", "--relay", "r1", "--sink", "stdout"};
     args.insert(args.end(), more.begin(), more.end());
     return args;
+}
+
+// The required options, taking every topic.
+std::vector<const char*> required(std::vector<const char*> more = {}) {
+    more.insert(more.begin(), "--all-topics");
+    return base(more);
 }
 
 }  // namespace
@@ -29,6 +35,8 @@ TEST(RelayOptions, RequiredOnlyGivesTheDefaults) {
     EXPECT_EQ(r.options.relay, "r1");
     EXPECT_EQ(r.options.sink, "stdout");
     EXPECT_TRUE(r.options.topics.empty());
+    EXPECT_TRUE(r.options.all_topics);
+    EXPECT_EQ(r.options.max_in_flight_bytes, 64LL << 20);
     EXPECT_EQ(r.options.batch, 100);
     EXPECT_EQ(r.options.lease, Millis(30000));
     EXPECT_EQ(r.options.parallel, 1);
@@ -40,11 +48,14 @@ TEST(RelayOptions, RequiredOnlyGivesTheDefaults) {
 }
 
 TEST(RelayOptions, EveryOption) {
-    const ParseResult r = parse(required({"--topics", "a,b", "--batch=500", "--lease", "1m",
-                                          "--parallel", "4", "--once", "--metrics-addr",
-                                          "127.0.0.1:9187", "--poll-interval", "250ms"}));
+    const ParseResult r = parse(base({"--topics", "a,b", "--batch=500", "--lease", "1m",
+                                      "--parallel", "4", "--once", "--metrics-addr",
+                                      "127.0.0.1:9187", "--poll-interval", "250ms",
+                                      "--max-in-flight-bytes", "8MB"}));
     ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
     EXPECT_EQ(r.options.topics, (std::vector<std::string>{"a", "b"}));
+    EXPECT_FALSE(r.options.all_topics);
+    EXPECT_EQ(r.options.max_in_flight_bytes, 8LL << 20);
     EXPECT_EQ(r.options.batch, 500);
     EXPECT_EQ(r.options.lease, Millis(60000));
     EXPECT_EQ(r.options.parallel, 4);
@@ -67,8 +78,10 @@ TEST(RelayOptions, HelpAndVersion) {
     EXPECT_EQ(parse({"-h"}).status, ParseStatus::Help);
     EXPECT_EQ(parse({"--version"}).status, ParseStatus::Version);
     const std::string text = usage();
-    for (const char* option : {"--dsn", "--relay", "--sink", "--topics", "--batch", "--lease",
-                               "--parallel", "--once", "--metrics-addr"})
+    for (const char* option : {"--dsn", "--relay", "--sink", "--topics", "--all-topics", "--batch",
+                               "--lease", "--parallel", "--once", "--metrics-addr",
+                               "--max-in-flight-bytes", "409", "Retry-After", "misconfigured",
+                               "released", "Exit status"})
         EXPECT_NE(text.find(option), std::string::npos) << option;
 }
 
@@ -98,12 +111,49 @@ TEST(RelayOptions, Errors) {
         {required({"--lease", "5s", "--http-timeout", "5s"}), "shorter than --lease"},
         {required({"--once=yes"}), "takes no value"},
         {{"--dsn", "x", "--relay", "r", "--sink", "ftp://host/"}, "--sink must be"},
+        {base(), "--topics or --all-topics is required"},
+        {base({"--topics", "a", "--all-topics"}), "exclude each other"},
+        {base({"--topics", "a, ,b"}), "empty topic"},
+        {base({"--all-topics=yes"}), "takes no value"},
+        {required({"--max-in-flight-bytes", "100"}), "--max-in-flight-bytes"},
+        {required({"--max-in-flight-bytes", "5TB"}), "--max-in-flight-bytes"},
     };
     for (const Case& c : cases) {
         const ParseResult r = parse(c.args);
         EXPECT_EQ(r.status, ParseStatus::Error) << c.message;
         EXPECT_NE(r.error.find(c.message), std::string::npos) << r.error << " / " << c.message;
     }
+}
+
+TEST(RelayOptions, TopicsAreTrimmed) {
+    const ParseResult r = parse(base({"--topics", " a, b ,c\t"}));
+    ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+    EXPECT_EQ(r.options.topics, (std::vector<std::string>{"a", "b", "c"}));
+}
+
+TEST(RelayOptions, ASinkPasswordIsNotEchoed) {
+    const ParseResult r = parse({"--dsn", "x", "--relay", "r", "--all-topics", "--sink",
+                                 "ftp://u:secret@host/?token=t0k"});
+    ASSERT_EQ(r.status, ParseStatus::Error);
+    EXPECT_EQ(r.error.find("secret"), std::string::npos) << r.error;
+    EXPECT_EQ(r.error.find("t0k"), std::string::npos) << r.error;
+}
+
+TEST(RelayOptions, Sizes) {
+    std::int64_t n = 0;
+    ASSERT_TRUE(parse_size("64MB", &n));
+    EXPECT_EQ(n, 64LL << 20);
+    ASSERT_TRUE(parse_size("512kB", &n));
+    EXPECT_EQ(n, 512LL << 10);
+    ASSERT_TRUE(parse_size("1g", &n));
+    EXPECT_EQ(n, 1LL << 30);
+    ASSERT_TRUE(parse_size("4096", &n));
+    EXPECT_EQ(n, 4096);
+    EXPECT_FALSE(parse_size("", &n));
+    EXPECT_FALSE(parse_size("MB", &n));
+    EXPECT_FALSE(parse_size("-1MB", &n));
+    EXPECT_FALSE(parse_size("1.5MB", &n));
+    EXPECT_FALSE(parse_size("99999999999999GB", &n));
 }
 
 TEST(RelayOptions, Durations) {

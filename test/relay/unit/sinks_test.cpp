@@ -56,9 +56,10 @@ TEST(RelayStdout, OneLinePerEvent) {
 }
 
 TEST(RelayHttp, StatusesDecideTheOutcome) {
-    for (long status : {200L, 201L, 202L, 204L, 299L, 409L})
+    for (long status : {200L, 201L, 202L, 204L, 299L})
         EXPECT_EQ(classify_response(status, {}, "").verdict, Verdict::Ack) << status;
-    for (long status : {408L, 425L, 429L, 500L, 502L, 503L, 504L, 599L})
+    // 409: the receiver is still working on a request with this key.
+    for (long status : {408L, 409L, 425L, 429L, 500L, 502L, 503L, 504L, 599L})
         EXPECT_EQ(classify_response(status, {}, "").verdict, Verdict::Retry) << status;
     for (long status : {400L, 401L, 403L, 404L, 410L, 413L, 422L, 451L, 499L})
         EXPECT_EQ(classify_response(status, {}, "").verdict, Verdict::Dead) << status;
@@ -74,6 +75,8 @@ TEST(RelayHttp, RetryAfterAndErrorText) {
     EXPECT_EQ(o.error, "HTTP 429: slow down please");
     EXPECT_FALSE(classify_response(503, {}, "").retry_in.has_value());
     EXPECT_EQ(classify_response(400, 5000, "").error, "HTTP 400");
+    EXPECT_EQ(classify_response(409, 2000, "").retry_in, std::optional<std::int64_t>(2000));
+    EXPECT_EQ(classify_response(404, {}, "").status, 404);
 }
 
 TEST(RelayHttp, ParseRetryAfter) {

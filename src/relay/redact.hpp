@@ -1,0 +1,15 @@
+// URLs as the relay prints them: a sink URL may carry a secret in its
+// password or its query (?token=...), and logs are read by more people than
+// the configuration.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace idem::relay {
+
+// The URL with its password and the value of every query parameter
+// replaced by "***"; works on text that does not parse as a URL too.
+std::string redact_url(std::string_view url);
+
+}  // namespace idem::relay
