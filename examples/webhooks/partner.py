@@ -10,8 +10,8 @@ SQLite transaction as the event's effect (the partner's copy of the order),
 so an event is applied at most once; a repeat of a key already applied
 answers 200 with the first answer (header Idempotent-Replayed: true) and
 applies nothing; a repeat that arrives while the first request with that key
-is still being processed answers 503 with Retry-After (not 409: 409 means
-"done" to the sender, and the first request might still fail).
+is still being processed answers 409 with Retry-After: the first request
+might still fail, so the sender must try again later (and does).
 
 And it misbehaves on purpose, chosen per request (seeded, plus a fixed
 schedule so that every case happens in every run):
@@ -294,8 +294,8 @@ class Partner:
                     store.in_progress.add(key)
         if busy:
             # Another request with this key is being applied right now: come back later.
-            http.answer(503, {"error": "a request with this Idempotency-Key is in progress"}, [("Retry-After", "1")])
-            return store.end_request(n, "in_progress", 503)
+            http.answer(409, {"error": "a request with this Idempotency-Key is in progress"}, [("Retry-After", "1")])
+            return store.end_request(n, "in_progress", 409)
         if previous is None and error is not None:
             http.answer(400, {"error": error})
             return store.end_request(n, "rejected", 400)

@@ -156,13 +156,15 @@ def main():
     check(f"the outbox counted every attempt the partner saw (attempts >= the highest X-Outbox-Attempt); "
           f"{len(retried)} of the lost-response events took more than one", not behind, f"{behind}")
     in_progress = [r for r in requests if r["result"] == "in_progress"]
-    check(f"a retry that arrived while the partner was still applying the first request was told to come back "
-          f"(503, not 409) ({len(in_progress)} time(s))", all(r["status"] == "503" for r in in_progress))
-
     # --------------------------------------------------- the other failures
     def next_request(r):
         later = [x for x in by_key[r["idempotency_key"]] if x["n"] > r["n"]]
         return later[0] if later else None
+    waits = [(r["n"], round(nxt["t"] - r["t_end"], 3)) for r in in_progress if (nxt := next_request(r))]
+    check(f"a retry that arrived while the partner was still applying the first request was told to come back "
+          f"(409 with Retry-After: 1, {len(in_progress)} time(s)), and came back no sooner than 1 s later",
+          all(r["status"] == "409" for r in in_progress) and len(waits) == len(in_progress)
+          and all(g >= 0.95 for _, g in waits), f"gaps {waits}")
     unavailable = [r for r in requests if r["status"] == "503"]
     gaps = [(r["n"], round(nxt["t"] - r["t_end"], 3)) for r in unavailable if (nxt := next_request(r))]
     check(f"503 with Retry-After: 1 ({len(unavailable)} times): every one retried, none sooner than 1 s later",
