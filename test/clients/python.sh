@@ -12,13 +12,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 package=$(cd "$here/../../clients/python" && pwd)
 
 example_start clients-python "${CLIENTS_PYTHON_PORT:-54472}" clients
-venv=$EXAMPLE_DIR/venv
-log "clients/python: pip install into $venv"
-/usr/bin/python3 -m venv --system-site-packages "$venv" &&
-    cp -r "$package" "$EXAMPLE_DIR/package" &&
-    "$venv/bin/pip" install --no-index --no-build-isolation --quiet "$EXAMPLE_DIR/package" \
-        >"$EXAMPLE_DIR/pip.log" 2>&1 || { cat "$EXAMPLE_DIR/pip.log" >&2; example_fail "pip install failed"; }
+log "clients/python: pip install into a virtual environment"
+python=$(example_python) || example_fail "pip install failed"
 log "clients/python: pytest"
 # From the tests' folder, so that the installed package (not the source) is imported.
-(cd "$package/tests" && example_run timeout 300 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+(cd "$package/tests" && example_run timeout 300 "$python" -m pytest -q -p no:cacheprovider \
     --rootdir "$package" -c "$package/pyproject.toml" .) || example_fail "clients/python tests failed"
