@@ -2,7 +2,8 @@
 # `make test`: installs what is missing, builds and installs the extension,
 # then runs every suite against throwaway clusters as the `postgres` OS user:
 # unit tests (ctest), regression (pg_regress), races (isolation tester),
-# TAP tests against real clusters, and the stress test. Ends with the line
+# TAP tests against real clusters, the stress test, the client libraries'
+# tests and the examples. Ends with the line
 # "N passed, N failed"; the exit status is non-zero on any failure.
 set -u
 . "$(dirname "$0")/lib/common.sh"
@@ -104,7 +105,7 @@ run_tap() {
 run_harnesses() {
     local script
     for script in "$stage"/test/stress/*.sh "$stage"/test/relay/run.sh \
-        "$stage"/test/chaos/run.sh "$stage"/examples/run-all.sh; do
+        "$stage"/test/chaos/run.sh "$stage"/test/clients/*.sh "$stage"/examples/run-all.sh; do
         [ -x "$script" ] || continue
         log "harness ${script#$stage/}"
         if "$script"; then count "${script#$stage/}" 1 0; else count "${script#$stage/}" 0 1; fi

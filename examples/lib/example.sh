@@ -19,6 +19,10 @@
 #   example_stop PID [SECS]  TERM, wait up to SECS (5), then KILL; its status
 #   example_wait_for SECS CMD...  polls CMD every 0.1 s until it succeeds
 #   example_fail MSG         prints MSG and the logs, exits 1
+#   example_python           prints the python of a virtual environment (made
+#                            once per cluster) that sees Debian's packages and
+#                            has the Python client (clients/python) installed
+#                            by pip, without a package index
 
 EXAMPLE_LIB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$EXAMPLE_LIB/../../test/lib/common.sh"
@@ -110,6 +114,18 @@ example_wait_for() {
         [ "$SECONDS" -ge "$deadline" ] && return 1
         sleep 0.1
     done
+}
+
+example_python() {
+    local venv=$EXAMPLE_DIR/venv
+    if [ ! -x "$venv/bin/python" ]; then
+        # A copy, so that the build leaves nothing beside the sources.
+        /usr/bin/python3 -m venv --system-site-packages "$venv" &&
+            cp -r "$EXAMPLE_LIB/../../clients/python" "$EXAMPLE_DIR/pg-idempotency" &&
+            "$venv/bin/pip" install --no-index --no-build-isolation --quiet "$EXAMPLE_DIR/pg-idempotency" \
+                >"$EXAMPLE_DIR/pip.log" 2>&1 || { cat "$EXAMPLE_DIR/pip.log" >&2; return 1; }
+    fi
+    echo "$venv/bin/python"
 }
 
 example_fail() {

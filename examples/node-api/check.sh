@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The node-api example end to end: a throwaway cluster, `npm ci`, the API
-# (server.js) and two workers (worker.js) on loopback, then scenario.js:
+# (server.js, Express and the client's middleware) and two workers (worker.js,
+# the client's consume and claim) on loopback, then scenario.js:
 # requests with and without Idempotency-Key, concurrent duplicates, a key
 # reused with another body, replays, and the proof in the database that each
 # payment was applied exactly once. Exits non-zero on any failure.

@@ -145,9 +145,11 @@ const q = async (sql, params) => (await db.query(sql, params)).rows;
   check('the 3 s payment with a 2 s lease kept its lease by heartbeats (1 attempt)',
     slow.status === 'COMPLETED' && slow.attempts === 1, JSON.stringify(slow));
 
-  const [outbox] = await q(`SELECT count(*)::int AS n, count(*) FILTER (WHERE state = 'delivered')::int AS delivered
+  const [outbox] = await q(`SELECT count(*)::int AS n, count(*) FILTER (WHERE state = 'delivered')::int AS delivered,
+      array_agg(payload->>'key') FILTER (WHERE state = 'dead') AS dead
      FROM idempotency.outbox WHERE topic = 'payments.charge'`);
-  check('one job per key in the outbox, all delivered (32)', outbox.n === 32 && outbox.delivered === 32, JSON.stringify(outbox));
+  check('one job per key in the outbox (32): all delivered but the refused one, a dead letter',
+    outbox.n === 32 && outbox.delivered === 31 && JSON.stringify(outbox.dead) === JSON.stringify([poorKey]), JSON.stringify(outbox));
 
   const [m] = await q('SELECT claims, lease_expirations, stale_tokens, mismatches, locks_acquired, outbox_deduplicated FROM idempotency.idem_metrics');
   check('metrics: 32 claims, no lease expired, no stale token, 2 mismatches, a lock per payment',

@@ -1,52 +1,52 @@
-// Serves route.js with plain node:http on loopback, the way Next.js would
-// serve app/api/payments/route.js. Prints the address it listens on (and
-// writes the port to $PORT_FILE when set); PORT=0 picks a free port.
-import http from 'node:http';
+// POST /api/payments with an Idempotency-Key header, on Express and the
+// client's middleware in register mode: in one transaction the key is
+// registered and the payment job enqueued (a job exists if and only if its
+// key does); the answer is 202. Repeats get 409 until worker.js has done
+// the job, then its result (200), or 402 when the payment was refused;
+// another body under the key gets 422, no key 400.
+// Prints the address it listens on (and writes the port to $PORT_FILE when
+// set); PORT=0 picks a free port.
 import { writeFileSync } from 'node:fs';
-import { pool } from './db.js';
-import { POST } from './route.js';
+import express from 'express';
+import { enqueue, jsonResponse, problem } from 'pg-idempotency';
+import { idempotency } from 'pg-idempotency/express';
+import { SCOPE, TOPIC, newPool } from './payments.js';
 
-const MAX_BODY = 64 * 1024;
-const routes = { '/api/payments': { POST } };
+const pool = newPool('payments api');
+const app = express();
 
-const server = http.createServer(async (req, res) => {
-  let response;
-  try {
-    response = await dispatch(req);
-  } catch (err) {
-    console.error(`${req.method} ${req.url}:`, err);
-    response = Response.json({ title: 'Internal error', status: 500 }, { status: 500 });
-  }
-  res.writeHead(response.status, Object.fromEntries(response.headers));
-  res.end(Buffer.from(await response.arrayBuffer()));
+app.post('/api/payments', express.json({ limit: '64kb' }), idempotency({
+  pool, scope: SCOPE, mode: 'register',
+  failedResponse: (error) => jsonResponse(error.startsWith('insufficient_funds') ? 402 : 500, { status: 'failed', error }),
+}), async (req, res) => {
+  const invalid = validatePayment(req.body);
+  if (invalid) return send(res, problem(400, 'Invalid payment', invalid));   // nothing registered
+  const { key, request, client } = req.idempotency;
+  await enqueue(client, TOPIC, { key, request, payment: req.body }, { dedupKey: key });
+  res.status(202).json({ status: 'accepted', idempotency_key: key });
 });
 
-async function dispatch(req) {
-  const url = new URL(req.url, 'http://localhost');
-  const route = routes[url.pathname];
-  if (!route) return Response.json({ title: 'Not found', status: 404 }, { status: 404 });
-  const handler = route[req.method];
-  if (!handler) return new Response(null, { status: 405, headers: { Allow: Object.keys(route).join(', ') } });
+// A body that is not JSON, and anything unexpected: RFC 9457 problems.
+app.use((err, req, res, next) => {   // eslint-disable-line no-unused-vars
+  const status = err.status ?? 500;
+  if (status >= 500) console.error(`${req.method} ${req.url}:`, err);
+  send(res, problem(status, status === 400 ? 'Invalid body' : 'Internal error', err.expose ? err.message : ''));
+});
 
-  const chunks = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += chunk.length;
-    if (size > MAX_BODY) return Response.json({ title: 'Body too large', status: 413 }, { status: 413 });
-    chunks.push(chunk);
-  }
-  const headers = new Headers();
-  for (let i = 0; i < req.rawHeaders.length; i += 2) headers.append(req.rawHeaders[i], req.rawHeaders[i + 1]);
-  const body = req.method === 'GET' || req.method === 'HEAD' ? undefined : Buffer.concat(chunks);
-  return handler(new Request(url, { method: req.method, headers, body }));
+function validatePayment(body) {
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) return 'The body must be a JSON object.';
+  if (typeof body.account !== 'string' || !body.account || body.account.length > 64) return '"account" must be a non-empty string.';
+  if (!Number.isSafeInteger(body.amount) || body.amount <= 0) return '"amount" must be a positive integer (cents).';
+  return null;
 }
 
-server.listen(Number(process.env.PORT ?? 3000), '127.0.0.1', () => {
+const send = (res, { status, headers, body }) => res.status(status).set(headers).send(body);
+
+const server = app.listen(Number(process.env.PORT ?? 3000), '127.0.0.1', () => {
   const { port } = server.address();
   console.log(`payments API listening on http://127.0.0.1:${port}/api/payments`);
   if (process.env.PORT_FILE) writeFileSync(process.env.PORT_FILE, `${port}\n`);
 });
-
 for (const signal of ['SIGTERM', 'SIGINT']) {
   process.on(signal, () => {
     server.close(() => pool.end().then(() => process.exit(0)));

@@ -4,7 +4,9 @@
 # mid-send), a scripted provider on 127.0.0.1, and checks of the final
 # states: stored results replayed to duplicates, retryable failures retried
 # after backoff, final failures in the dead letters. Exits non-zero on any
-# failure. Needs the extension installed (make install) and python3-psycopg2.
+# failure. Needs the extension installed (make install), python3-psycopg and
+# python3-psycopg2 (the scenario's own checks); the Python client is installed
+# into a virtual environment with pip, offline.
 # Settings: PYTHON_WORKER_PORT (54463, names the cluster's socket),
 # EXAMPLE_KEEP=1 keeps the cluster's folder when a check fails.
 set -u
@@ -22,9 +24,10 @@ ALTER DATABASE billing SET idempotency.retry_max_delay = '2s';
 CREATE ROLE oncall LOGIN IN ROLE pg_monitor;
 SQL
 
+python=$(example_python) || example_fail "could not install the Python client"
 mkdir -p "$EXAMPLE_DIR/scratch"
 conn="host=$PGHOST port=$PGPORT dbname=$PGDATABASE"
 EXAMPLE_LOGS+=("$EXAMPLE_DIR"/scratch/worker-{1,2,3}.log)
-example_run /usr/bin/python3 "$here/scenario.py" --dsn "$conn user=app" --ops-dsn "$conn user=oncall" \
+example_run "$python" "$here/scenario.py" --dsn "$conn user=app" --ops-dsn "$conn user=oncall" \
     --admin-dsn "$conn user=postgres" --workdir "$EXAMPLE_DIR/scratch" || example_fail "python-worker checks failed"
 echo "python-worker: all checks passed"

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-import psycopg2
+import psycopg
 
 from worker import SCOPE, TOPIC
 
@@ -49,7 +49,7 @@ def main():
     parser.add_argument("--dsn", default="", help="libpq connection string (default: the PG* environment)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    with psycopg2.connect(args.dsn, application_name="deadletters") as conn:
+    with psycopg.connect(args.dsn, application_name="deadletters") as conn:
         found = report(conn)
     if args.json:
         print(json.dumps(found, indent=2))

@@ -5,7 +5,9 @@
 IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 IDEM_OS_USER=${IDEM_OS_USER:-postgres}
 IDEM_PACKAGES="postgresql-15 postgresql-server-dev-15 postgresql-contrib libpq-dev libipc-run-perl
-  g++ make cmake libgtest-dev python3 python3-psycopg2 libcurl4-openssl-dev nodejs gnuplot-nox"
+  g++ make cmake libgtest-dev python3 python3-psycopg2 libcurl4-openssl-dev nodejs gnuplot-nox
+  python3-psycopg python3-psycopg-pool python3-venv python3-pip python3-fastapi python3-httpx python3-pytest
+  python3-uvicorn"
 
 log() { printf '== %s\n' "$*" >&2; }
 

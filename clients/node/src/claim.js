@@ -1,0 +1,118 @@
+// The worker pattern: claim a key with a lease, run the work while a
+// heartbeat keeps the lease, and record how it ended: complete (the result
+// is stored and replayed to every duplicate), fail (retryable or final), or
+// nothing at all when the key was taken over meanwhile (fenced).
+import { defaultClassify, isStaleToken } from './errors.js';
+import { Heartbeat } from './heartbeat.js';
+import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, NEXT_ATTEMPT, RELEASE, jsonParam } from './sql.js';
+import { withTransaction } from './transaction.js';
+
+const DEFAULT_LEASE = 30;
+
+// A claimed key, handed to the work function.
+export class Job {
+  constructor(pool, { key, token, scope, attempt, lease, signal }) {
+    Object.assign(this, { key, token, scope, attempt, lease, signal });
+    this.pool = pool;
+    this.finished = null;   // 'completed' or 'released' once recorded
+    this.result = undefined;
+  }
+
+  // Fences the caller's transaction: IK001 unless this job still holds the
+  // key; the key's row stays locked until that transaction ends.
+  async fence(client) {
+    await client.query(ASSERT_OWNER, [this.key, this.token, this.scope]);
+  }
+
+  // Stores the result, on `client` (inside the caller's transaction, after
+  // the business writes) or in a statement of its own.
+  async complete(result = null, client = this.pool) {
+    await client.query(COMPLETE, [this.key, this.token, jsonParam(result), this.scope]);
+    this.finished = 'completed';
+    this.result = result;
+    return result;
+  }
+
+  // Fence, business writes and complete in one transaction: fn(client)
+  // returns the result to store.
+  transaction(fn) {
+    return withTransaction(this.pool, async (client) => {
+      await this.fence(client);
+      return this.complete(await fn(client), client);
+    });
+  }
+
+  // Gives the key back without counting an attempt.
+  async release() {
+    await this.pool.query(RELEASE, [this.key, this.token, this.scope]);
+    this.finished = 'released';
+  }
+}
+
+// claim(pool, { key, request, scope, lease, wait, heartbeat, classify }, work)
+// resolves to one of:
+//   { outcome: 'completed', result, replayed }     done now, or a duplicate of finished work
+//   { outcome: 'failed', error, retryable, retryAfter, replayed, cause }
+//   { outcome: 'in_progress' | 'retry_later', retryAfter }   someone else holds it / backoff
+//   { outcome: 'mismatch' }                        the key was used with another request
+//   { outcome: 'fenced', error }                   the lease was lost and the key taken over
+//   { outcome: 'released' }                        the work gave the key back
+export async function claim(pool, options, work) {
+  const { key, request = null, scope = 'default', lease = DEFAULT_LEASE, wait = null } = options;
+  const { rows: [row] } = await pool.query(CLAIM, [key, jsonParam(request), lease, scope, wait || null]);
+  switch (row.outcome) {
+    case 'claimed':
+      return run(pool, { ...options, key, scope, lease }, row, work);
+    case 'completed':
+      return { outcome: 'completed', result: row.result, replayed: true };
+    case 'failed':
+      return { outcome: 'failed', error: row.error, retryable: false, retryAfter: null, replayed: true };
+    case 'in_progress':
+    case 'retry_later':
+      return { outcome: row.outcome, retryAfter: row.retry_after ?? 0 };
+    default:
+      return { outcome: row.outcome };
+  }
+}
+
+async function run(pool, options, row, work) {
+  const { key, scope, lease, heartbeat = true, classify = defaultClassify } = options;
+  const beat = heartbeat ? new Heartbeat(pool, { key, token: row.token, scope, lease }) : null;
+  const job = new Job(pool, { key, token: row.token, scope, attempt: row.attempt, lease, signal: beat?.signal });
+  let value;
+  let error = null;
+  try {
+    value = await work(job);
+  } catch (err) {
+    error = err;
+  } finally {
+    await beat?.stop();
+  }
+  if (error && job.finished) throw error;   // after the key was recorded: the caller's own error
+  try {
+    if (error) return await fail(pool, job, error, classify(error));
+    if (job.finished === 'released') return { outcome: 'released' };
+    if (job.finished !== 'completed') await job.complete(value ?? null);
+    return { outcome: 'completed', result: job.result, replayed: false };
+  } catch (err) {
+    if (isStaleToken(err)) return { outcome: 'fenced', error: err.message };
+    throw err;
+  }
+}
+
+async function fail(pool, job, error, kind) {
+  if (isStaleToken(error)) return { outcome: 'fenced', error: error.message };
+  const message = String(error?.message ?? error);
+  const retryIn = kind === 'final' ? null : error?.retryIn ?? null;
+  const { status, retryAfter } = await withTransaction(pool, async (client) => {
+    const { rows: [failed] } = await client.query(FAIL,
+      [job.key, job.token, message, kind !== 'final', retryIn, job.scope]);
+    const { rows: [due] } = await client.query(NEXT_ATTEMPT, [job.key, job.scope]);
+    return { status: failed.status, retryAfter: due?.retry_after ?? null };
+  });
+  const retryable = status === 'FAILED_RETRYABLE';
+  return {
+    outcome: 'failed', error: message, retryable,
+    retryAfter: retryable ? Math.max(0, retryAfter ?? 0) : null, replayed: false, cause: error,
+  };
+}

@@ -1,0 +1,158 @@
+// The transactional outbox: enqueue in the caller's transaction, and a
+// consumer loop for those who use the outbox as a job queue.
+import { defaultClassify, isStaleToken } from './errors.js';
+import { ENQUEUE, LISTEN, OUTBOX_ACK, OUTBOX_CLAIM, OUTBOX_NACK, jsonParam } from './sql.js';
+
+// Enqueues on `client`: pass the client of your transaction and the event
+// exists if and only if that transaction commits. Resolves to the event id.
+export async function enqueue(client, topic, payload, { key = null, headers = null, dedupKey = null, deliverAt = null } = {}) {
+  const { rows: [row] } = await client.query(ENQUEUE,
+    [topic, jsonParam(payload), key, jsonParam(headers), dedupKey, deliverAt]);
+  return row.id;
+}
+
+const CLAIM_OUTCOMES = new Set(['completed', 'failed', 'in_progress', 'retry_later', 'mismatch', 'fenced', 'released']);
+
+// What to do with an event once its handler has run: ['ack'],
+// ['nack', error, retryable, retryIn] or ['leave'] (it comes back when its
+// lease ends). A handler may return what claim() resolved to.
+export function settlement(value, error, classify = defaultClassify) {
+  if (error) {
+    if (isStaleToken(error)) return ['leave'];
+    const final = classify(error) === 'final';
+    return ['nack', String(error?.message ?? error), !final, final ? null : error?.retryIn ?? null];
+  }
+  if (!value || typeof value !== 'object' || !CLAIM_OUTCOMES.has(value.outcome)) return ['ack'];
+  switch (value.outcome) {
+    case 'completed':
+      return ['ack'];
+    case 'failed':
+      if (value.replayed) return ['ack'];   // a redelivery of work that failed for good
+      return ['nack', value.error, value.retryable, value.retryable ? value.retryAfter : null];
+    case 'in_progress':
+    case 'retry_later':
+      return ['nack', `key ${value.outcome}`, true, value.retryAfter];
+    case 'released':
+      return ['nack', 'released', true, value.retryIn ?? null];
+    case 'mismatch':
+      return ['nack', 'the event does not carry the request its key was used with', false, null];
+    default: // fenced: the worker that took the key over holds the redelivered event
+      return ['leave'];
+  }
+}
+
+// consume(pool, { topics, name, concurrency, batch, lease, pollInterval,
+// classify, onError }, handler): claims events of `topics` and runs
+// handler(event) for each; acks or nacks by settlement(). Wakes on the
+// outbox's notifications and polls every pollInterval seconds as well.
+export function consume(pool, options, handler) {
+  return new Consumer(pool, options, handler);
+}
+
+export class Consumer {
+  constructor(pool, options, handler) {
+    const {
+      topics, name = `consumer-${process.pid}`, concurrency = 1, batch = 1, lease = 60,
+      pollInterval = 1, classify = defaultClassify, onError = (err) => console.error(`[${name}]`, err),
+    } = options;
+    Object.assign(this, { pool, handler, name, batch, lease, pollInterval, classify, onError });
+    this.topics = topics == null ? null : [].concat(topics);
+    this.stopping = false;
+    this.sleepers = new Set();
+    this.listener = null;
+    this.done = this.start(concurrency);
+  }
+
+  async start(concurrency) {
+    await this.listen();
+    await Promise.all(Array.from({ length: concurrency }, (_, slot) => this.loop(`${this.name}/${slot}`)));
+    await this.unlisten();
+  }
+
+  // Finishes the events in hand, then resolves.
+  async stop() {
+    this.stopping = true;
+    this.wakeAll();
+    await this.done;
+  }
+
+  async loop(relay) {
+    while (!this.stopping) {
+      let events = [];
+      try {
+        ({ rows: events } = await this.pool.query(OUTBOX_CLAIM, [relay, this.batch, this.lease, this.topics]));
+      } catch (err) {
+        this.onError(err);
+      }
+      if (events.length === 0) {
+        await this.idle();
+        continue;
+      }
+      for (const event of events) await this.handle(event);
+    }
+  }
+
+  async handle(event) {
+    let value;
+    let error = null;
+    try {
+      value = await this.handler(event);
+    } catch (err) {
+      error = err;
+    }
+    const [action, ...args] = settlement(value, error, this.classify);
+    try {
+      if (action === 'ack') await this.pool.query(OUTBOX_ACK, [event.id]);
+      else if (action === 'nack') await this.pool.query(OUTBOX_NACK, [event.id, ...args]);
+    } catch (err) {
+      this.onError(err);   // the event comes back when its lease ends
+    }
+  }
+
+  async listen() {
+    if (this.listener || this.stopping) return;
+    try {
+      const client = await this.pool.connect();
+      client.on('notification', () => this.wakeAll());
+      client.on('error', (err) => {
+        this.onError(err);
+        this.dropListener(err);
+      });
+      await client.query(LISTEN);
+      this.listener = client;
+    } catch (err) {
+      this.onError(err);   // polling only, until the next idle tries again
+    }
+  }
+
+  dropListener(err) {
+    const client = this.listener;
+    this.listener = null;
+    client?.release(err);
+  }
+
+  async unlisten() {
+    if (!this.listener) return;
+    await this.listener.query('UNLISTEN *').catch(() => {});
+    this.dropListener();
+  }
+
+  // Waits up to pollInterval seconds, or until an event is enqueued or stop().
+  async idle() {
+    if (!this.listener) await this.listen();
+    if (this.stopping) return;
+    await new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.sleepers.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(done, this.pollInterval * 1000);
+      this.sleepers.add(done);
+    });
+  }
+
+  wakeAll() {
+    for (const done of [...this.sleepers]) done();
+  }
+}

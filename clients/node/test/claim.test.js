@@ -1,0 +1,189 @@
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { after, before, describe, test } from 'node:test';
+import { FinalError, RetryableError, claim } from '../src/index.js';
+import { keyRow, newKey, newPool, sleep, waitFor } from './helpers.js';
+
+const pool = newPool();
+before(() => pool.query('CREATE TABLE IF NOT EXISTS effects (key text, worker text)'));
+after(() => pool.end());
+
+const effects = async (key) =>
+  (await pool.query('SELECT worker FROM effects WHERE key = $1 ORDER BY worker', [key])).rows.map((r) => r.worker);
+
+describe('claim', () => {
+  test('runs the work once; a duplicate gets the stored result', async () => {
+    const key = newKey();
+    let runs = 0;
+    const first = await claim(pool, { key, request: { n: 1 } }, async () => {
+      runs += 1;
+      return { sent: 'm-1' };
+    });
+    assert.deepEqual(first, { outcome: 'completed', result: { sent: 'm-1' }, replayed: false });
+    const second = await claim(pool, { key, request: { n: 1 } }, async () => { runs += 1; });
+    assert.deepEqual(second, { outcome: 'completed', result: { sent: 'm-1' }, replayed: true });
+    assert.equal(runs, 1);
+  });
+
+  test('another request under the key is a mismatch', async () => {
+    const key = newKey();
+    await claim(pool, { key, request: { n: 1 } }, async () => 'done');
+    assert.deepEqual(await claim(pool, { key, request: { n: 2 } }, async () => 'again'), { outcome: 'mismatch' });
+  });
+
+  test('a key held by another worker is in progress, with the time its lease has left', async () => {
+    const key = newKey();
+    let inner;
+    await claim(pool, { key, lease: 20 }, async () => {
+      inner = await claim(pool, { key }, async () => assert.fail('ran twice'));
+    });
+    assert.equal(inner.outcome, 'in_progress');
+    assert.ok(inner.retryAfter > 10 && inner.retryAfter <= 20, `retryAfter ${inner.retryAfter}`);
+  });
+
+  test('transaction(): the business writes and the complete commit together', async () => {
+    const key = newKey();
+    const outcome = await claim(pool, { key }, (job) => job.transaction(async (client) => {
+      await client.query('INSERT INTO effects (key, worker) VALUES ($1, $2)', [key, 'one']);
+      return { rows: 1 };
+    }));
+    assert.deepEqual(outcome, { outcome: 'completed', result: { rows: 1 }, replayed: false });
+    assert.deepEqual(await effects(key), ['one']);
+    assert.equal((await keyRow(pool, key)).status, 'COMPLETED');
+  });
+
+  test('a thrown error is a retryable failure; the key is claimed again after the backoff', async () => {
+    const key = newKey();
+    const failed = await claim(pool, { key }, async () => { throw new Error('provider timeout'); });
+    assert.equal(failed.outcome, 'failed');
+    assert.equal(failed.retryable, true);
+    assert.equal(failed.error, 'provider timeout');
+    assert.ok(failed.retryAfter >= 0 && failed.retryAfter < 1, `retryAfter ${failed.retryAfter}`);
+    assert.equal((await keyRow(pool, key)).status, 'FAILED_RETRYABLE');
+    const retried = await waitFor('the retry', async () => {
+      const outcome = await claim(pool, { key }, async (job) => ({ attempt: job.attempt }));
+      return outcome.outcome === 'completed' ? outcome : null;
+    });
+    assert.deepEqual(retried.result, { attempt: 2 });
+  });
+
+  test('RetryableError sets the retry delay', async () => {
+    const key = newKey();
+    const failed = await claim(pool, { key }, async () => { throw new RetryableError('busy', { retryIn: 30 }); });
+    assert.ok(failed.retryable && failed.retryAfter > 25 && failed.retryAfter <= 30, JSON.stringify(failed));
+    assert.equal((await claim(pool, { key }, async () => 'x')).outcome, 'retry_later');
+  });
+
+  test('FinalError fails the key for good; duplicates get the failure', async () => {
+    const key = newKey();
+    const failed = await claim(pool, { key }, async () => { throw new FinalError('card declined'); });
+    assert.equal(failed.outcome, 'failed');
+    assert.equal(failed.retryable, false);
+    assert.equal((await keyRow(pool, key)).status, 'FAILED_FINAL');
+    const again = await claim(pool, { key }, async () => assert.fail('ran again'));
+    assert.deepEqual(again, { outcome: 'failed', error: 'card declined', retryable: false, retryAfter: null, replayed: true });
+  });
+
+  test('the classify option decides which errors are final', async () => {
+    const key = newKey();
+    const failed = await claim(pool, { key, classify: (err) => (err.status === 400 ? 'final' : 'retryable') },
+      async () => { throw Object.assign(new Error('bad request'), { status: 400 }); });
+    assert.equal(failed.retryable, false);
+  });
+
+  test('release() gives the key back without counting an attempt', async () => {
+    const key = newKey();
+    assert.deepEqual(await claim(pool, { key }, (job) => job.release()), { outcome: 'released' });
+    const next = await claim(pool, { key }, async (job) => job.attempt);
+    assert.deepEqual(next.result, 1);
+  });
+
+  test('the heartbeat keeps a 1 s lease alive through 2.5 s of work', async () => {
+    const key = newKey();
+    const seen = [];
+    const outcome = await claim(pool, { key, lease: 1 }, async (job) => {
+      for (let i = 0; i < 5; i += 1) {
+        await sleep(500);
+        seen.push((await claim(pool, { key }, async () => assert.fail('ran twice'))).outcome);
+      }
+      return { aborted: job.signal.aborted };
+    });
+    assert.deepEqual(outcome.result, { aborted: false });
+    assert.deepEqual(seen, Array(5).fill('in_progress'));
+    assert.equal((await keyRow(pool, key)).attempts, 1);
+  });
+
+  test('without a heartbeat the lease ends; the late worker is fenced and its writes roll back', async () => {
+    const key = newKey();
+    const late = await claim(pool, { key, lease: 1, heartbeat: false }, async (job) => {
+      const takeover = await waitFor('the takeover', async () => {
+        const outcome = await claim(pool, { key }, (other) => other.transaction(async (client) => {
+          await client.query('INSERT INTO effects (key, worker) VALUES ($1, $2)', [key, 'taker']);
+          return 'taker';
+        }));
+        return outcome.outcome === 'completed' ? outcome : null;
+      });
+      assert.equal(takeover.result, 'taker');
+      return job.transaction(async (client) => {
+        await client.query('INSERT INTO effects (key, worker) VALUES ($1, $2)', [key, 'late']);
+        return 'late';
+      });
+    });
+    assert.equal(late.outcome, 'fenced');
+    assert.match(late.error, /token/i);
+    assert.deepEqual(await effects(key), ['taker']);
+  });
+});
+
+describe('a worker process', () => {
+  const start = (key) => {
+    const child = spawn(process.execPath, [new URL('./fixtures/worker.js', import.meta.url).pathname], {
+      env: { ...process.env, KEY: key, LEASE: '1' }, stdio: ['pipe', 'pipe', 'inherit'],
+    });
+    child.stdout.setEncoding('utf8');
+    child.output = '';
+    child.stdout.on('data', (chunk) => { child.output += chunk; });
+    return child;
+  };
+
+  // Claims until the key is free (the other worker's lease ended), then
+  // does the work: the takeover.
+  const takeOver = (key) => waitFor('the takeover', async () => {
+    const outcome = await claim(pool, { key, lease: 10 }, (job) => job.transaction(async (client) => {
+      await client.query('INSERT INTO effects (key, worker) VALUES ($1, $2)', [key, 'taker']);
+      return { attempt: job.attempt };
+    }));
+    return outcome.outcome === 'completed' ? outcome : null;
+  });
+
+  test('killed mid-job (SIGKILL): its key is taken over when the lease ends', async () => {
+    const key = newKey();
+    const child = start(key);
+    await waitFor('the claim', () => child.output.includes('claimed'));
+    child.kill('SIGKILL');
+    await once(child, 'exit');
+    const takeover = await takeOver(key);
+    assert.deepEqual(takeover.result, { attempt: 2 });
+    assert.deepEqual(await effects(key), ['taker']);
+    const row = await keyRow(pool, key);
+    assert.equal(row.status, 'COMPLETED');
+    assert.equal(row.attempts, 2);
+  });
+
+  test('paused mid-job (SIGSTOP) past its lease: taken over, then fenced with IK001 when it resumes', async () => {
+    const key = newKey();
+    const child = start(key);
+    await waitFor('the claim', () => child.output.includes('claimed'));
+    child.kill('SIGSTOP');
+    const takeover = await takeOver(key);
+    assert.deepEqual(takeover.result, { attempt: 2 });
+    child.kill('SIGCONT');
+    child.stdin.end('go\n');
+    await once(child, 'exit');
+    const outcome = JSON.parse(child.output.trim().split('\n').pop());
+    assert.equal(outcome.outcome, 'fenced', child.output);
+    assert.deepEqual(await effects(key), ['taker'], 'the late worker wrote nothing');
+    assert.equal((await keyRow(pool, key)).status, 'COMPLETED');
+  });
+});

@@ -1,0 +1,131 @@
+import assert from 'node:assert/strict';
+import { after, describe, test } from 'node:test';
+import { FinalError, RetryableError, claim, consume, enqueue, settlement } from '../src/index.js';
+import { adminPool, newKey, newPool, waitFor } from './helpers.js';
+
+const pool = newPool({ 'idempotency.outbox_max_attempts': '3' });
+const admin = adminPool();
+after(() => Promise.all([pool.end(), admin.end()]));
+
+const state = async (id) =>
+  (await admin.query('SELECT state::text, attempts, last_error FROM idempotency.outbox WHERE id = $1', [id])).rows[0];
+
+async function inTransaction(fn, commit = true) {
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    const value = await fn(client);
+    await client.query(commit ? 'COMMIT' : 'ROLLBACK');
+    return value;
+  } finally {
+    client.release();
+  }
+}
+
+describe('enqueue', () => {
+  test('joins the caller\'s transaction: a rollback leaves no event', async () => {
+    const topic = newKey('topic');
+    const kept = await inTransaction((client) => enqueue(client, topic, [1, 2, 3]));
+    const dropped = await inTransaction((client) => enqueue(client, topic, { n: 2 }), false);
+    assert.equal((await state(kept)).state, 'pending');
+    assert.equal(await state(dropped), undefined);
+    const { rows } = await admin.query('SELECT payload FROM idempotency.outbox WHERE topic = $1', [topic]);
+    assert.deepEqual(rows.map((r) => r.payload), [[1, 2, 3]], 'an array payload stays a JSON array');
+  });
+
+  test('a dedup key enqueues at most once; key, headers and deliverAt are passed on', async () => {
+    const topic = newKey('topic');
+    const later = new Date(Date.now() + 3600_000);
+    const first = await enqueue(pool, topic, { n: 1 }, { dedupKey: 'd-1', key: 'k', headers: { tenant: 'acme' }, deliverAt: later });
+    const second = await enqueue(pool, topic, { n: 1 }, { dedupKey: 'd-1' });
+    assert.equal(first, second);
+    const { rows: [row] } = await admin.query(
+      'SELECT key, headers, available_at >= now() + interval \'59 minutes\' AS later FROM idempotency.outbox WHERE id = $1', [first]);
+    assert.deepEqual(row, { key: 'k', headers: { tenant: 'acme' }, later: true });
+  });
+});
+
+describe('settlement', () => {
+  test('maps handler results and errors to ack, nack or leave', () => {
+    assert.deepEqual(settlement(undefined, null), ['ack']);
+    assert.deepEqual(settlement({ outcome: 'completed', result: 1, replayed: true }, null), ['ack']);
+    assert.deepEqual(settlement({ outcome: 'failed', error: 'e', retryable: true, retryAfter: 2, replayed: false }, null),
+      ['nack', 'e', true, 2]);
+    assert.deepEqual(settlement({ outcome: 'failed', error: 'e', retryable: false, retryAfter: null, replayed: false }, null),
+      ['nack', 'e', false, null]);
+    assert.deepEqual(settlement({ outcome: 'failed', error: 'e', retryable: false, replayed: true }, null), ['ack']);
+    assert.deepEqual(settlement({ outcome: 'in_progress', retryAfter: 4 }, null), ['nack', 'key in_progress', true, 4]);
+    assert.equal(settlement({ outcome: 'mismatch' }, null)[2], false);
+    assert.deepEqual(settlement({ outcome: 'fenced', error: 'x' }, null), ['leave']);
+    assert.deepEqual(settlement(undefined, new RetryableError('slow', { retryIn: 3 })), ['nack', 'slow', true, 3]);
+    assert.deepEqual(settlement(undefined, new FinalError('bad')), ['nack', 'bad', false, null]);
+    assert.deepEqual(settlement(undefined, Object.assign(new Error('stale'), { code: 'IK001' })), ['leave']);
+  });
+});
+
+describe('consume', () => {
+  test('acks what the handler returns, retries what it throws, buries final failures', async () => {
+    const topic = newKey('topic');
+    const ok = await enqueue(pool, topic, { kind: 'ok' });
+    const flaky = await enqueue(pool, topic, { kind: 'flaky' });
+    const poison = await enqueue(pool, topic, { kind: 'poison' });
+    const seen = [];
+    const consumer = consume(pool, { topics: topic, name: 'test', pollInterval: 0.2, onError: () => {} }, async (event) => {
+      seen.push(`${event.payload.kind}#${event.attempt}`);
+      if (event.payload.kind === 'flaky' && event.attempt === 1) throw new RetryableError('not yet', { retryIn: 0 });
+      if (event.payload.kind === 'poison') throw new FinalError('cannot parse');
+    });
+    await waitFor('the events to settle', async () => (await state(flaky)).state === 'delivered' && (await state(poison)).state === 'dead');
+    await consumer.stop();
+    assert.equal((await state(ok)).state, 'delivered');
+    assert.equal((await state(poison)).last_error, 'cannot parse');
+    assert.deepEqual(seen.sort(), ['flaky#1', 'flaky#2', 'ok#1', 'poison#1']);
+  });
+
+  test('wakes on the notification of a new event, well before its poll', async () => {
+    const topic = newKey('topic');
+    const delivered = [];
+    const consumer = consume(pool, { topics: [topic], pollInterval: 30 }, async (event) => { delivered.push(event.id); });
+    await new Promise((resolve) => setTimeout(resolve, 300));   // the consumer is idle, listening
+    const id = await enqueue(pool, topic, { n: 1 });
+    await waitFor('the delivery', () => delivered.includes(id), 10);
+    await consumer.stop();
+  });
+
+  test('as a job queue: duplicate jobs of one key run the work once and are all delivered', async () => {
+    const topic = newKey('topic');
+    const key = newKey();
+    const ids = [];
+    for (const run of [1, 2, 3]) ids.push(await enqueue(pool, topic, { key, amount: 5 }, { dedupKey: `${key}/${run}` }));
+    let runs = 0;
+    const consumer = consume(pool, { topics: topic, concurrency: 3, pollInterval: 0.2 }, (event) =>
+      claim(pool, { key: event.payload.key, request: event.payload, scope: 'jobs', wait: 10 }, async () => {
+        runs += 1;
+        await new Promise((resolve) => setTimeout(resolve, 200));
+        return { paid: event.payload.amount };
+      }));
+    await waitFor('every job delivered', async () => {
+      const states = await Promise.all(ids.map(state));
+      return states.every((s) => s.state === 'delivered');
+    });
+    await consumer.stop();
+    assert.equal(runs, 1);
+  });
+
+  test('stop() lets the event in hand finish', async () => {
+    const topic = newKey('topic');
+    const id = await enqueue(pool, topic, { n: 1 });
+    let started;
+    const running = new Promise((resolve) => { started = resolve; });
+    let finished = false;
+    const consumer = consume(pool, { topics: topic }, async () => {
+      started();
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      finished = true;
+    });
+    await running;
+    await consumer.stop();
+    assert.equal(finished, true);
+    assert.equal((await state(id)).state, 'delivered');
+  });
+});

@@ -1,0 +1,45 @@
+"""The SQL the client runs: every call into the extension, in one place.
+Durations travel as seconds and become intervals here."""
+
+from psycopg.types.json import Jsonb
+
+
+def jsonb(value):
+    """A jsonb parameter (None stays NULL)."""
+    return None if value is None else Jsonb(value)
+
+
+_OUTCOME = """outcome::text AS outcome, status::text AS status, token, attempt, result, error,
+       extract(epoch FROM retry_after)::float8 AS retry_after, job_ref"""
+
+CLAIM = f"""SELECT {_OUTCOME}
+  FROM idempotency.idem_claim(%(key)s, %(request)s, lease => make_interval(secs => %(lease)s),
+                              scope => %(scope)s, wait => make_interval(secs => %(wait)s))"""
+
+REGISTER = f"""SELECT {_OUTCOME}
+  FROM idempotency.idem_register(%(key)s, %(request)s, job_ref => %(key)s, scope => %(scope)s)"""
+
+COMPLETE = f"""SELECT {_OUTCOME}
+  FROM idempotency.idem_complete(%(key)s, %(token)s, %(result)s, scope => %(scope)s)"""
+
+FAIL = """SELECT idempotency.idem_fail(%(key)s, %(token)s, %(error)s, retryable => %(retryable)s,
+                              retry_in => make_interval(secs => %(retry_in)s), scope => %(scope)s)::text AS status"""
+
+# When the key may be claimed again (NULL once it failed for good).
+NEXT_ATTEMPT = """SELECT extract(epoch FROM next_attempt_at - clock_timestamp())::float8 AS retry_after
+  FROM idempotency.idem_get(%(key)s, %(scope)s)"""
+
+HEARTBEAT = """SELECT idempotency.idem_heartbeat(%(key)s, %(token)s,
+                                    extend => make_interval(secs => %(lease)s), scope => %(scope)s)"""
+RELEASE = "SELECT idempotency.idem_release(%(key)s, %(token)s, scope => %(scope)s)"
+ASSERT_OWNER = "SELECT idempotency.idem_assert_owner(%(key)s, %(token)s, scope => %(scope)s)"
+
+ENQUEUE = """SELECT idempotency.outbox_enqueue(%(topic)s, %(payload)s, key => %(key)s, headers => %(headers)s,
+                                   dedup_key => %(dedup_key)s, deliver_at => %(deliver_at)s) AS id"""
+OUTBOX_CLAIM = """SELECT id, topic, key, payload, headers, dedup_key, attempt
+  FROM idempotency.outbox_claim(%(relay)s, batch => %(batch)s, lease => make_interval(secs => %(lease)s),
+                                topics => %(topics)s)"""
+OUTBOX_ACK = "SELECT idempotency.outbox_ack(ARRAY[%(id)s]::bigint[])"
+OUTBOX_NACK = """SELECT idempotency.outbox_nack(%(id)s, %(error)s, retryable => %(retryable)s,
+                                   retry_in => make_interval(secs => %(retry_in)s))::text AS state"""
+LISTEN = "LISTEN idempotency_outbox"

@@ -1,0 +1,96 @@
+"""What sync and async claims share: the state of a claimed key, read from
+the extension's answers, and how a job's error becomes a failure."""
+
+from psycopg.rows import dict_row
+
+from . import _sql
+from .errors import default_classify, is_stale_token
+
+
+class JobState:
+    """The key, what the claim answered and, after the block, how it ended.
+
+    ``outcome``: the claim's answer ('claimed', 'completed', 'in_progress',
+    'retry_later', 'failed', 'mismatch'); after a claimed block, how it
+    ended: 'completed', 'failed', 'fenced' or 'released'.
+    """
+
+    def __init__(self, key, request, scope, lease, classify):
+        self.key = key
+        self.request = request
+        self.scope = scope
+        self.lease = lease
+        self.classify = classify or default_classify
+        self.outcome = None
+        self.claimed = False
+        self.token = None
+        self.attempt = None
+        self.result = None
+        self.error = None
+        self.retryable = None
+        self.retry_after = None     # seconds until the key may be claimed again
+        self.replayed = False       # the answer of earlier work, not of this block
+        self.exception = None       # what the block raised
+        self.finished = None        # 'completed' or 'released' once recorded
+
+    def __repr__(self):
+        return f"<Job {self.scope}/{self.key} {self.outcome}>"
+
+    def params(self, **extra):
+        return {"key": self.key, "scope": self.scope, "token": self.token, "lease": self.lease, **extra}
+
+    def claim_params(self, wait):
+        return self.params(request=_sql.jsonb(self.request), wait=wait or None)
+
+    def answered(self, row):
+        """Takes in the claim's answer."""
+        self.outcome = row["outcome"]
+        self.claimed = self.outcome == "claimed"
+        self.token = row["token"]
+        self.attempt = row["attempt"]
+        if self.outcome == "completed":
+            self.result, self.replayed = row["result"], True
+        elif self.outcome == "failed":
+            self.error, self.retryable, self.replayed = row["error"], False, True
+        elif self.outcome in ("in_progress", "retry_later"):
+            self.retry_after = row["retry_after"] or 0.0
+
+    def failure(self, exc):
+        """The idem_fail parameters for an error raised by the block."""
+        final = self.classify(exc) == "final"
+        retry_in = None if final else getattr(exc, "retry_in", None)
+        return self.params(error=str(exc) or type(exc).__name__, retryable=not final, retry_in=retry_in)
+
+    def failed(self, status, retry_after, exc):
+        self.outcome = "failed"
+        self.exception = exc
+        self.error = str(exc) or type(exc).__name__
+        self.retryable = status == "FAILED_RETRYABLE"
+        self.retry_after = max(0.0, retry_after or 0.0) if self.retryable else None
+
+    def completed(self, result):
+        self.outcome = self.finished = "completed"
+        self.result = result
+
+    def fenced(self, exc):
+        self.outcome = "fenced"
+        self.exception = exc
+        self.error = str(exc)
+
+
+def exit_action(job, exc, in_transaction):
+    """What leaving a claim's block records: None, 'complete', 'fail' or
+    'fence'. Nothing is recorded for a key that was not claimed, was already
+    recorded, or whose claim the caller's rollback (or the lease's end, for
+    a BaseException such as KeyboardInterrupt) undoes."""
+    if not job.claimed or job.outcome == "fenced":
+        return None
+    if exc is None:
+        return "complete" if job.finished is None else None
+    if in_transaction or not isinstance(exc, Exception) or job.finished is not None:
+        return None
+    return "fence" if is_stale_token(exc) else "fail"
+
+
+def dict_cursor(conn):
+    return conn.cursor(row_factory=dict_row)

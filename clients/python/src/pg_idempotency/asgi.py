@@ -1,0 +1,331 @@
+"""ASGI middleware for the Idempotency-Key header (FastAPI, Starlette, any
+ASGI app); the same behaviour as the Node.js middleware:
+
+    no key, required              400
+    in progress / retry later     409 with Retry-After (or wait up to `wait`)
+    key reused, another request   422
+    done                          the stored response, Idempotent-Replayed: true
+    new                           the handler runs; its response is stored
+                                  (or, failed, classified retryable or final)
+
+Modes: 'claim' (the key is claimed and committed, the handler runs under a
+heartbeat, its response is stored after it answers), 'transaction' (the
+claim, the handler's writes on ``request.state.idempotency.conn`` and the
+stored response commit together) and 'register' (the key is registered and
+the handler, typically enqueueing a job on that connection and answering
+202, commits with it; a worker claims and completes the key, and later
+requests replay what it stored).
+
+    app.add_middleware(IdempotencyMiddleware, conninfo="dbname=shop", scope="orders")
+"""
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import psycopg
+
+from . import _sql
+from ._state import JobState, dict_cursor
+from .aclaim import keep_alive
+from .http import (Response, decode_response, default_classify, default_fingerprint, encode_response,
+                   is_stored_response, json_response, problem, stored_failure)
+
+_MODES = ("claim", "transaction", "register")
+_SAVEPOINT = "idempotent_handler"
+
+
+@dataclass
+class IdempotencyContext:
+    """What the handler finds in ``request.state.idempotency``."""
+    key: str
+    request: Any                  # the fingerprint: pass it to the worker in register mode
+    scope: str
+    token: Optional[int] = None   # the claim's fencing token (claim and transaction modes)
+    attempt: Optional[int] = None
+    conn: Any = None              # the AsyncConnection of the key's transaction (transaction, register)
+    lost: Optional[asyncio.Event] = None   # set when the lease is lost (claim mode)
+
+    async def fence(self, conn):
+        """Fences a transaction of the handler's own: IK001 once the key was taken over."""
+        await conn.execute(_sql.ASSERT_OWNER, {"key": self.key, "token": self.token, "scope": self.scope})
+
+
+class _Recorder:
+    """Takes the app's response messages instead of sending them."""
+
+    def __init__(self):
+        self.status = None
+        self.headers = {}
+        self.chunks = []
+        self.done = False
+
+    async def send(self, message):
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            for name, value in message.get("headers", []):
+                name, value = name.decode("latin-1").lower(), value.decode("latin-1")
+                old = self.headers.get(name)
+                self.headers[name] = value if old is None else (old if isinstance(old, list) else [old]) + [value]
+        elif message["type"] == "http.response.body":
+            self.chunks.append(message.get("body", b""))
+            self.done = not message.get("more_body", False)
+
+    def response(self):
+        if self.status is None or not self.done:
+            return problem(500, "Internal error", "The handler did not complete its response.")
+        return Response(self.status, self.headers, b"".join(self.chunks))
+
+
+async def _read_body(receive):
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replaying(body, receive):
+    """A receive() that gives the body read already, then the client's messages."""
+    given = False
+
+    async def replay():
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replay
+
+
+async def _send(send, response):
+    headers = [(b"content-length", str(len(response.body)).encode())]
+    for name, value in response.headers.items():
+        if name.lower() == "content-length":
+            continue
+        for one in value if isinstance(value, list) else [value]:
+            headers.append((name.encode("latin-1"), str(one).encode("latin-1")))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})
+
+
+class IdempotencyMiddleware:
+    """``IdempotencyMiddleware(app, *, pool=None, conninfo=None, scope='default',
+    mode='claim', required=True, methods=('POST', 'PATCH'), header='Idempotency-Key',
+    replay_header='Idempotent-Replayed', lease=30, wait=0, retry_in=0,
+    fingerprint=default_fingerprint, classify=default_classify,
+    completed_response=None, failed_response=None, paths=None)``
+
+    ``pool``: a psycopg_pool.AsyncConnectionPool (or ``conninfo``, and the
+    middleware opens one, closed at the app's shutdown). ``paths``: only
+    requests whose path starts with one of these take part (default: all).
+    """
+
+    def __init__(self, app, *, pool=None, conninfo=None, scope="default", mode="claim", required=True,
+                 methods=("POST", "PATCH"), header="Idempotency-Key", replay_header="Idempotent-Replayed",
+                 lease=30, wait=0, retry_in=0, fingerprint=default_fingerprint, classify=default_classify,
+                 completed_response=None, failed_response=None, paths=None):
+        if pool is None and conninfo is None:
+            raise TypeError("IdempotencyMiddleware needs a pool or a conninfo")
+        if mode not in _MODES:
+            raise ValueError(f"unknown mode {mode!r}")
+        self.app = app
+        self.pool = pool
+        self.conninfo = conninfo
+        self.own_pool = pool is None
+        self.pool_lock = asyncio.Lock()
+        self.scope = scope
+        self.mode = mode
+        self.required = required
+        self.methods = {m.upper() for m in methods}
+        self.header = header.lower().encode("latin-1")
+        self.replay_header = replay_header.lower()
+        self.lease = lease
+        self.wait = wait
+        self.retry_in = retry_in
+        self.fingerprint = fingerprint
+        self.classify = classify
+        self.completed_response = completed_response or (lambda result: json_response(200, result))
+        self.failed_response = failed_response or (lambda error: problem(500, "Request failed", error))
+        self.paths = tuple(paths) if paths else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan" and self.own_pool:
+            return await self.app(scope, receive, self._closing_on_shutdown(send))
+        if scope["type"] != "http" or scope["method"] not in self.methods or (
+                self.paths and not scope["path"].startswith(self.paths)):
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers", []))
+        key = headers.get(self.header, b"").decode("latin-1")
+        if not key:
+            if not self.required:
+                return await self.app(scope, receive, send)
+            return await _send(send, problem(400, "Idempotency-Key is missing",
+                                             "This request requires an Idempotency-Key header."))
+        if len(key.encode()) > 255:
+            return await _send(send, problem(400, "Idempotency-Key is too long", "At most 255 bytes."))
+        body = await _read_body(receive)
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
+        request = self.fingerprint(scope["method"], scope["path"], body, content_type)
+        context = IdempotencyContext(key=key, request=request, scope=self.scope)
+        scope = {**scope, "state": {**scope.get("state", {}), "idempotency": context}}
+        run = self._run_claimed if self.mode == "claim" else self._run_in_transaction
+        await run(context, scope, _replaying(body, receive), send)
+
+    # ------------------------------------------------------------ the modes
+
+    async def _run_claimed(self, context, scope, receive, send):
+        pool = await self._pool()
+        job = JobState(context.key, context.request, self.scope, self.lease, None)
+        async with pool.connection() as conn:
+            row = await (await dict_cursor(conn).execute(_sql.CLAIM, job.claim_params(self.wait))).fetchone()
+        if row["outcome"] != "claimed":
+            return await _send(send, self._answer(row))
+        job.answered(row)
+        context.token, context.attempt, context.lost = job.token, job.attempt, asyncio.Event()
+        job.lost = context.lost
+
+        async def record(sql, **params):
+            async with pool.connection() as conn:
+                await conn.execute(sql, job.params(**params))
+
+        async def renew():
+            await record(_sql.HEARTBEAT)
+        beat = asyncio.create_task(keep_alive(job, renew))
+        recorder = _Recorder()
+        try:
+            await self.app(scope, receive, recorder.send)
+        except Exception as exc:
+            await self._stop(beat)
+            try:
+                await record(_sql.FAIL, error=str(exc) or type(exc).__name__, retryable=True,
+                             retry_in=self.retry_in)
+            except psycopg.Error:
+                pass    # taken over, or the database is gone: the lease ends it
+            raise
+        await self._stop(beat)
+        response = recorder.response()
+        kind = self.classify(response)
+        stored = encode_response(response)
+        try:
+            if kind == "complete":
+                await record(_sql.COMPLETE, result=_sql.jsonb(stored))
+            else:
+                final = kind == "final"
+                await record(_sql.FAIL, error=_json_text(stored) if final else f"HTTP {response.status}",
+                             retryable=not final, retry_in=None if final else self.retry_in)
+        except psycopg.Error as exc:
+            # IK001: the lease was lost and another request holds the key;
+            # this response is still the truth about the work done here.
+            if getattr(exc, "sqlstate", None) != "IK001":
+                response = problem(500, "Internal error", "The response could not be recorded.")
+        await _send(send, response)
+
+    async def _run_in_transaction(self, context, scope, receive, send):
+        pool = await self._pool()
+        registering = self.mode == "register"
+        job = JobState(context.key, context.request, self.scope, self.lease, None)
+        async with pool.connection() as conn:
+            try:
+                async with conn.transaction() as tx:
+                    cur = dict_cursor(conn)
+                    sql = _sql.REGISTER if registering else _sql.CLAIM
+                    row = await (await cur.execute(sql, job.claim_params(self.wait))).fetchone()
+                    if row["outcome"] not in ("claimed", "registered"):
+                        response = self._answer(row)
+                    else:
+                        response, keep = await self._handle_in(conn, row, job, context, scope, receive)
+                        if not keep:
+                            raise psycopg.Rollback(tx)  # as if the request never came; the response is sent
+            except _AppFailed as failed:
+                raise failed.error
+            except psycopg.Error:
+                response = problem(500, "Internal error", "The response could not be recorded.")
+        await _send(send, response)
+
+    async def _handle_in(self, conn, row, job, context, scope, receive):
+        """Runs the app inside the key's transaction; returns its response
+        once the outcome is written, and whether the transaction is to be
+        committed (else rolled back)."""
+        registering = self.mode == "register"
+        job.answered(row)
+        context.token, context.attempt, context.conn = job.token, job.attempt, conn
+        await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        recorder = _Recorder()
+        try:
+            await self.app(scope, receive, recorder.send)
+        except Exception as exc:
+            raise _AppFailed(exc) from exc      # rolls everything back
+        response = recorder.response()
+        kind = self.classify(response)
+        if kind == "retryable" or (kind == "final" and registering):
+            return response, False
+        if kind == "final":
+            await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+            await conn.execute(_sql.FAIL, job.params(error=_json_text(encode_response(response)),
+                                                     retryable=False, retry_in=None))
+        elif not registering:
+            await conn.execute(_sql.COMPLETE, job.params(result=_sql.jsonb(encode_response(response))))
+        return response, True
+
+    # ------------------------------------------------------------ helpers
+
+    def _answer(self, row):
+        outcome = row["outcome"]
+        if outcome == "completed":
+            result = row["result"]
+            return self._replay(decode_response(result) if is_stored_response(result)
+                                else self.completed_response(result))
+        if outcome == "failed":
+            stored = stored_failure(row["error"])
+            return self._replay(decode_response(stored) if stored else self.failed_response(row["error"]))
+        if outcome == "mismatch":
+            return problem(422, "Idempotency-Key reused",
+                           "This Idempotency-Key was already used with a different request.")
+        retry_after = max(1, int(-(-(row["retry_after"] or 1) // 1)))
+        return problem(409, "Request in progress",
+                       "A request with this Idempotency-Key is being processed; retry later.",
+                       {"retry-after": str(retry_after)})
+
+    def _replay(self, response):
+        return Response(response.status, {**response.headers, self.replay_header: "true"}, response.body)
+
+    @staticmethod
+    async def _stop(beat):
+        beat.cancel()
+        await asyncio.gather(beat, return_exceptions=True)
+
+    async def _pool(self):
+        if self.pool is None:
+            async with self.pool_lock:
+                if self.pool is None:
+                    from psycopg_pool import AsyncConnectionPool
+                    pool = AsyncConnectionPool(self.conninfo, open=False, kwargs={"autocommit": True})
+                    await pool.open()
+                    self.pool = pool
+        return self.pool
+
+    def _closing_on_shutdown(self, send):
+        async def closing(message):
+            if message["type"] == "lifespan.shutdown.complete" and self.pool is not None:
+                await self.pool.close()
+                self.pool = None
+            await send(message)
+        return closing
+
+
+def _json_text(value):
+    return json.dumps(value, separators=(",", ":"))
+
+
+class _AppFailed(Exception):
+    """The app raised inside the key's transaction (re-raised once it rolled back)."""
+
+    def __init__(self, error):
+        super().__init__(error)
+        self.error = error

@@ -1,0 +1,173 @@
+"""The worker pattern, synchronous: claim a key, run the block while a
+heartbeat thread keeps the lease, and record how the block ended.
+
+    with idem.claim(conn, key, request, scope="invoice.email") as job:
+        if job.claimed:
+            message_id = send(...)                  # the external effect
+            with job.transaction():                 # fence, writes, complete
+                conn.execute("UPDATE invoices ...")
+                job.complete({"message_id": message_id})
+
+Leaving the block normally completes the key with ``job.result`` unless the
+block completed or released it. An exception fails the key (retryable or
+final, see ``classify``) and is kept in ``job.exception`` instead of
+propagating (``reraise=True`` lets it through); IK001 (the lease was lost
+and the key taken over) ends the job as 'fenced'.
+
+Called inside a transaction of the caller, the claim joins it (Pattern 1:
+claim, business writes and complete commit together): no heartbeat then,
+and exceptions propagate, since the caller's rollback undoes the claim.
+"""
+
+import functools
+import threading
+from contextlib import contextmanager
+
+import psycopg
+from psycopg import pq
+
+from . import _sql
+from ._state import JobState, dict_cursor, exit_action
+from .errors import is_stale_token
+
+
+def _connect_like(conn):
+    """A new connection with the settings of ``conn``, for the heartbeat."""
+    password = conn.info.password
+    return psycopg.connect(conn.info.dsn, autocommit=True, **({"password": password} if password else {}))
+
+
+class Heartbeat(threading.Thread):
+    """Renews the lease every third of it on a connection of its own. IK001
+    or IK003 means the lease is lost: ``job.lost`` is set and it stops."""
+
+    def __init__(self, job, connect):
+        super().__init__(name=f"heartbeat {job.key}", daemon=True)
+        self.job = job
+        self.connect = connect
+        self.stopping = threading.Event()
+
+    def run(self):
+        conn = None
+        try:
+            while not self.stopping.wait(self.job.lease / 3):
+                try:
+                    conn = conn or self.connect()
+                    conn.execute(_sql.HEARTBEAT, self.job.params())
+                except psycopg.Error as exc:
+                    if getattr(exc, "sqlstate", None) in ("IK001", "IK003"):
+                        self.job.lost.set()
+                        return
+                    if conn is not None and conn.closed:
+                        conn = None     # reconnect at the next beat
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def stop(self):
+        self.stopping.set()
+        self.join()
+
+
+class Job(JobState):
+    """A claim on a synchronous psycopg connection."""
+
+    def __init__(self, conn, key, request, scope, lease, classify):
+        super().__init__(key, request, scope, lease, classify)
+        self.conn = conn
+        self.lost = threading.Event()
+
+    def fence(self):
+        """IK001 unless this job still holds the key; the key's row stays
+        locked until the current transaction ends."""
+        self.conn.execute(_sql.ASSERT_OWNER, self.params())
+
+    def complete(self, result=None):
+        """Stores the result: inside the current transaction if there is
+        one (after the business writes), else in a transaction of its own."""
+        with self.conn.transaction():
+            self.conn.execute(_sql.COMPLETE, self.params(result=_sql.jsonb(result)))
+        self.completed(result)
+
+    @contextmanager
+    def transaction(self):
+        """A transaction that starts with the fence: the business writes in
+        it and ``complete()`` commit together, or not at all."""
+        with self.conn.transaction():
+            self.fence()
+            yield self.conn
+
+    def release(self):
+        """Gives the key back without counting an attempt."""
+        with self.conn.transaction():
+            self.conn.execute(_sql.RELEASE, self.params())
+        self.outcome = self.finished = "released"
+
+    def _fail(self, exc):
+        with self.conn.transaction():
+            cur = dict_cursor(self.conn)
+            status = cur.execute(_sql.FAIL, self.failure(exc)).fetchone()["status"]
+            due = cur.execute(_sql.NEXT_ATTEMPT, self.params()).fetchone()
+        self.failed(status, due and due["retry_after"], exc)
+
+
+class claim:
+    """``with claim(conn, key, request=None, *, scope='default', lease=30,
+    wait=None, heartbeat=True, classify=None, reraise=False, connect=None)
+    as job``. ``connect()`` opens the heartbeat's connection (default: one
+    like ``conn``)."""
+
+    def __init__(self, conn, key, request=None, *, scope="default", lease=30, wait=None,
+                 heartbeat=True, classify=None, reraise=False, connect=None):
+        self.job = Job(conn, key, request, scope, lease, classify)
+        self.wait = wait
+        self.reraise = reraise
+        self.in_transaction = conn.info.transaction_status != pq.TransactionStatus.IDLE
+        self.heartbeat = heartbeat and not self.in_transaction
+        self.connect = connect or functools.partial(_connect_like, conn)
+        self.beat = None
+
+    def __enter__(self):
+        job = self.job
+        with job.conn.transaction():
+            job.answered(dict_cursor(job.conn).execute(_sql.CLAIM, job.claim_params(self.wait)).fetchone())
+        if job.claimed and self.heartbeat:
+            self.beat = Heartbeat(job, self.connect)
+            self.beat.start()
+        return job
+
+    def __exit__(self, exc_type, exc, tb):
+        job = self.job
+        if self.beat is not None:
+            self.beat.stop()
+        action = exit_action(job, exc, self.in_transaction)
+        try:
+            if action == "complete":
+                job.complete(job.result)
+            elif action == "fail":
+                job._fail(exc)
+            elif action == "fence":
+                job.fenced(exc)
+        except psycopg.Error as recording_error:
+            if not is_stale_token(recording_error):
+                raise
+            job.fenced(recording_error)
+        return action in ("fail", "fence") and not self.reraise
+
+
+def idempotent(*, key, request=None, **options):
+    """Decorator: ``fn(job, *args, **kwargs)`` runs under a claim of
+    ``key(*args, **kwargs)`` (and ``request(*args, **kwargs)``, if given) on
+    the connection passed first; its return value is the result. The
+    decorated function takes ``(conn, *args, **kwargs)`` and returns the Job.
+    """
+    def decorate(fn):
+        @functools.wraps(fn)
+        def run(conn, *args, **kwargs):
+            req = request(*args, **kwargs) if request else None
+            with claim(conn, key(*args, **kwargs), req, **options) as job:
+                if job.claimed:
+                    job.result = fn(job, *args, **kwargs)
+            return job
+        return run
+    return decorate

@@ -1,0 +1,92 @@
+"""The Idempotency-Key header, independent of any framework: fingerprints,
+the classification of responses, and responses as they are stored and
+replayed. A stored response is the jsonb ``{status, headers, body,
+encoding?}`` (body: the text, or its base64 with encoding "base64" when it
+is not UTF-8); the Node.js client stores the same."""
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+# Headers that describe one transfer, not the response: never replayed.
+TRANSIENT_HEADERS = {"connection", "content-length", "date", "keep-alive", "transfer-encoding",
+                     "idempotent-replayed"}
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict = field(default_factory=dict)    # lower-case name: str or list of str
+    body: bytes = b""
+
+
+def json_response(status, value, headers=None):
+    return Response(status, {"content-type": "application/json", **(headers or {})},
+                    json.dumps(value, separators=(",", ":")).encode())
+
+
+def problem(status, title, detail, headers=None):
+    """An RFC 9457 problem document."""
+    return Response(status, {"content-type": "application/problem+json", **(headers or {})},
+                    json.dumps({"title": title, "status": status, "detail": detail}).encode())
+
+
+def canonical_json(value):
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def body_digest(body, content_type=""):
+    """SHA-256 of the body; a JSON body in canonical form (keys sorted, no
+    spacing), so that two encodings of one document are the same request."""
+    if body and "json" in (content_type or ""):
+        try:
+            body = canonical_json(json.loads(body)).encode()
+        except ValueError:
+            pass
+    return hashlib.sha256(body or b"").hexdigest()
+
+
+def default_fingerprint(method, path, body, content_type):
+    return {"method": method, "path": path, "body": body_digest(body, content_type)}
+
+
+def default_classify(response):
+    """'complete' (store and replay), 'final' (store as a final failure,
+    replayed too) or 'retryable' (not stored: the next request runs again)."""
+    status = response.status
+    if status >= 500 or status in (408, 425, 429):
+        return "retryable"
+    return "final" if status >= 400 else "complete"
+
+
+def encode_response(response):
+    headers = {}
+    for name, value in response.headers.items():
+        if name.lower() not in TRANSIENT_HEADERS:
+            headers[name.lower()] = value
+    try:
+        return {"status": response.status, "headers": headers, "body": response.body.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"status": response.status, "headers": headers,
+                "body": base64.b64encode(response.body).decode(), "encoding": "base64"}
+
+
+def is_stored_response(value):
+    return (isinstance(value, dict) and isinstance(value.get("status"), int)
+            and isinstance(value.get("body"), str) and isinstance(value.get("headers"), dict))
+
+
+def decode_response(stored):
+    body = stored["body"]
+    raw = base64.b64decode(body) if stored.get("encoding") == "base64" else body.encode()
+    return Response(stored["status"], dict(stored["headers"]), raw)
+
+
+def stored_failure(error):
+    """The response a key failed by the middleware keeps in its error."""
+    try:
+        value = json.loads(error or "")
+    except ValueError:
+        return None
+    return value if is_stored_response(value) else None

@@ -1,0 +1,122 @@
+"""The transactional outbox: enqueue in the caller's transaction, and a
+consumer loop for those who use the outbox as a job queue."""
+
+import os
+import select
+import sys
+
+import psycopg
+
+from . import _sql
+from ._state import JobState, dict_cursor
+from .errors import default_classify, is_stale_token
+
+
+def _enqueue_params(topic, payload, key, headers, dedup_key, deliver_at):
+    return {"topic": topic, "payload": _sql.jsonb(payload), "key": key, "headers": _sql.jsonb(headers),
+            "dedup_key": dedup_key, "deliver_at": deliver_at}
+
+
+def enqueue(conn, topic, payload, *, key=None, headers=None, dedup_key=None, deliver_at=None):
+    """Enqueues on ``conn``, in its current transaction: the event exists if
+    and only if that transaction commits. Returns the event id."""
+    params = _enqueue_params(topic, payload, key, headers, dedup_key, deliver_at)
+    return conn.execute(_sql.ENQUEUE, params).fetchone()[0]
+
+
+async def aenqueue(conn, topic, payload, *, key=None, headers=None, dedup_key=None, deliver_at=None):
+    """``enqueue`` on an AsyncConnection."""
+    params = _enqueue_params(topic, payload, key, headers, dedup_key, deliver_at)
+    return (await (await conn.execute(_sql.ENQUEUE, params)).fetchone())[0]
+
+
+def settlement(value, error, classify=default_classify):
+    """What to do with an event once its handler has run: ('ack',),
+    ('nack', error, retryable, retry_in) or ('leave',) (it comes back when
+    its lease ends). A handler may return the Job of its claim."""
+    if error is not None:
+        if is_stale_token(error):
+            return ("leave",)
+        final = classify(error) == "final"
+        return ("nack", str(error) or type(error).__name__, not final,
+                None if final else getattr(error, "retry_in", None))
+    if not isinstance(value, JobState):
+        return ("ack",)
+    outcome = value.outcome
+    if outcome == "completed" or (outcome == "failed" and value.replayed):
+        return ("ack",)
+    if outcome == "failed":
+        return ("nack", value.error, value.retryable, value.retry_after if value.retryable else None)
+    if outcome in ("in_progress", "retry_later"):
+        return ("nack", f"key {outcome}", True, value.retry_after)
+    if outcome == "released":
+        return ("nack", "released", True, None)
+    if outcome == "mismatch":
+        return ("nack", "the event does not carry the request its key was used with", False, None)
+    return ("leave",)   # fenced: the worker that took the key over holds the redelivered event
+
+
+class Consumer:
+    """Claims events of ``topics`` one at a time and runs ``handler(event)``
+    (a dict: id, topic, key, payload, headers, dedup_key, attempt); acks or
+    nacks by ``settlement``. Wakes on the outbox's notifications, polls every
+    ``poll`` seconds as well. ``run()`` returns after ``stop()`` (safe in a
+    signal handler), once the event in hand is settled.
+
+        Consumer(conninfo, ["invoice.email"], name="worker-1").run(handle)
+    """
+
+    def __init__(self, conninfo, topics=None, *, name=None, lease=60, batch=1, poll=1.0,
+                 classify=default_classify, log=None):
+        self.conninfo = conninfo
+        self.topics = list(topics) if topics is not None else None
+        self.name = name or f"consumer-{os.getpid()}"
+        self.lease = lease
+        self.batch = batch
+        self.poll = poll
+        self.classify = classify
+        self.log = log or (lambda message: print(f"[{self.name}] {message}", file=sys.stderr, flush=True))
+        self.stopping = False
+        self._wake_read, self._wake_write = os.pipe()
+
+    def stop(self):
+        self.stopping = True
+        os.write(self._wake_write, b"x")
+
+    def run(self, handler):
+        with psycopg.connect(self.conninfo, autocommit=True, application_name=self.name) as conn, \
+                psycopg.connect(self.conninfo, autocommit=True,
+                                application_name=f"{self.name} listener") as listener:
+            listener.execute(_sql.LISTEN)
+            params = {"relay": self.name, "batch": self.batch, "lease": self.lease, "topics": self.topics}
+            while not self.stopping:
+                events = dict_cursor(conn).execute(_sql.OUTBOX_CLAIM, params).fetchall()
+                for event in events:
+                    self._handle(conn, handler, event)
+                if not events:
+                    self._idle(listener)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    def _handle(self, conn, handler, event):
+        value, error = None, None
+        try:
+            value = handler(event)
+        except Exception as exc:   # the handler's failure is the event's
+            error = exc
+            self.log(f"event {event['id']}: {exc!r}")
+        action, *args = settlement(value, error, self.classify)
+        if action == "ack":
+            conn.execute(_sql.OUTBOX_ACK, {"id": event["id"]})
+        elif action == "nack":
+            error_text, retryable, retry_in = args
+            conn.execute(_sql.OUTBOX_NACK, {"id": event["id"], "error": error_text,
+                                            "retryable": retryable, "retry_in": retry_in})
+
+    def _idle(self, listener):
+        """Waits for a notification, stop() or the poll interval."""
+        ready = select.select([listener.fileno(), self._wake_read], [], [], self.poll)[0]
+        if listener.fileno() in ready:
+            listener.execute("SELECT 1")     # takes in the notifications
+        if self._wake_read in ready:
+            os.read(self._wake_read, 64)

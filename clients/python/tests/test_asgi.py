@@ -1,0 +1,282 @@
+"""The Idempotency-Key middleware in a FastAPI app, driven in process by
+httpx (requests at once run concurrently on one event loop)."""
+
+import asyncio
+import json
+from collections import Counter
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from psycopg_pool import AsyncConnectionPool
+from starlette.testclient import TestClient
+
+import pg_idempotency as idem
+from pg_idempotency.asgi import IdempotencyMiddleware
+from pg_idempotency.http import Response as StoredResponse
+from conftest import SETTINGS, effects, key_row
+
+runs = Counter()     # per key: how many times a handler ran
+
+
+def make_app(pool):
+    app = FastAPI()
+
+    @app.post("/orders")
+    async def orders(request: Request):
+        body = await request.json()
+        key = request.state.idempotency.key
+        runs[key] += 1
+        await asyncio.sleep(body.get("delay", 0))
+        return JSONResponse({"order": runs[key], "echo": body}, status_code=201, headers={"x-order": f"order-{runs[key]}"})
+
+    @app.post("/waiting")
+    async def waiting(request: Request):
+        key = request.state.idempotency.key
+        runs[key] += 1
+        await asyncio.sleep(0.3)
+        return JSONResponse({"order": runs[key]}, status_code=201)
+
+    @app.post("/flaky")
+    async def flaky(request: Request):
+        key = request.state.idempotency.key
+        runs[key] += 1
+        return JSONResponse({"run": runs[key]}, status_code=503 if runs[key] == 1 else 201)
+
+    @app.post("/throws")
+    async def throws(request: Request):
+        key = request.state.idempotency.key
+        runs[key] += 1
+        if runs[key] == 1:
+            raise RuntimeError("boom")
+        return {"ok": True}
+
+    @app.post("/declined")
+    async def declined(request: Request):
+        runs[request.state.idempotency.key] += 1
+        return JSONResponse({"declined": True}, status_code=402)
+
+    @app.post("/binary")
+    async def binary(request: Request):
+        runs[request.state.idempotency.key] += 1
+        return Response(bytes([0, 255, 128, 10, 13]), media_type="application/octet-stream")
+
+    @app.post("/optional")
+    async def optional():
+        return {"ok": True}
+
+    @app.post("/tx")
+    async def tx(request: Request):
+        body = await request.json()
+        ctx = request.state.idempotency
+        runs[ctx.key] += 1
+        await ctx.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'asgi')", (ctx.key,))
+        await asyncio.sleep(body.get("delay", 0))
+        if body.get("fail"):
+            return JSONResponse({"error": "failed after writing"}, status_code=500)
+        if body.get("refuse"):
+            return JSONResponse({"error": "refused after writing"}, status_code=409)
+        return JSONResponse({"written": True}, status_code=201)
+
+    @app.post("/jobs")
+    async def jobs(request: Request):
+        body = await request.json()
+        ctx = request.state.idempotency
+        runs[ctx.key] += 1
+        if body.get("invalid"):
+            return JSONResponse({"error": "invalid"}, status_code=400)
+        await idem.aenqueue(ctx.conn, "asgi.jobs", {"key": ctx.key, "request": ctx.request, "body": body},
+                            dedup_key=ctx.key)
+        return JSONResponse({"accepted": ctx.key}, status_code=202)
+
+    common = {"pool": pool}
+    app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.orders",
+                       paths=["/orders", "/waiting", "/flaky", "/throws", "/declined", "/binary"])
+    app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.waiting", paths=["/waiting"], wait=10)
+    app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.optional", paths=["/optional"], required=False)
+    app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.tx", paths=["/tx"], mode="transaction")
+    app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.jobs", paths=["/jobs"], mode="register",
+                       failed_response=lambda error: StoredResponse(402, {"content-type": "text/plain"}, error.encode()))
+    return app
+
+
+def scenario(test):
+    """Runs test(post, pool) with a fresh app on a fresh event loop."""
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=2, max_size=20) as pool:
+            app = make_app(pool)
+            # The app's exceptions become the 500 that the server would send.
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                async def post(path, key, body=None, content=None):
+                    headers = {"content-type": "application/json"}
+                    if key:
+                        headers["idempotency-key"] = key
+                    res = await client.post(path, headers=headers,
+                                            content=content if content is not None else json.dumps(body or {}))
+                    res.replayed = res.headers.get("idempotent-replayed") == "true"
+                    return res
+                return await test(post, pool)
+    return asyncio.run(main())
+
+
+def test_no_key_is_400_and_optional_keys_pass(new_key):
+    async def test(post, pool):
+        missing = await post("/orders", None, {"item": "a"})
+        assert missing.status_code == 400
+        assert missing.headers["content-type"] == "application/problem+json"
+        assert (await post("/optional", None)).status_code == 200
+    scenario(test)
+
+
+def test_a_repeat_replays_status_headers_and_body_byte_for_byte(new_key):
+    key = new_key()
+
+    async def test(post, pool):
+        first = await post("/orders", key, {"item": "a", "qty": 2})
+        again = await post("/orders", key, {"item": "a", "qty": 2})
+        assert (first.status_code, first.replayed) == (201, False)
+        assert (again.status_code, again.replayed, again.headers["x-order"]) == (201, True, "order-1")
+        assert again.content == first.content
+        assert again.headers["content-type"] == first.headers["content-type"]
+        canonical = await post("/orders", key, content='{ "qty": 2, "item": "a" }')
+        assert canonical.replayed, "the same JSON in another order is the same request"
+    scenario(test)
+    assert runs[key] == 1
+
+
+def test_the_key_reused_with_another_body_or_path_is_422(new_key):
+    key = new_key()
+
+    async def test(post, pool):
+        await post("/orders", key, {"item": "a"})
+        assert (await post("/orders", key, {"item": "b"})).status_code == 422
+        assert (await post("/flaky", key, {"item": "a"})).status_code == 422
+    scenario(test)
+    assert runs[key] == 1
+
+
+def test_concurrent_duplicates_run_the_handler_once(new_key):
+    key = new_key()
+
+    async def test(post, pool):
+        answers = await asyncio.gather(*(post("/orders", key, {"item": "c", "delay": 0.4}) for _ in range(10)))
+        original = [a for a in answers if a.status_code == 201 and not a.replayed]
+        conflicts = [a for a in answers if a.status_code == 409]
+        replays = [a for a in answers if a.status_code == 201 and a.replayed]
+        assert len(original) == 1, [a.status_code for a in answers]
+        assert len(conflicts) + len(replays) == 9 and conflicts
+        assert all(int(c.headers["retry-after"]) >= 1 for c in conflicts)
+        assert all(r.content == original[0].content for r in replays)
+    scenario(test)
+    assert runs[key] == 1
+
+
+def test_with_wait_duplicates_get_the_first_response(new_key):
+    key = new_key()
+
+    async def test(post, pool):
+        answers = await asyncio.gather(*(post("/waiting", key) for _ in range(6)))
+        assert [a.status_code for a in answers] == [201] * 6
+        assert sum(not a.replayed for a in answers) == 1
+        assert len({a.content for a in answers}) == 1
+    scenario(test)
+    assert runs[key] == 1
+
+
+def test_retryable_and_final_failures(new_key):
+    flaky, throws, declined = new_key(), new_key(), new_key()
+
+    async def test(post, pool):
+        assert (await post("/flaky", flaky)).status_code == 503
+        retry = await post("/flaky", flaky)
+        assert (retry.status_code, retry.replayed) == (201, False)
+        assert (await post("/flaky", flaky)).replayed
+        assert (await post("/throws", throws)).status_code == 500
+        assert (await post("/throws", throws)).status_code == 200
+        first = await post("/declined", declined)
+        again = await post("/declined", declined)
+        assert (again.status_code, again.replayed, again.content) == (402, True, first.content)
+    scenario(test)
+    assert (runs[flaky], runs[throws], runs[declined]) == (2, 2, 1)
+
+
+def test_a_binary_body_is_replayed_byte_for_byte(new_key):
+    key = new_key()
+
+    async def test(post, pool):
+        await post("/binary", key)
+        again = await post("/binary", key)
+        assert again.replayed and again.content == bytes([0, 255, 128, 10, 13])
+    scenario(test)
+
+
+def test_transaction_mode(new_key, admin):
+    ok, failing, refused, racing = new_key(), new_key(), new_key(), new_key()
+
+    async def test(post, pool):
+        assert (await post("/tx", ok)).status_code == 201
+        assert (await post("/tx", ok)).replayed
+        assert (await post("/tx", failing, {"fail": True})).status_code == 500
+        assert (await post("/tx", refused, {"refuse": True})).status_code == 409
+        again = await post("/tx", refused, {"refuse": True})
+        assert (again.status_code, again.replayed) == (409, True)
+        answers = await asyncio.gather(*(post("/tx", racing, {"delay": 0.3}) for _ in range(8)))
+        assert sum(a.status_code == 201 and not a.replayed for a in answers) == 1
+        assert all(a.status_code in (201, 409) for a in answers)
+    scenario(test)
+    assert effects(admin, ok) == ["asgi"] and effects(admin, racing) == ["asgi"]
+    assert effects(admin, failing) == [] and key_row(admin, failing, "asgi.tx") is None
+    assert effects(admin, refused) == [] and key_row(admin, refused, "asgi.tx") == ("FAILED_FINAL", 1)
+    assert runs[racing] == 1
+
+
+def test_register_mode_with_a_worker(new_key, admin):
+    done, refused, invalid = new_key(), new_key(), new_key()
+
+    async def work(pool, key, fn):
+        async with pool.connection() as conn:
+            event = await (await conn.execute(
+                "SELECT payload FROM idempotency.outbox_claim('test', batch => 100, topics => '{asgi.jobs}')")).fetchall()
+            payload = next(p for (p,) in event if p["key"] == key)
+            async with idem.aclaim(conn, key, payload["request"], scope="asgi.jobs") as job:
+                job.result = fn(payload["body"])
+            return job
+
+    async def test(post, pool):
+        assert (await post("/jobs", done, {"amount": 5})).status_code == 202
+        assert (await post("/jobs", done, {"amount": 5})).status_code == 409
+        assert (await post("/jobs", done, {"amount": 6})).status_code == 422
+        assert (await work(pool, done, lambda body: {"paid": body["amount"]})).outcome == "completed"
+        answer = await post("/jobs", done, {"amount": 5})
+        assert (answer.status_code, answer.replayed, answer.json()) == (200, True, {"paid": 5})
+
+        await post("/jobs", refused, {"amount": 7})
+
+        def refuse(body):
+            raise idem.FinalError("insufficient funds")
+        assert (await work(pool, refused, refuse)).outcome == "failed"
+        answer = await post("/jobs", refused, {"amount": 7})
+        assert (answer.status_code, answer.text, answer.replayed) == (402, "insufficient funds", True)
+
+        assert (await post("/jobs", invalid, {"invalid": True})).status_code == 400
+        assert (await post("/jobs", invalid, {"amount": 1})).status_code == 202
+    scenario(test)
+    assert runs[done] == 1
+
+
+def test_with_a_conninfo_the_middleware_opens_its_pool_and_closes_it_at_shutdown(new_key):
+    app = FastAPI()
+
+    @app.post("/ping")
+    async def ping():
+        return {"pong": True}
+    app.add_middleware(IdempotencyMiddleware, conninfo="", scope="asgi.conninfo")
+    middleware = None
+    key = new_key()
+    with TestClient(app) as client:
+        first = client.post("/ping", headers={"idempotency-key": key}, json={})
+        again = client.post("/ping", headers={"idempotency-key": key}, json={})
+        middleware = app.middleware_stack.app
+    assert (first.status_code, again.headers.get("idempotent-replayed")) == (200, "true")
+    assert isinstance(middleware, IdempotencyMiddleware) and middleware.pool is None

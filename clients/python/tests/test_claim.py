@@ -1,0 +1,233 @@
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import pg_idempotency as idem
+from conftest import SETTINGS, effects, key_row, wait_for
+
+
+def run_once(conn, key, result, **options):
+    with idem.claim(conn, key, **options) as job:
+        if job.claimed:
+            job.result = result
+    return job
+
+
+def test_runs_once_and_replays_the_result(conn, new_key):
+    key, runs = new_key(), []
+    for _ in range(2):
+        with idem.claim(conn, key, {"n": 1}) as job:
+            if job.claimed:
+                runs.append(job.attempt)
+                job.result = {"sent": "m-1"}
+    assert runs == [1]
+    assert (job.outcome, job.result, job.replayed) == ("completed", {"sent": "m-1"}, True)
+
+
+def test_another_request_under_the_key_is_a_mismatch(conn, new_key):
+    key = new_key()
+    run_once(conn, key, "done", request={"n": 1})
+    assert run_once(conn, key, "again", request={"n": 2}).outcome == "mismatch"
+
+
+def test_a_key_held_elsewhere_is_in_progress_with_the_lease_left(conn, other, new_key):
+    key = new_key()
+    with idem.claim(conn, key, lease=20) as job:
+        inner = run_once(other, key, "twice")
+    assert job.outcome == "completed"
+    assert inner.outcome == "in_progress" and not inner.claimed
+    assert 10 < inner.retry_after <= 20
+
+
+def test_transaction_commits_writes_and_complete_together(conn, admin, new_key):
+    key = new_key()
+    with idem.claim(conn, key) as job:
+        with job.transaction():
+            conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'one')", (key,))
+            job.complete({"rows": 1})
+    assert (job.outcome, job.result, job.replayed) == ("completed", {"rows": 1}, False)
+    assert effects(admin, key) == ["one"]
+    assert key_row(admin, key) == ("COMPLETED", 1)
+
+
+def test_an_exception_is_a_retryable_failure_claimed_again_after_the_backoff(conn, admin, new_key):
+    key = new_key()
+    with idem.claim(conn, key) as job:
+        raise TimeoutError("provider timeout")
+    assert (job.outcome, job.retryable, job.error) == ("failed", True, "provider timeout")
+    assert isinstance(job.exception, TimeoutError)
+    assert 0 <= job.retry_after < 1
+    assert key_row(admin, key) == ("FAILED_RETRYABLE", 1)
+    retried = wait_for("the retry", lambda: (j := run_once(conn, key, "ok")).outcome == "completed" and j)
+    assert not retried.replayed and key_row(admin, key) == ("COMPLETED", 2)
+
+
+def test_retryable_error_sets_the_delay(conn, new_key):
+    key = new_key()
+    with idem.claim(conn, key) as job:
+        raise idem.RetryableError("busy", retry_in=30)
+    assert job.retryable and 25 < job.retry_after <= 30
+    assert run_once(conn, key, "x").outcome == "retry_later"
+
+
+def test_final_error_fails_for_good_and_duplicates_get_the_failure(conn, admin, new_key):
+    key = new_key()
+    with idem.claim(conn, key) as job:
+        raise idem.FinalError("card declined")
+    assert (job.outcome, job.retryable) == ("failed", False)
+    assert key_row(admin, key) == ("FAILED_FINAL", 1)
+    again = run_once(conn, key, "x")
+    assert (again.outcome, again.error, again.retryable, again.replayed) == ("failed", "card declined", False, True)
+
+
+def test_classify_decides_which_errors_are_final(conn, new_key):
+    with idem.claim(conn, new_key(), classify=lambda exc: "final" if isinstance(exc, ValueError) else "retryable") as job:
+        raise ValueError("bad input")
+    assert job.retryable is False
+
+
+def test_reraise_lets_the_error_through_after_recording_it(conn, admin, new_key):
+    key = new_key()
+    with pytest.raises(KeyError):
+        with idem.claim(conn, key, reraise=True):
+            raise KeyError("x")
+    assert key_row(admin, key) == ("FAILED_RETRYABLE", 1)
+
+
+def test_release_gives_the_key_back_without_an_attempt(conn, admin, new_key):
+    key = new_key()
+    with idem.claim(conn, key) as job:
+        job.release()
+    assert job.outcome == "released"
+    assert run_once(conn, key, "x").attempt == 1
+
+
+def test_the_heartbeat_keeps_a_one_second_lease_through_two_and_a_half(conn, other, admin, new_key):
+    key, seen = new_key(), []
+    with idem.claim(conn, key, lease=1) as job:
+        for _ in range(5):
+            time.sleep(0.5)
+            seen.append(run_once(other, key, "twice").outcome)
+        assert not job.lost.is_set()
+    assert seen == ["in_progress"] * 5
+    assert key_row(admin, key) == ("COMPLETED", 1)
+
+
+def test_without_heartbeat_the_late_worker_is_fenced_and_its_writes_roll_back(conn, other, admin, new_key):
+    key = new_key()
+    with idem.claim(conn, key, lease=1, heartbeat=False) as late:
+        def take_over():
+            with idem.claim(other, key) as taker:
+                if taker.claimed:
+                    with taker.transaction():
+                        other.execute("INSERT INTO effects (key, worker) VALUES (%s, 'taker')", (key,))
+                        taker.complete("taker")
+            return taker.outcome == "completed" and not taker.replayed
+        wait_for("the takeover", take_over)
+        with late.transaction():
+            conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'late')", (key,))
+            late.complete("late")
+    assert late.outcome == "fenced"
+    assert late.exception.sqlstate == "IK001"
+    assert effects(admin, key) == ["taker"]
+
+
+def test_in_the_callers_transaction_claim_writes_and_complete_commit_together(conn, other, admin, new_key):
+    key, dropped = new_key(), new_key()
+    with conn.transaction():
+        with idem.claim(conn, key) as job:
+            conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'one')", (key,))
+            job.result = "done"
+    assert key_row(admin, key) == ("COMPLETED", 1) and effects(admin, key) == ["one"]
+    with pytest.raises(ZeroDivisionError):
+        with conn.transaction():
+            with idem.claim(conn, dropped):
+                conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'dropped')", (dropped,))
+                1 / 0
+    assert key_row(admin, dropped) is None and effects(admin, dropped) == []
+
+
+def test_the_decorator(conn, new_key):
+    calls = []
+
+    @idem.idempotent(key=lambda invoice: f"{invoice['id']}/email", request=lambda invoice: invoice,
+                     scope="invoice.email")
+    def send(job, invoice):
+        calls.append(invoice["id"])
+        return {"to": invoice["to"]}
+
+    invoice = {"id": new_key("inv"), "to": "a@example.com"}
+    first, second = send(conn, invoice), send(conn, invoice)
+    assert calls == [invoice["id"]]
+    assert (first.outcome, second.outcome, second.replayed, second.result) == \
+        ("completed", "completed", True, {"to": "a@example.com"})
+
+
+def test_aclaim(new_key):
+    async def scenario():
+        key = new_key()
+        async with await psycopg.AsyncConnection.connect(options=SETTINGS) as aconn, \
+                await psycopg.AsyncConnection.connect(options=SETTINGS, autocommit=True) as aother:
+            async with idem.aclaim(aconn, key, lease=1) as job:
+                await asyncio.sleep(1.5)    # the heartbeat task keeps the lease
+                async with idem.aclaim(aother, key) as inner:
+                    pass
+                async with job.transaction():
+                    await job.complete({"ok": True})
+            async with idem.aclaim(aother, key) as again:
+                pass
+            async with idem.aclaim(aconn, new_key()) as failing:
+                raise idem.FinalError("no")
+        return job, inner, again, failing
+    job, inner, again, failing = asyncio.run(scenario())
+    assert (job.outcome, inner.outcome, again.outcome, again.result) == \
+        ("completed", "in_progress", "completed", {"ok": True})
+    assert (failing.outcome, failing.retryable) == ("failed", False)
+
+
+class TestWorkerProcess:
+    def start(self, key):
+        env = {**os.environ, "KEY": key, "LEASE": "1", "PGOPTIONS": SETTINGS}
+        child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("worker_process.py"))], env=env,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "claimed"
+        return child
+
+    def take_over(self, conn, key):
+        def once():
+            with idem.claim(conn, key, lease=10) as job:
+                if job.claimed:
+                    with job.transaction():
+                        conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'taker')", (key,))
+                        job.complete({"attempt": job.attempt})
+            return job.outcome == "completed" and not job.replayed and job
+        return wait_for("the takeover", once)
+
+    def test_killed_mid_job_its_key_is_taken_over_when_the_lease_ends(self, conn, admin, new_key):
+        key = new_key()
+        child = self.start(key)
+        child.kill()
+        child.wait()
+        assert self.take_over(conn, key).result == {"attempt": 2}
+        assert effects(admin, key) == ["taker"]
+        assert key_row(admin, key) == ("COMPLETED", 2)
+
+    def test_paused_past_its_lease_taken_over_then_fenced_when_it_resumes(self, conn, admin, new_key):
+        key = new_key()
+        child = self.start(key)
+        child.send_signal(signal.SIGSTOP)
+        try:
+            assert self.take_over(conn, key).result == {"attempt": 2}
+        finally:
+            child.send_signal(signal.SIGCONT)
+        out, _ = child.communicate("go\n", timeout=30)
+        assert out.startswith("fenced"), out
+        assert effects(admin, key) == ["taker"], "the late worker wrote nothing"
+        assert key_row(admin, key) == ("COMPLETED", 2)
