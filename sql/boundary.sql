@@ -70,5 +70,49 @@ SELECT idempotency.boundary_selftest('bad_alloc');
 COMMIT;
 SELECT idempotency.idem_get('boundary-tx') IS NULL AS rolled_back;
 
+-- A C++ exception in a transaction callback is caught like one in a
+-- function: thrown before the commit, it aborts the transaction with a
+-- clean error (here with the key its transaction claimed), and the session
+-- goes on.
+BEGIN;
+SELECT outcome FROM idempotency.idem_claim('boundary-callback');
+SELECT idempotency.boundary_selftest('commit');
+COMMIT;
+SELECT idempotency.idem_get('boundary-callback') IS NULL AS rolled_back;
+SELECT outcome FROM idempotency.idem_claim('boundary-callback');
+
+-- An error raised under one of the extension's statements (here by a
+-- trigger the owner added) shows its own message and context, never the
+-- extension's internal SQL.
+CREATE FUNCTION public.boundary_refuse() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    RAISE EXCEPTION 'refused by a trigger on %', TG_TABLE_NAME;
+END $f$;
+SELECT token AS t FROM idempotency.idem_claim('boundary-trigger') \gset
+CREATE TRIGGER refuse BEFORE UPDATE ON idempotency.idempotency_keys
+    FOR EACH ROW EXECUTE FUNCTION public.boundary_refuse();
+SELECT idempotency.idem_complete('boundary-trigger', :t);
+CREATE TRIGGER refuse_insert BEFORE INSERT ON idempotency.idempotency_keys
+    FOR EACH ROW EXECUTE FUNCTION public.boundary_refuse();
+SELECT idempotency.idem_claim('boundary-trigger-2');
+DROP TRIGGER refuse ON idempotency.idempotency_keys;
+DROP TRIGGER refuse_insert ON idempotency.idempotency_keys;
+DROP FUNCTION public.boundary_refuse();
+-- The functions work as their owner in a security-restricted operation:
+-- code running inside (a trigger) may not change the role or create
+-- temporary objects that the caller's session would then find.
+CREATE FUNCTION public.boundary_escape() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    EXECUTE 'CREATE TEMP TABLE boundary_planted (i int)';
+    RETURN NEW;
+END $f$;
+CREATE TRIGGER escape BEFORE INSERT ON idempotency.idempotency_keys
+    FOR EACH ROW EXECUTE FUNCTION public.boundary_escape();
+SELECT idempotency.idem_claim('boundary-escape');
+DROP TRIGGER escape ON idempotency.idempotency_keys;
+DROP FUNCTION public.boundary_escape();
+SELECT to_regclass('pg_temp.boundary_planted') IS NULL AS nothing_planted;
+SELECT outcome FROM idempotency.idem_complete('boundary-trigger', :t);
+
 -- Same backend, same postmaster: nothing crashed.
 SELECT pg_backend_pid() = :pid AS same_backend, pg_postmaster_start_time() = :'started' AS no_restart;

@@ -98,6 +98,20 @@ SELECT status, token = pg_temp.tok('f1') AS token_is_f1, attempts,
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_complete('claim-fp', pg_temp.tok('f1'), '"paid"'));
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp', '{"amount": 200, "currency": "EUR"}'));
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp', '{"amount": 100, "currency": "EUR"}'));
+-- Requests equal as jsonb have one fingerprint: each number counts in its
+-- shortest form (1500 and 1500.0, 1e3 and 1000), nested too.
+SELECT '{"amount": 1500}'::jsonb = '{"amount": 1500.0}'::jsonb AS equal_as_jsonb;
+SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp3', '{"amount": 1500, "items": [{"n": 1e3}]}'));
+SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp3', '{"amount": 1500.0, "items": [{"n": 1000}]}'));
+SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp3', '{"items": [{"n": 1000.000}], "amount": 15e2}'));
+SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp3', '{"amount": 1500.5, "items": [{"n": 1000}]}'));
+-- A fingerprint stored before 0.4.0 hashed the request as written: a
+-- duplicate written the same way still matches it.
+UPDATE idempotency.idempotency_keys
+   SET fingerprint = sha256(('{"amount": 1500.0}'::jsonb)::text::bytea)
+ WHERE key = 'claim-fp3';
+SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp3', '{"amount": 1500.0}'));
+SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp3', '{"amount": 1501}'));
 -- A key claimed without a request keeps none; the first later claim that
 -- brings one (and is granted) stores it.
 SELECT * FROM pg_temp.show('f2', idempotency.idem_claim('claim-fp2'));

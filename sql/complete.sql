@@ -124,16 +124,17 @@ SELECT count(*) AS ledger_entries FROM ledger;
 -- recorded (FAILED_RETRYABLE, or FAILED_FINAL when attempts are exhausted).
 SELECT * FROM pg_temp.show('l1', idempotency.idem_claim('late-1', lease => '0.2s'));
 SELECT * FROM pg_temp.show('l2', idempotency.idem_claim('late-2', lease => '0.2s'));
+SET idempotency.max_attempts = 1;  -- recorded by the claim, for its expiry
 SELECT * FROM pg_temp.show('l3', idempotency.idem_claim('late-3', lease => '0.2s'));
+RESET idempotency.max_attempts;
 SELECT * FROM pg_temp.show('l4', idempotency.idem_claim('late-4', lease => '0.2s'));
 SELECT pg_sleep(0.3);
 SELECT status, lease_until < clock_timestamp() AS lease_over FROM idempotency.idem_get('late-1');
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_complete('late-1', pg_temp.tok('l1'), '"late but fine"'));
--- late-3: attempts exhausted: a claim with max_attempts = 1 finds the lease
--- over and records FAILED_FINAL; the holder's complete still counts.
-SET idempotency.max_attempts = 1;
+-- late-3: attempts exhausted (its claim recorded max_attempts = 1, whatever
+-- this session's setting now): a claim finds the lease over and records
+-- FAILED_FINAL; the holder's complete still counts.
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('late-3'));
-RESET idempotency.max_attempts;
 SELECT status, last_error, lease_expired FROM idempotency.idem_get('late-3');
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_complete('late-3', pg_temp.tok('l3'), '"late"'));
 SELECT status, result, expires_at - completed_at AS retained_for FROM idempotency.idem_get('late-3');

@@ -95,9 +95,12 @@ SELECT idempotency.idem_fail('fail-5', pg_temp.tok('b9'), 'rate limited', retry_
 SELECT next_attempt_at - updated_at AS retry_in FROM idempotency.idem_get('fail-5');
 SELECT retry_after > '59 min' AND retry_after <= '1 hour' AS backoff_left
   FROM idempotency.idem_claim('fail-5');
--- retryable NULL means the default, true.
+-- retryable NULL is refused like every other required argument (22004),
+-- and changes nothing; omitted, it defaults to true.
 SELECT * FROM pg_temp.show('b10', idempotency.idem_claim('fail-6'));
-SELECT idempotency.idem_fail('fail-6', pg_temp.tok('b10'), 'null retryable', NULL, '1 hour');
+SELECT pg_temp.try($$SELECT idempotency.idem_fail('fail-6', pg_temp.tok('b10'), 'null retryable', NULL, '1 hour')$$);
+SELECT status FROM idempotency.idem_get('fail-6');
+SELECT idempotency.idem_fail('fail-6', pg_temp.tok('b10'), 'default retryable', retry_in => '1 hour');
 -- A short backoff runs out: the key is claimed again (FAILED_RETRYABLE -> PROCESSING).
 SELECT * FROM pg_temp.show('b11', idempotency.idem_claim('fail-7', lease => '1 min'));
 SELECT idempotency.idem_fail('fail-7', pg_temp.tok('b11'), 'brief outage', retry_in => '0.4s');
@@ -147,8 +150,9 @@ SELECT pg_temp.try($$SELECT idempotency.idem_fail('final-3', pg_temp.tok('d3'), 
 SELECT status, attempts, last_error FROM idempotency.idem_get('final-3');
 
 -- ---------------------------------------------------------------- late failures
--- A holder whose lease ran out may still report its failure while nobody
--- has claimed the key since, even after the expiry was recorded.
+-- A holder whose lease ran out may still report its failure while the key
+-- is PROCESSING; once the expiry is recorded, it is refused (IK003) and
+-- changes nothing: a failed key does not fail again.
 SELECT * FROM pg_temp.show('g1', idempotency.idem_claim('late-fail-1', lease => '0.2s'));
 SELECT * FROM pg_temp.show('g2', idempotency.idem_claim('late-fail-2', lease => '0.2s'));
 SELECT pg_sleep(0.3);
@@ -156,5 +160,5 @@ SELECT idempotency.idem_fail('late-fail-1', pg_temp.tok('g1'), 'late failure', r
 SELECT status, last_error, lease_expired FROM idempotency.idem_get('late-fail-1');
 SELECT task, rows > 0 AS changed FROM idempotency.idem_maintenance() WHERE task = 'expire_leases';
 SELECT status, last_error, lease_expired FROM idempotency.idem_get('late-fail-2');
-SELECT idempotency.idem_fail('late-fail-2', pg_temp.tok('g2'), 'late and final', retryable => false);
+SELECT pg_temp.try($$SELECT idempotency.idem_fail('late-fail-2', pg_temp.tok('g2'), 'late and final', retryable => false)$$);
 SELECT status, last_error, lease_expired FROM idempotency.idem_get('late-fail-2');

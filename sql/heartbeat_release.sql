@@ -73,31 +73,34 @@ SELECT * FROM pg_temp.show('h3', idempotency.idem_claim('hb-3'));
 SELECT idempotency.idem_fail('hb-3', pg_temp.tok('h3'), 'fatal', retryable => false);
 SELECT pg_temp.try($$SELECT idempotency.idem_heartbeat('hb-3', pg_temp.tok('h3'))$$);
 
--- Late heartbeats: a holder whose lease ran out and that nobody replaced
--- gets its key back to PROCESSING with a new lease.
+-- Late heartbeats: a holder whose lease ran out keeps its key only while
+-- the key is still PROCESSING; once an expiry is recorded (FAILED_RETRYABLE
+-- or FAILED_FINAL), a heartbeat is refused with IK003 and changes nothing.
 SELECT * FROM pg_temp.show('h4', idempotency.idem_claim('hb-late-1', lease => '0.2s'));
 SELECT * FROM pg_temp.show('h5', idempotency.idem_claim('hb-late-2', lease => '0.2s'));
+SET idempotency.max_attempts = 1;  -- recorded by the claim: its expiry is final
 SELECT * FROM pg_temp.show('h6', idempotency.idem_claim('hb-late-3', lease => '0.2s'));
+RESET idempotency.max_attempts;
 SELECT * FROM pg_temp.show('h7', idempotency.idem_claim('hb-late-4', lease => '0.2s'));
 SELECT pg_sleep(0.3);
 -- Not yet recorded: still PROCESSING.
 SELECT idempotency.idem_heartbeat('hb-late-1', pg_temp.tok('h4'), '1 min') > clock_timestamp() AS renewed;
 SELECT status, lease_until > clock_timestamp() + interval '50s' AS leased FROM idempotency.idem_get('hb-late-1');
--- Recorded as FAILED_FINAL (attempts exhausted): the heartbeat brings it back too.
-SET idempotency.max_attempts = 1;
+-- Recorded as FAILED_FINAL by a claim that found the attempts exhausted.
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('hb-late-3'));
-RESET idempotency.max_attempts;
-SELECT idempotency.idem_heartbeat('hb-late-3', pg_temp.tok('h6'), '1 min') > clock_timestamp() AS renewed;
-SELECT status, lease_expired, expires_at FROM idempotency.idem_get('hb-late-3');
--- Recorded by the sweep: FAILED_RETRYABLE -> PROCESSING.
+SELECT pg_temp.try($$SELECT idempotency.idem_heartbeat('hb-late-3', pg_temp.tok('h6'), '1 min')$$);
+SELECT status, lease_expired, expires_at IS NOT NULL AS retained FROM idempotency.idem_get('hb-late-3');
+-- Recorded as FAILED_RETRYABLE by the sweep.
 SELECT task, rows > 0 AS changed FROM idempotency.idem_maintenance() WHERE task = 'expire_leases';
 SELECT status, last_error, lease_expired FROM idempotency.idem_get('hb-late-2');
-SELECT idempotency.idem_heartbeat('hb-late-2', pg_temp.tok('h5'), '1 min') > clock_timestamp() AS renewed;
-SELECT status, token = pg_temp.tok('h5') AS same_token, attempts, lease_expired, next_attempt_at,
-       lease_until > clock_timestamp() + interval '50s' AS leased
+SELECT pg_temp.try($$SELECT idempotency.idem_heartbeat('hb-late-2', pg_temp.tok('h5'), '1 min')$$);
+SELECT status, token = pg_temp.tok('h5') AS same_token, attempts, lease_expired,
+       next_attempt_at IS NOT NULL AS due, lease_until IS NULL AS no_lease
   FROM idempotency.idem_get('hb-late-2');
-SELECT outcome FROM idempotency.idem_claim('hb-late-2');
+-- The late holder may still complete (its work is recorded) until someone
+-- claims the key again.
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_complete('hb-late-2', pg_temp.tok('h5'), '"saved"'));
+SELECT outcome FROM idempotency.idem_claim('hb-late-2');
 -- Someone claimed since: IK001.
 SELECT * FROM pg_temp.show('h8', idempotency.idem_claim('hb-late-4'));
 SELECT pg_temp.try($$SELECT idempotency.idem_heartbeat('hb-late-4', pg_temp.tok('h7'))$$);
@@ -140,14 +143,15 @@ SELECT pg_temp.try($$SELECT idempotency.idem_release('rel-3', pg_temp.tok('r6'))
 SELECT idempotency.idem_fail('rel-2', pg_temp.tok('r4'), 'bad', retryable => false);
 SELECT pg_temp.try($$SELECT idempotency.idem_release('rel-2', pg_temp.tok('r4'))$$);
 SELECT pg_temp.try($$SELECT idempotency.idem_release('rel-missing', 1)$$);
--- A release after the lease expired (nobody claimed since) gives the key
--- back too, and a key released to RECEIVED is not deleted by retention.
+-- A release after an expiry was recorded is refused (IK003): FAILED_FINAL
+-- never goes back, and the key keeps its retention.
 SET idempotency.max_attempts = 1;
 SELECT outcome FROM idempotency.idem_register('rel-4');
 SELECT * FROM pg_temp.show('r8', idempotency.idem_claim('rel-4', lease => '0.1s'));
+RESET idempotency.max_attempts;
 SELECT pg_sleep(0.15);
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('rel-4'));
-RESET idempotency.max_attempts;
 SELECT status, expires_at IS NOT NULL AS retained FROM idempotency.idem_get('rel-4');
-SELECT idempotency.idem_release('rel-4', pg_temp.tok('r8'));
-SELECT status, attempts, token, expires_at FROM idempotency.idem_get('rel-4');
+SELECT pg_temp.try($$SELECT idempotency.idem_release('rel-4', pg_temp.tok('r8'))$$);
+SELECT status, attempts, token = pg_temp.tok('r8') AS same_token, expires_at IS NOT NULL AS retained
+  FROM idempotency.idem_get('rel-4');

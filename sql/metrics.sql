@@ -348,11 +348,12 @@ INSERT INTO got SELECT id, topic, payload FROM idempotency.outbox_claim('relay-1
 SELECT pg_sleep(0.1);
 SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
 SELECT * FROM pg_temp.deltas();
-INSERT INTO got SELECT id, topic, payload FROM idempotency.outbox_claim('relay-1', 1, '50ms', ARRAY['m.lease']);
-SELECT pg_sleep(0.1);
+-- The claim records its session's cap, which the sweep honours.
 SET idempotency.outbox_max_attempts = 2;
-SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
+INSERT INTO got SELECT id, topic, payload FROM idempotency.outbox_claim('relay-1', 1, '50ms', ARRAY['m.lease']);
 RESET idempotency.outbox_max_attempts;
+SELECT pg_sleep(0.1);
+SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
 SELECT * FROM pg_temp.deltas();
 SELECT payload, state, attempts, last_error FROM idempotency.outbox WHERE topic = 'm.lease' ORDER BY id;
 
@@ -480,7 +481,7 @@ SELECT m.processing_count = (SELECT sum(b) FROM unnest(m.processing_ms_buckets) 
 -- ---------------------------------------------------------------- privileges
 CREATE ROLE regress_idem_metrics_plain;
 CREATE ROLE regress_idem_metrics_monitor;
-GRANT USAGE ON SCHEMA idempotency TO regress_idem_metrics_plain;
+SELECT idempotency.grant_application('regress_idem_metrics_plain');
 GRANT pg_monitor TO regress_idem_metrics_monitor;
 SELECT r.role,
        has_table_privilege(r.role, 'idempotency.idem_metrics', 'SELECT') AS may_read,

@@ -138,10 +138,14 @@ SELECT * FROM pg_temp.claim('relay-a', topics => '{ob.sched}');
 SELECT idempotency.outbox_ack(pg_temp.ids('s1', 's2')) AS acked;
 
 -- ---------------------------------------------------------------- claim
--- topics NULL: every topic; batch NULL: the default (100); lease NULL:
--- idempotency.default_lease. In id order, attempt 1 the first time.
+-- topics NULL: every topic; lease NULL: idempotency.default_lease; batch
+-- omitted: 100 (NULL is refused, 22004, and claims nothing). In id order,
+-- attempt 1 the first time.
+\set VERBOSITY sqlstate
+SELECT * FROM idempotency.outbox_claim('relay-a', NULL, NULL, NULL);
+\set VERBOSITY default
 SELECT pg_temp.lbl(id) AS event, topic, key, payload, headers, dedup_key, attempt
-  FROM idempotency.outbox_claim('relay-a', NULL, NULL, NULL);
+  FROM idempotency.outbox_claim('relay-a', lease => NULL, topics => NULL);
 SELECT state, count(*), bool_and(relay = 'relay-a') AS relay_a,
        bool_and(lease_until - updated_at = current_setting('idempotency.default_lease')::interval)
            AS default_lease,
@@ -574,8 +578,8 @@ SELECT topic, count(*) AS events, count(*) FILTER (WHERE state = 'delivered') AS
 
 -- ---------------------------------------------------------------- idem_maintenance
 -- expire_outbox_leases returns expired in-flight events to pending (or
--- buries them when their attempts reached idempotency.outbox_max_attempts
--- of the session that runs it); purge_outbox deletes delivered events older
+-- buries them when their attempts reached the idempotency.outbox_max_attempts
+-- their claim recorded); purge_outbox deletes delivered events older
 -- than idempotency.outbox_retention (server-wide), in batches of
 -- idempotency.purge_batch. A database of its own, so that counts are exact.
 \c contrib_regression
@@ -601,19 +605,26 @@ INSERT INTO ev SELECT 'pending', idempotency.outbox_enqueue('om.pending', '{}');
 SELECT pg_temp.lbl(id) AS event, attempt FROM idempotency.outbox_claim('relay', 10, '1 min', '{om.live}');
 SELECT pg_temp.lbl(id) AS event, attempt FROM idempotency.outbox_claim('relay', 1, '1 min', '{om}');
 SELECT idempotency.outbox_nack(pg_temp.id('exhausted'), 'e', retry_in => '0');
+-- The claim records its session's attempt cap, which the sweep honours.
+SET idempotency.outbox_max_attempts = 2;
 SELECT pg_temp.lbl(id) AS event, attempt FROM idempotency.outbox_claim('relay', 3, '0.2s', '{om}');
+RESET idempotency.outbox_max_attempts;
 SELECT count(*) AS claimed FROM idempotency.outbox_claim('relay', 10, '1 min', '{om.done}');
 SELECT idempotency.outbox_ack(ARRAY[pg_temp.id('done-1'), pg_temp.id('done-2'), pg_temp.id('done-3')]) AS acked;
 SELECT idempotency.outbox_nack(pg_temp.id('dead'), 'fatal', false);
 SELECT pg_sleep(0.3);
--- This session's outbox_max_attempts: 'exhausted' has used 2 of 2.
-SET idempotency.outbox_max_attempts = 2;
+-- The cap its claim recorded, not the sweep's own: 'exhausted' has used 2 of 2.
 SELECT * FROM idempotency.idem_maintenance();
-RESET idempotency.outbox_max_attempts;
 SELECT pg_temp.lbl(id) AS event, topic, state, attempts, last_error, lease_until IS NULL AS no_lease,
        CASE WHEN state = 'pending' THEN available_at <= clock_timestamp() END AS due
   FROM idempotency.outbox ORDER BY id;
 SELECT pg_temp.lbl(id) AS event, attempts, last_error FROM idempotency.outbox_dead_letters ORDER BY id;
+-- A late nack of an event the sweep returned to pending (not in flight any
+-- more) changes nothing: not its error, not when it is due.
+SELECT available_at AS was_due FROM idempotency.outbox WHERE id = pg_temp.id('expires-1') \gset
+SELECT idempotency.outbox_nack(pg_temp.id('expires-1'), 'late nack', retry_in => '1 hour') AS state;
+SELECT state, attempts, last_error, available_at = :'was_due' AS same_due
+  FROM idempotency.outbox WHERE id = pg_temp.id('expires-1');
 -- Returned to pending: claimable at once, with the next attempt.
 SELECT pg_temp.lbl(id) AS event, attempt FROM idempotency.outbox_claim('relay', 10, '1 min', '{om}');
 -- A second sweep finds nothing (delivered events are kept idempotency.outbox_retention).

@@ -204,18 +204,18 @@ SELECT n, state, attempts FROM pg_temp.events();
 COMMIT PREPARED 'idem_held';
 SELECT * FROM pg_temp.events();
 
--- An application role with no privilege on the table: the claims are
--- written at commit as the functions' owner.
+-- A relay role with no privilege on the table: the claims are written at
+-- commit as the functions' owner.
 SELECT pg_temp.fresh();
 CREATE ROLE regress_idem_held_app;
-GRANT USAGE ON SCHEMA idempotency TO regress_idem_held_app;
+SELECT idempotency.grant_relay('regress_idem_held_app');
 SET ROLE regress_idem_held_app;
 BEGIN;
 SELECT count(*) AS claimed FROM idempotency.outbox_claim('app', 2);
 COMMIT;
 RESET ROLE;
 SELECT * FROM pg_temp.events();
-DROP OWNED BY regress_idem_held_app;
+SELECT idempotency.revoke_role('regress_idem_held_app');
 DROP ROLE regress_idem_held_app;
 
 \c contrib_regression

@@ -146,10 +146,12 @@ SELECT call, pg_temp.try('SELECT ' || call) AS result FROM (VALUES
     (8, $c$idempotency.outbox_nack(-1, 'e')$c$),
     (9, $c$idempotency.outbox_nack(-1, NULL)$c$),
     (10, $c$idempotency.outbox_nack(-1, 'e', retry_in => '-1s')$c$),
-    (11, $c$idempotency.outbox_nack(pg_temp.ev(1), '', NULL, '100 years')$c$),
+    (11, $c$idempotency.outbox_nack(pg_temp.ev(1), '', true, '100 years')$c$),
+    (13, $c$idempotency.outbox_nack(pg_temp.ev(3), 'e', NULL)$c$),
     (12, $c$idempotency.outbox_nack(pg_temp.ev(2), 'e', retry_in => '0')$c$)
 ) v(n, call) ORDER BY n;
--- 11 (retryable NULL: retried in 100 years) and 12 were accepted.
+-- 11 (retried in 100 years) and 12 were accepted; 13 (retryable NULL) was
+-- refused and changed nothing.
 SELECT n, state, attempts, last_error,
        CASE WHEN state = 'pending' THEN available_at - updated_at = interval '100 years' END AS in_100_years
   FROM ev JOIN idempotency.outbox o USING (id) ORDER BY n;

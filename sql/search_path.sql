@@ -7,7 +7,8 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency;
 RESET client_min_messages;
 CREATE ROLE regress_idem_sp_app;
-GRANT USAGE ON SCHEMA idempotency TO regress_idem_sp_app;
+SELECT idempotency.grant_application('regress_idem_sp_app');
+SELECT idempotency.grant_relay('regress_idem_sp_app');
 CREATE SCHEMA trap;
 GRANT USAGE ON SCHEMA trap TO regress_idem_sp_app;
 

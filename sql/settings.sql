@@ -23,7 +23,7 @@ SELECT pg_temp.try($$SET idempotency.no_such_setting = 1$$);
 
 -- ---------------------------------------------------------------- a plain role
 CREATE ROLE regress_idem_settings;
-GRANT USAGE ON SCHEMA idempotency TO regress_idem_settings;
+SELECT idempotency.grant_application('regress_idem_settings');
 SET ROLE regress_idem_settings;
 SELECT setting, pg_temp.try(format('SET %s = %L', setting, value)) AS result FROM (VALUES
     (1, 'idempotency.default_lease', '10s'),
@@ -61,6 +61,7 @@ SELECT expires_at - updated_at AS retained_for FROM idempotency.idem_get('set-1'
 RESET ROLE;
 RESET ALL;
 REVOKE USAGE ON SCHEMA idempotency FROM regress_idem_settings;
+SELECT idempotency.revoke_role('regress_idem_settings');
 DROP ROLE regress_idem_settings;
 
 -- ---------------------------------------------------------------- a superuser

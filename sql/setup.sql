@@ -47,7 +47,23 @@ SELECT idempotency.outbox_nack(:e, 'e', false);
 SELECT idempotency.outbox_redrive() AS redriven;
 SELECT idempotency.outbox_ack(ARRAY[:e]) AS acked;
 SELECT task, rows FROM idempotency.idem_maintenance() WHERE task LIKE '%outbox%' ORDER BY task COLLATE "C";
+-- DROP EXTENSION refuses to destroy undelivered work: "before 2" is in
+-- flight and a key is PROCESSING; so does DROP SCHEMA ... CASCADE.
+SELECT outcome FROM idempotency.idem_claim('setup-processing');
 DROP EXTENSION idempotency;
+DROP SCHEMA idempotency CASCADE;
+-- A transaction that holds outbox claims it has not written yet cannot
+-- drop it at all, forced or not.
+SELECT idempotency.outbox_enqueue('setup.t', '"held"') AS held \gset
+BEGIN;
+SELECT payload FROM idempotency.outbox_claim('setup-relay', topics => '{setup.t}');
+SET LOCAL idempotency.force_drop = on;
+DROP EXTENSION idempotency;
+ROLLBACK;
+-- idempotency.force_drop (superuser) lets it go.
+SET idempotency.force_drop = on;
+DROP EXTENSION idempotency;
+RESET idempotency.force_drop;
 CREATE ROLE regress_idem_creator;
 GRANT CREATE ON DATABASE contrib_regression TO regress_idem_creator;
 SET ROLE regress_idem_creator;
@@ -55,6 +71,23 @@ SET ROLE regress_idem_creator;
 CREATE EXTENSION idempotency;
 \set VERBOSITY default
 RESET ROLE;
+
+-- A schema named idempotency that another role created first (a database
+-- owner can) is refused: that role could rename it and put look-alike
+-- objects under the old names. So is one that already holds objects.
+\set SHOW_CONTEXT never
+DROP SCHEMA idempotency;  -- the empty schema DROP EXTENSION leaves
+SET ROLE regress_idem_creator;
+CREATE SCHEMA idempotency;
+RESET ROLE;
+CREATE EXTENSION idempotency;
+SELECT count(*) AS installed FROM pg_extension WHERE extname = 'idempotency';
+DROP SCHEMA idempotency;
+CREATE SCHEMA idempotency;
+CREATE TABLE idempotency.intruder (i int);
+CREATE EXTENSION idempotency;
+DROP SCHEMA idempotency CASCADE;
+\set SHOW_CONTEXT errors
 REVOKE CREATE ON DATABASE contrib_regression FROM regress_idem_creator;
 DROP ROLE regress_idem_creator;
 

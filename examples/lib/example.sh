@@ -71,8 +71,10 @@ CREATE ROLE app LOGIN;
 CREATE DATABASE $db OWNER app;
 \c $db
 CREATE EXTENSION idempotency;
--- All an application role needs: the functions, not the tables.
-GRANT USAGE ON SCHEMA idempotency TO app;
+-- The functions, not the tables: keys, inbox, locks and enqueue, and the
+-- outbox's claim, ack and nack for the workers that consume it as a queue.
+SELECT idempotency.grant_application('app');
+SELECT idempotency.grant_relay('app');
 SQL
 }
 

@@ -16,12 +16,14 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 example_start python-worker "${PYTHON_WORKER_PORT:-54463}" billing
 example_psql -f "$here/schema.sql" >/dev/null || example_fail "schema.sql failed"
 # Quick retries for the scenario: 3 attempts, backoff from 300 ms. The
-# on-call role reads the extension's views through pg_monitor.
+# on-call role reads the extension's views through pg_monitor, and may look
+# up the keys of the dead jobs it lists.
 example_sql -d billing >/dev/null <<'SQL' || example_fail "setup failed"
 ALTER DATABASE billing SET idempotency.max_attempts = 3;
 ALTER DATABASE billing SET idempotency.retry_base_delay = '300ms';
 ALTER DATABASE billing SET idempotency.retry_max_delay = '2s';
 CREATE ROLE oncall LOGIN IN ROLE pg_monitor;
+GRANT EXECUTE ON FUNCTION idempotency.idem_get(text, text) TO oncall;
 SQL
 
 python=$(example_python) || example_fail "could not install the Python client"

@@ -25,10 +25,10 @@ example_sql -d shop >/dev/null <<'SQL' || example_fail "setup failed"
 -- Quick retries for the scenario: the outbox's backoff from 200 ms, at most 2 s.
 ALTER DATABASE shop SET idempotency.retry_base_delay = '200ms';
 ALTER DATABASE shop SET idempotency.retry_max_delay = '2s';
--- The relay's role needs only USAGE on the schema; pg_monitor lets it read
--- outbox_lag for its progress lines and lag gauge.
-CREATE ROLE relay LOGIN IN ROLE pg_monitor;
-GRANT USAGE ON SCHEMA idempotency TO relay;
+-- The relay's role: the relay's functions, and outbox_lag for its progress
+-- lines and lag gauge.
+CREATE ROLE relay LOGIN;
+SELECT idempotency.grant_relay('relay');
 -- On call: the views (outbox_lag, outbox_dead_letters).
 CREATE ROLE oncall LOGIN IN ROLE pg_monitor;
 SQL

@@ -20,6 +20,7 @@ struct ClaimDecision {
 };
 
 // `fingerprint_conflict`: both the stored and the given fingerprint exist and differ.
+// `max_attempts` is the caller's cap, for a key whose claim recorded none.
 ClaimDecision decide_claim(const KeyState& key, bool fingerprint_conflict, Micros now,
                            int max_attempts);
 

@@ -17,8 +17,9 @@ enum class FenceVerdict {
     WrongState,        // IK003
 };
 
+// Only a PROCESSING key's holder may fail, heartbeat, release or assert it.
 // A holder whose lease expired keeps its token until the key is claimed
-// again; until then its complete, fail, heartbeat and release still count.
+// again; until then its complete still counts (nothing else it does).
 FenceVerdict check_fence(HolderCall call, const KeyState& key, std::int64_t token);
 
 // The SQLSTATE and the words for a verdict that refuses the call.

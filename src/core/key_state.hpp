@@ -18,6 +18,7 @@ struct KeyState {
     std::optional<Micros> next_attempt_at;
     bool lease_expired = false;  // the current token's lease ran out (not the holder's own doing)
     bool registered = false;     // created by idem_register: release returns it to RECEIVED
+    std::optional<std::int32_t> max_attempts;  // the attempt cap its claim recorded
 };
 
 }  // namespace idem

@@ -15,6 +15,11 @@ Datum fixed_array(const Datum* values, int count, Oid type) {
 
 }  // namespace
 
+Datum int4_array(const Datum* values, int count) {
+    return PointerGetDatum(
+        construct_array(const_cast<Datum*>(values), count, INT4OID, 4, true, TYPALIGN_INT));
+}
+
 Datum int8_array(const Datum* values, int count) { return fixed_array(values, count, INT8OID); }
 
 Datum timestamptz_array(const Datum* values, int count) {

@@ -7,6 +7,7 @@
 
 namespace idem::pg {
 
+Datum int4_array(const Datum* values, int count);
 Datum int8_array(const Datum* values, int count);
 Datum timestamptz_array(const Datum* values, int count);
 Datum text_array(const Datum* values, int count);

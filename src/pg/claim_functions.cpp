@@ -7,6 +7,7 @@
 #include "pg/args.hpp"
 #include "pg/fingerprint.hpp"
 #include "pg/guard.hpp"
+#include "pg/key_insert.hpp"
 #include "pg/key_store.hpp"
 #include "pg/metrics.hpp"
 #include "pg/outcome.hpp"
@@ -28,23 +29,25 @@ constexpr int kMaxRaceRounds = 100;
 struct Request {
     Datum fingerprint;
     bool has_fingerprint;
+    Datum body;  // the jsonb request
 };
 
 Request request_arg(FunctionCallInfo fcinfo, int n) {
     const Datum request = optional_jsonb_arg(fcinfo, n, "request");
-    if (PG_ARGISNULL(n)) return Request{0, false};
-    return Request{fingerprint_of(request), true};
+    if (PG_ARGISNULL(n)) return Request{0, false, 0};
+    return Request{fingerprint_of(request), true, request};
 }
 
 bool fingerprint_conflict(const StoredKey& stored, const Request& request) {
     return stored.has_fingerprint && request.has_fingerprint &&
-           fingerprints_differ(stored.fingerprint, request.fingerprint);
+           fingerprint_differs(stored.fingerprint, request.fingerprint, request.body);
 }
 
 // The answer that reports a stored key as it is.
 void describe(const StoredKey& stored, const ClaimDecision& decision, OutcomeFields* out) {
     out->outcome = decision.outcome;
     out->status = stored.state.status;
+    out->has_status = true;
     out->token.reset();
     out->attempt = stored.state.attempts;
     out->retry_after = decision.retry_after;
@@ -75,41 +78,116 @@ struct ClaimArgs {
     KeyId id;
     Request request;
     Micros lease;
+    Micros deadline;  // how long the call may wait for other transactions (now: not at all)
 };
 
+[[noreturn]] void raise_read_only(const char* call) {
+    ereport(ERROR,
+            (errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+             errmsg("idempotency: %s would change the key, which a read-only transaction cannot",
+                    call),
+             errhint("A duplicate of finished work is answered anywhere, also on a hot standby; "
+                     "a call that creates or claims a key needs a read-write transaction on the "
+                     "primary.")));
+    pg_unreachable();
+}
+
+bool read_only_transaction() { return XactReadOnly || RecoveryInProgress(); }
+
+// Another transaction that has not ended is creating, changing or deleting
+// the key: nothing committed tells what it will be. `known` is the key's
+// committed state when there is one.
+void answer_busy(const StoredKey* known, OutcomeFields* out) {
+    *out = OutcomeFields{};
+    out->outcome = Outcome::InProgress;
+    out->has_status = known != nullptr;
+    if (known != nullptr) {
+        out->status = known->state.status;
+        out->attempt = known->state.attempts;
+        out->job_ref = known->job_ref;
+        out->has_job_ref = known->has_job_ref;
+    }
+}
+
 // Whether this backend's last claim created its key. A claim first tries
-// what the last one needed: the INSERT of a new key (one statement when the
-// key is new, as it mostly is for a worker draining a queue), or the read of
-// an existing one (one statement for a duplicate). A wrong guess costs one
-// statement that changes nothing (a sequence value at most).
+// what the last one needed: the insert of a new key (one step when the key
+// is new, as it mostly is for a worker draining a queue), or the read of an
+// existing one (one statement for a duplicate). A wrong guess costs a probe
+// of the primary key that changes nothing (a sequence value at most).
 bool last_claim_created_key = true;
 
-// A new key, PROCESSING under a new token; false when the key exists.
-bool create_claimed(const ClaimArgs& args, OutcomeFields* out) {
+// A new key, PROCESSING under a new token. Returns what the insert found.
+KeyInsertResult create_claimed(const ClaimArgs& args, OutcomeFields* out) {
     const Micros now = GetCurrentTimestamp();
-    std::int64_t token = 0;
-    if (!insert_claimed(args.id, now + args.lease, args.request.fingerprint,
-                        args.request.has_fingerprint, now, &token))
-        return false;  // it exists (a concurrent creator's transaction has ended)
+    NewKey key{};
+    key.scope = args.id.scope;
+    key.key = args.id.key;
+    key.status = Status::Processing;
+    key.fingerprint = args.request.fingerprint;
+    key.has_fingerprint = args.request.has_fingerprint;
+    key.now = now;
+    key.lease_until = now + args.lease;
+    key.max_attempts = settings::max_attempts;
+    key.retention = settings::seconds(settings::retention_s);
+    const KeyInsertResult inserted = insert_key(key);
+    if (inserted.outcome != KeyInsert::Inserted) return inserted;
     *out = OutcomeFields{};
     out->outcome = Outcome::Claimed;
     out->status = Status::Processing;
-    out->token = token;
+    out->token = inserted.token;
     out->attempt = 1;
     count_on_commit(Counter::Claims);
-    log_transition(args.id.scope, args.id.key, std::nullopt, Status::Processing, token, 1);
-    return true;
+    log_transition(args.id.scope, args.id.key, std::nullopt, Status::Processing, inserted.token, 1);
+    return inserted;
 }
 
+// What a round of a claim found: an answer, or another transaction to wait for.
+enum class Round { Answered, Retry };
+
+// Another transaction is busy with the key: answer at once when the call
+// may not wait (any more), or wait for that transaction within the bound.
+Round when_busy(const ClaimArgs& args, TransactionId other, const StoredKey* known,
+                OutcomeFields* out) {
+    if (GetCurrentTimestamp() >= args.deadline || !wait_for_end(other, args.deadline)) {
+        answer_busy(known, out);
+        return Round::Answered;
+    }
+    return Round::Retry;
+}
+
+// The row of an existing key is locked by another transaction changing it.
+Round when_locked(const ClaimArgs& args, const StoredKey& known, OutcomeFields* out) {
+    const Micros left = args.deadline - GetCurrentTimestamp();
+    if (left <= 0 || !wait_for_key_lockers(args.id, left)) {
+        answer_busy(&known, out);
+        return Round::Answered;
+    }
+    return Round::Retry;
+}
+
+// One claim, never waiting past args.deadline. A claim that only answers
+// (in_progress, completed) keeps no lock that would hold back the key's
+// holder until the caller's transaction ends.
 void claim_once(const ClaimArgs& args, OutcomeFields* out) {
-    if (last_claim_created_key && create_claimed(args, out)) return;
+    const bool read_only = read_only_transaction();
+    // An insert that finds the key busy reads it below: a committed key that
+    // another transaction is changing answers with its committed state, and
+    // only a key no transaction has committed yet answers without one.
+    if (last_claim_created_key && !read_only &&
+        create_claimed(args, out).outcome == KeyInsert::Inserted)
+        return;
     for (int round = 0; round < kMaxRaceRounds; ++round) {
         StoredKey stored;
         const bool found = read_key(args.id, RowLock::None, &stored);
         last_claim_created_key = !found;
         if (!found) {
-            if (create_claimed(args, out)) return;
-            continue;  // created concurrently; that transaction has ended: read again
+            if (read_only) raise_read_only("idem_claim");
+            const KeyInsertResult inserted = create_claimed(args, out);
+            if (inserted.outcome == KeyInsert::Inserted) return;
+            if (inserted.outcome == KeyInsert::Busy &&
+                when_busy(args, inserted.busy_with, nullptr, out) == Round::Answered)
+                return;
+            continue;  // created or deleted meanwhile: read again
         }
         // The clock is read after the row: a row changed just before the
         // read (a retry due now) must not look due in the future.
@@ -118,15 +196,16 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
         ClaimDecision decision =
             decide_claim(stored.state, fingerprint_conflict(stored, args.request), now, max_attempts);
         if (claim_may_change(decision)) {
+            if (read_only) raise_read_only("idem_claim");
             // Lock the row and decide again on what is there now. A row that
-            // another transaction has locked is waited for without taking
-            // the lock, then read afresh: a claim that ends up only answering
-            // (in_progress, completed) keeps no lock that would hold back the
-            // key's holder until the caller's transaction ends.
-            if (!read_key(args.id, RowLock::ForUpdateIfFree, &stored)) {
-                wait_for_key_lockers(args.id);
+            // another transaction has locked is waited for (within the
+            // bound) without taking the lock, then read afresh.
+            StoredKey locked;
+            if (!read_key(args.id, RowLock::ForUpdateIfFree, &locked)) {
+                if (when_locked(args, stored, out) == Round::Answered) return;
                 continue;
             }
+            stored = locked;
             now = GetCurrentTimestamp();
             decision = decide_claim(stored.state, fingerprint_conflict(stored, args.request), now,
                                     max_attempts);
@@ -135,10 +214,11 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
         switch (decision.action) {
             case ClaimAction::Answer:
                 return;
-            case ClaimAction::Grant:
-                grant_claim(args.id, now + args.lease, args.request.fingerprint,
-                            args.request.has_fingerprint, decision.takeover, now, &out->token.emplace(),
-                            &out->attempt);
+            case ClaimAction::Grant: {
+                const Grant grant{now + args.lease, args.request.fingerprint,
+                                  args.request.has_fingerprint, decision.takeover,
+                                  settings::max_attempts, settings::seconds(settings::retention_s)};
+                grant_claim(args.id, grant, now, &out->token.emplace(), &out->attempt);
                 out->status = Status::Processing;
                 count_on_commit(Counter::Claims);
                 if (decision.takeover) count_on_commit(Counter::LeaseExpirations);
@@ -146,9 +226,11 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
                                out->token, out->attempt,
                                decision.takeover ? "lease expired" : nullptr);
                 return;
+            }
             case ClaimAction::ExpireToFinal:
+                // The retention the expired claim decided, when it recorded one.
                 expire_lease(args.id, Status::FailedFinal, now,
-                             now + settings::seconds(settings::retention_s));
+                             now + stored.retention.value_or(settings::seconds(settings::retention_s)));
                 out->status = Status::FailedFinal;
                 out->has_error = true;
                 out->error = CStringGetTextDatum("lease expired");
@@ -169,7 +251,7 @@ Datum claim_body(FunctionCallInfo fcinfo) {
     args.request = request_arg(fcinfo, 1);
     args.lease = lease_arg(fcinfo, 2, "lease");
     const std::optional<Micros> wait = wait_arg(fcinfo, 4);
-    const Micros deadline = GetCurrentTimestamp() + wait.value_or(0);
+    args.deadline = GetCurrentTimestamp() + wait.value_or(0);
 
     // A waiting claim sleeps until the holder's transaction commits a change
     // of the key (or its lease runs out, or the wait ends), then asks again.
@@ -180,9 +262,11 @@ Datum claim_body(FunctionCallInfo fcinfo) {
         if (wait) prepare_to_wait(channel);
         claim_once(args, &out);
         const Micros now = GetCurrentTimestamp();
-        if (out.outcome != Outcome::InProgress || now >= deadline) break;
+        if (out.outcome != Outcome::InProgress || now >= args.deadline) break;
+        // A busy answer has no lease to wait for: the transaction it waited
+        // for is still running, or the bound is reached.
         const Micros lease_end = now + out.retry_after.value_or(0) + kMillisecond;
-        wait_for_wakeup(channel, std::min(deadline, lease_end), round);
+        wait_for_wakeup(channel, std::min(args.deadline, lease_end), round);
         CHECK_FOR_INTERRUPTS();
     }
     if (wait) stop_waiting();
@@ -210,13 +294,29 @@ Datum register_body(FunctionCallInfo fcinfo) {
                      &out);
             break;
         }
-        if (insert_registered(id, request.fingerprint, request.has_fingerprint, job_ref, now)) {
+        if (read_only_transaction()) raise_read_only("idem_register");
+        NewKey key{};
+        key.scope = id.scope;
+        key.key = id.key;
+        key.status = Status::Received;
+        key.fingerprint = request.fingerprint;
+        key.has_fingerprint = request.has_fingerprint;
+        key.now = now;
+        key.job_ref = job_ref;
+        const KeyInsertResult inserted = insert_key(key);
+        if (inserted.outcome == KeyInsert::Inserted) {
             log_transition(id.scope, id.key, std::nullopt, Status::Received, std::nullopt, 0);
             out.outcome = Outcome::Registered;
             out.status = Status::Received;
             out.attempt = 0;
             out.has_job_ref = job_ref != nullptr;
             out.job_ref = PointerGetDatum(job_ref);
+            break;
+        }
+        // Another request with the key has not committed yet: in progress,
+        // answered at once (register never waits).
+        if (inserted.outcome == KeyInsert::Busy) {
+            answer_busy(nullptr, &out);
             break;
         }
     }

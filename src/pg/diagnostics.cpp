@@ -12,6 +12,17 @@ namespace idem::pg {
 
 namespace {
 
+// Armed by boundary_selftest('commit'): the next commit's pre-commit
+// callback throws, to prove that callbacks are guarded like entry points.
+bool throw_before_commit = false;
+
+void selftest_callback(XactEvent event, void*) {
+    if (event == XACT_EVENT_ABORT) throw_before_commit = false;
+    if (event != XACT_EVENT_PRE_COMMIT || !throw_before_commit) return;
+    throw_before_commit = false;
+    throw std::runtime_error("self-test: C++ exception in a pre-commit callback");
+}
+
 // Throws a C++ exception of the requested kind from inside the module, so
 // tests can watch the boundary turn it into a SQL error.
 Datum selftest_body(FunctionCallInfo fcinfo) {
@@ -22,6 +33,7 @@ Datum selftest_body(FunctionCallInfo fcinfo) {
     if (strcmp(kind, "runtime") == 0) throw std::runtime_error("self-test: std::runtime_error");
     if (strcmp(kind, "bad_alloc") == 0) throw std::bad_alloc();
     if (strcmp(kind, "other") == 0) throw 42;
+    if (strcmp(kind, "commit") == 0) throw_before_commit = true;
     if (strcmp(kind, "postgres") == 0) {
         // A PostgreSQL error raised below C++ frames that hold no destructors.
         ereport(ERROR, (errcode(ERRCODE_DIVISION_BY_ZERO), errmsg("self-test: PostgreSQL error")));
@@ -36,6 +48,8 @@ Datum stuck_after_body(FunctionCallInfo) {
 }
 
 }  // namespace
+
+void install_selftest_callbacks() { register_guarded_callback(selftest_callback); }
 
 }  // namespace idem::pg
 

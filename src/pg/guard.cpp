@@ -63,6 +63,46 @@ Datum guarded_as_owner(FunctionCallInfo fcinfo, Body body) {
     return result;
 }
 
+namespace {
+
+void report_from_callback(const CaughtError& caught, bool before_end) {
+    const char* s = caught.sqlstate;
+    ereport(before_end ? ERROR : WARNING,
+            (errcode(MAKE_SQLSTATE(s[0], s[1], s[2], s[3], s[4])), errmsg("%s", caught.message)));
+}
+
+void run_guarded_xact(XactEvent event, void* arg) {
+    const XactCallback callback = *static_cast<XactCallback*>(arg);
+    CaughtError caught;
+    if (!caught_exception([&] { callback(event, nullptr); }, &caught)) return;
+    report_from_callback(caught, event == XACT_EVENT_PRE_COMMIT ||
+                                     event == XACT_EVENT_PARALLEL_PRE_COMMIT ||
+                                     event == XACT_EVENT_PRE_PREPARE);
+}
+
+void run_guarded_subxact(SubXactEvent event, SubTransactionId mine, SubTransactionId parent,
+                         void* arg) {
+    const SubXactCallback callback = *static_cast<SubXactCallback*>(arg);
+    CaughtError caught;
+    if (!caught_exception([&] { callback(event, mine, parent, nullptr); }, &caught)) return;
+    report_from_callback(caught, event == SUBXACT_EVENT_PRE_COMMIT_SUB);
+}
+
+}  // namespace
+
+void register_guarded_callback(XactCallback callback) {
+    auto* kept = static_cast<XactCallback*>(MemoryContextAlloc(TopMemoryContext, sizeof callback));
+    *kept = callback;
+    RegisterXactCallback(run_guarded_xact, kept);
+}
+
+void register_guarded_callback(SubXactCallback callback) {
+    auto* kept =
+        static_cast<SubXactCallback*>(MemoryContextAlloc(TopMemoryContext, sizeof callback));
+    *kept = callback;
+    RegisterSubXactCallback(run_guarded_subxact, kept);
+}
+
 void guarded_main(const char* who, void (*body)()) {
     CaughtError caught;
     if (caught_exception(body, &caught)) ereport(FATAL, (errmsg("%s: %s", who, caught.message)));

@@ -24,6 +24,16 @@ Datum guarded_as_owner(FunctionCallInfo fcinfo, Body body);
 // main): a C++ exception ends the process with FATAL, naming `who`.
 void guarded_main(const char* who, void (*body)());
 
+// Registers a transaction or subtransaction callback guarded like an entry
+// point: a C++ exception never leaves it. Before the (sub)transaction ends
+// it becomes an ERROR, which aborts it; after the end, where an error would
+// be a PANIC, a WARNING.
+void register_guarded_callback(XactCallback callback);
+void register_guarded_callback(SubXactCallback callback);
+
+// The callback behind boundary_selftest('commit'); from _PG_init.
+void install_selftest_callbacks();
+
 }  // namespace idem::pg
 
 // Defines the C-linkage SQL entry point `name` as a shim over `body`, run

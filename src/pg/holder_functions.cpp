@@ -129,22 +129,24 @@ Datum fail_body(FunctionCallInfo fcinfo) {
     const KeyId id = key_id(fcinfo, 0, 5);
     const std::int64_t token = token_arg(fcinfo, 1);
     const text* error = value_text_arg(fcinfo, 2, "error");
-    const bool retryable = PG_ARGISNULL(3) ? true : PG_GETARG_BOOL(3);
+    if (PG_ARGISNULL(3)) throw_null_argument("retryable");
+    const bool retryable = PG_GETARG_BOOL(3);
     const std::optional<Micros> retry_in = span_arg(fcinfo, 4, "retry_in");
-    const RetryPolicy policy{settings::max_attempts, settings::ms(settings::retry_base_delay_ms),
-                             settings::ms(settings::retry_max_delay_ms)};
-
     connect_spi();
     StoredKey stored;
     lock_as_holder(HolderCall::Fail, id, token, &stored);
+    // The attempt cap and retention its claim decided, when it recorded them.
+    const RetryPolicy policy{stored.state.max_attempts.value_or(settings::max_attempts),
+                             settings::ms(settings::retry_base_delay_ms),
+                             settings::ms(settings::retry_max_delay_ms)};
+    const Micros retention = stored.retention.value_or(settings::seconds(settings::retention_s));
     const Micros now = GetCurrentTimestamp();
     const FailDecision decision = decide_fail(stored.state.attempts, retryable, retry_in, policy,
                                               pg_prng_double(&pg_global_prng_state));
     std::optional<Micros> next_attempt_at;
     std::optional<Micros> expires_at;
     if (decision.delay) next_attempt_at = now + *decision.delay;
-    if (decision.next == Status::FailedFinal)
-        expires_at = now + settings::seconds(settings::retention_s);
+    if (decision.next == Status::FailedFinal) expires_at = now + retention;
     record_failure(id, decision.next, error, now, next_attempt_at, expires_at);
     finish_spi();
     const bool final = decision.next == Status::FailedFinal;
@@ -166,11 +168,8 @@ Datum heartbeat_body(FunctionCallInfo fcinfo) {
     StoredKey stored;
     lock_as_holder(HolderCall::Heartbeat, id, token, &stored);
     const Micros now = GetCurrentTimestamp();
-    renew_lease(id, now + extend, now);
+    renew_lease(id, now + extend);
     finish_spi();
-    if (stored.state.status != Status::Processing)
-        log_transition(id.scope, id.key, stored.state.status, Status::Processing, token,
-                       stored.state.attempts, "late heartbeat");
     PG_RETURN_TIMESTAMPTZ(now + extend);
 }
 

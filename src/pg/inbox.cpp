@@ -11,7 +11,7 @@ namespace idem::pg {
 namespace {
 
 Statement kReceive = {
-    "INSERT INTO idempotency.inbox (source, message_id, payload, received_at) "
+    "INSERT INTO @inbox@ (source, message_id, payload, received_at) "
     "VALUES ($1, $2, $3, $4) ON CONFLICT (source, message_id) DO NOTHING RETURNING true",
     4, {TEXTOID, TEXTOID, JSONBOID, TIMESTAMPTZOID}, nullptr};
 

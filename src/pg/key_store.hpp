@@ -27,6 +27,7 @@ struct StoredKey {
     bool has_last_error;
     Datum job_ref;
     bool has_job_ref;
+    std::optional<Micros> retention;  // the retention its claim decided, if recorded
 };
 
 // ForUpdateIfFree locks the row only when no other transaction holds a
@@ -37,25 +38,25 @@ enum class RowLock { None, ForUpdate, ForUpdateIfFree };
 bool read_key(const KeyId& id, RowLock lock, StoredKey* out);
 
 // Waits until no other transaction holds a conflicting lock on the key's
-// row, without keeping a lock on it.
-void wait_for_key_lockers(const KeyId& id);
+// row, without keeping a lock on it; false when `timeout` ran out first.
+bool wait_for_key_lockers(const KeyId& id, Micros timeout);
 
 // The key's row as a composite datum (copied out of SPI memory), or false.
 bool key_row(const KeyId& id, Datum* row);
 
-// A new key already PROCESSING under a new token. False when another
-// transaction created the key first (after waiting for it to finish).
-bool insert_claimed(const KeyId& id, Micros lease_until, Datum fingerprint, bool has_fingerprint,
-                    Micros now, std::int64_t* token);
-
-// A new key in RECEIVED. False when another transaction created it first.
-bool insert_registered(const KeyId& id, Datum fingerprint, bool has_fingerprint,
-                       const text* job_ref, Micros now);
-
 // An existing key becomes PROCESSING under a new token; attempts grows by one.
 // A takeover ends an expired lease: it records 'lease expired' as last_error.
-void grant_claim(const KeyId& id, Micros lease_until, Datum fingerprint, bool has_fingerprint,
-                 bool takeover, Micros now, std::int64_t* token, std::int32_t* attempts);
+// The claim's attempt cap and retention are recorded for the sweep.
+struct Grant {
+    Micros lease_until;
+    Datum fingerprint;
+    bool has_fingerprint;
+    bool takeover;
+    std::int32_t max_attempts;
+    Micros retention;
+};
+void grant_claim(const KeyId& id, const Grant& grant, Micros now, std::int64_t* token,
+                 std::int32_t* attempts);
 
 // PROCESSING -> COMPLETED when `token` is current and the call is allowed
 // (check_fence's Proceed). False when no row qualified.
@@ -72,8 +73,8 @@ void expire_lease(const KeyId& id, Status next, Micros now, std::optional<Micros
 void record_failure(const KeyId& id, Status next, const text* error, Micros now,
                     std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at);
 
-// A heartbeat: PROCESSING with a new lease.
-void renew_lease(const KeyId& id, Micros lease_until, Micros now);
+// A heartbeat: a new lease for a PROCESSING key.
+void renew_lease(const KeyId& id, Micros lease_until);
 
 // A release: back to RECEIVED or FAILED_RETRYABLE with the attempt given back.
 void release_to(const KeyId& id, Status next, Micros now);

@@ -16,32 +16,34 @@ namespace idem::pg {
 namespace {
 
 Statement kHolder = {
-    "SELECT expires_at FROM idempotency.locks WHERE resource = $1", 1, {TEXTOID}, nullptr};
+    "SELECT expires_at FROM @locks@ WHERE resource = $1", 1, {TEXTOID}, nullptr};
 
 Statement kTake = {
-    "INSERT INTO idempotency.locks AS l (resource, token, owner, acquired_at, expires_at) "
-    "VALUES ($1, pg_catalog.nextval('idempotency.token_seq'::pg_catalog.regclass), $2, $3, $4) "
+    "INSERT INTO @locks@ AS l (resource, token, owner, acquired_at, expires_at) "
+    "VALUES ($1, pg_catalog.nextval(@token_seq@), $2, $3, $4) "
     "ON CONFLICT (resource) DO UPDATE SET token = excluded.token, owner = excluded.owner, "
     "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at "
     "WHERE l.expires_at <= $3 RETURNING l.token",
     4, {TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kRenew = {
-    "UPDATE idempotency.locks SET expires_at = $3 "
+    "UPDATE @locks@ SET expires_at = $3 "
     "WHERE resource = $1 AND token = $2 AND expires_at > $4",
     4, {TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
 
-Statement kUnlock = {"DELETE FROM idempotency.locks WHERE resource = $1 AND token = $2", 2,
+Statement kUnlock = {"DELETE FROM @locks@ WHERE resource = $1 AND token = $2", 2,
                      {TEXTOID, INT8OID}, nullptr};
 
 Statement kAssert = {
-    "SELECT expires_at FROM idempotency.locks WHERE resource = $1 AND token = $2 FOR SHARE", 2,
+    "SELECT expires_at FROM @locks@ WHERE resource = $1 AND token = $2 FOR SHARE", 2,
     {TEXTOID, INT8OID}, nullptr};
 
 // A new token when the lock is free or expired; nothing while a holder
-// lives (then *holder_until tells until when, as far as is known).
+// lives (then *holder_until tells until when, as far as is known). Waits
+// for a transaction that is taking or changing the lock until `deadline`
+// at the most (a millisecond when that has passed: never longer).
 std::optional<std::int64_t> try_take(const text* resource, const text* owner, Micros ttl,
-                                     Micros* holder_until) {
+                                     Micros deadline, Micros* holder_until) {
     const Micros now = GetCurrentTimestamp();
     *holder_until = now + 10 * kMillisecond;  // a concurrent taker: look again soon
     Params probe;
@@ -56,7 +58,10 @@ std::optional<std::int64_t> try_take(const text* resource, const text* owner, Mi
     // ON CONFLICT DO UPDATE locks the row even when its WHERE refuses: a
     // caller that waited for a concurrent taker and got nothing must not
     // keep that lock (it would block the holder's renew and unlock).
-    if (execute_in_subtransaction(kTake, params, true) == 0) return std::nullopt;
+    bool timed_out = false;
+    const Micros patience = std::max<Micros>(deadline - now, kMillisecond);
+    if (execute_in_subtransaction(kTake, params, true, 0, patience, &timed_out) == 0)
+        return std::nullopt;
     return column_int8(1);
 }
 
@@ -75,7 +80,7 @@ Datum lock_body(FunctionCallInfo fcinfo) {
     for (int round = 0;; ++round) {
         if (wait) prepare_to_wait(channel);
         Micros holder_until = 0;
-        token = try_take(resource, owner, ttl, &holder_until);
+        token = try_take(resource, owner, ttl, deadline, &holder_until);
         if (token || GetCurrentTimestamp() >= deadline) break;
         wait_for_wakeup(channel, std::min(deadline, holder_until + kMillisecond), round);
         CHECK_FOR_INTERRUPTS();

@@ -1,7 +1,9 @@
 #include "pg/maintenance.hpp"
 
+#include <cstring>
+
 #include "pg/guard.hpp"
-#include "pg/key_schema.hpp"
+#include "pg/extension_objects.hpp"
 #include "pg/metrics.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/settings.hpp"
@@ -13,71 +15,71 @@ namespace idem::pg {
 
 namespace {
 
-// An expiry: FAILED_RETRYABLE, or FAILED_FINAL when attempts are exhausted.
+// An expiry: FAILED_RETRYABLE, or FAILED_FINAL when attempts are exhausted,
+// by the attempt cap and retention the claim recorded (from 0.4.0), else
+// the server's ($3, $4). $5 and $6 are the two statuses.
+#define CAP "@if keys.max_attempts@COALESCE(k.max_attempts, $3)@else@$3@end@"
+#define KEPT "@if keys.max_attempts@COALESCE(k.retention, $4)@else@$4@end@"
 #define EXPIRE_LEASES_OF(due_keys)                                                              \
     "WITH due AS (" due_keys " LIMIT $2 FOR NO KEY UPDATE OF k SKIP LOCKED) "                  \
-    "UPDATE idempotency.idempotency_keys k SET "                                                \
-    "  status = CASE WHEN k.attempts >= $3 THEN 'FAILED_FINAL' ELSE 'FAILED_RETRYABLE' END"     \
-    "::idempotency.idem_status, "                                                               \
+    "UPDATE @keys@ k SET "                                                                      \
+    "  status = CASE WHEN k.attempts >= " CAP " THEN $5 ELSE $6 END, "                          \
     "  last_error = 'lease expired', lease_expired = true, next_attempt_at = $1, "             \
-    "  updated_at = $1, expires_at = CASE WHEN k.attempts >= $3 THEN $1 + $4 END, "            \
+    "  updated_at = $1, expires_at = CASE WHEN k.attempts >= " CAP " THEN $1 + " KEPT " END, "  \
     "  holder_pid = NULL "                                                                      \
     "FROM due WHERE k.ctid = due.ctid AND k.status = 'PROCESSING' "                             \
     "RETURNING k.scope, k.key, k.token, k.attempts, k.status = 'FAILED_FINAL'"
+#define EXPIRE_TYPES {TIMESTAMPTZOID, INT4OID, INT4OID, INTERVALOID, kStatusType, kStatusType}
 
 Statement kExpireLeases = {
-    EXPIRE_LEASES_OF("SELECT k.ctid FROM idempotency.idempotency_keys k "
+    EXPIRE_LEASES_OF("SELECT k.ctid FROM @keys@ k "
                      "WHERE k.status = 'PROCESSING' AND k.lease_until <= $1"),
-    4, {TIMESTAMPTZOID, INT4OID, INT4OID, INTERVALOID}, nullptr};
+    6, EXPIRE_TYPES, nullptr};
 
 // A claim whose backend has exited: no backend with its pid, or only one
 // that started after the claim (the pid was reused).
 Statement kExpireDisconnected = {
-    EXPIRE_LEASES_OF("SELECT k.ctid FROM idempotency.idempotency_keys k "
+    EXPIRE_LEASES_OF("SELECT k.ctid FROM @keys@ k "
                      "WHERE k.status = 'PROCESSING' AND k.holder_pid IS NOT NULL "
                      "AND k.lease_until > $1 AND NOT EXISTS ("
                      "  SELECT 1 FROM pg_catalog.pg_stat_get_activity(NULL) a "
                      "  WHERE a.pid = k.holder_pid AND a.backend_start <= k.claimed_at)"),
-    4, {TIMESTAMPTZOID, INT4OID, INT4OID, INTERVALOID}, nullptr};
+    6, EXPIRE_TYPES, nullptr};
 
 // A lease that ended on a key no longer PROCESSING (completed, failed,
 // expired above) leaves the leases index, and the key is filed for
 // retention: complete does neither itself, so that it stays a HOT update.
 Statement kSettleLeases = {
-    "WITH due AS (SELECT ctid FROM idempotency.idempotency_keys "
+    "WITH due AS (SELECT ctid FROM @keys@ "
     "  WHERE lease_until <= $1 AND status <> 'PROCESSING' "
     "  LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED) "
-    "UPDATE idempotency.idempotency_keys k SET lease_until = NULL, purge_at = k.expires_at "
+    "UPDATE @keys@ k SET lease_until = NULL, purge_at = k.expires_at "
     "FROM due WHERE k.ctid = due.ctid AND k.status <> 'PROCESSING'",
     2, {TIMESTAMPTZOID, INT4OID}, nullptr};
 
-#define PURGE_KEYS_WHERE(due)                                                       \
-    "DELETE FROM idempotency.idempotency_keys WHERE ctid = ANY (ARRAY("             \
-    "  SELECT ctid FROM idempotency.idempotency_keys WHERE " due                   \
-    "  LIMIT $2 FOR UPDATE SKIP LOCKED))"
 // purge_at is at most expires_at, except on a key completed late after an
-// expiry to FAILED_FINAL until the sweep settles its lease: expires_at rules.
-#define PURGE_KEYS PURGE_KEYS_WHERE("purge_at <= $1 AND expires_at <= $1")
-// Before 0.3.0 the table has no purge_at; its expires_at is indexed.
-#define PURGE_KEYS_BEFORE_030 PURGE_KEYS_WHERE("expires_at <= $1")
+// expiry to FAILED_FINAL until the sweep settles its lease: expires_at
+// rules. Before 0.3.0 the table has no purge_at; its expires_at is indexed.
+#define PURGE_KEYS                                                                 \
+    "DELETE FROM @keys@ WHERE ctid = ANY (ARRAY("                                  \
+    "  SELECT ctid FROM @keys@ WHERE "                                             \
+    "@if keys.purge_at@purge_at <= $1 AND @end@expires_at <= $1"                   \
+    "  LIMIT $2 FOR UPDATE SKIP LOCKED))"
 // With idempotency.log_transitions: also returns what is logged of each key.
 #define LOGGED " RETURNING scope, key, status, token, attempts"
 
 Statement kPurgeKeys = {PURGE_KEYS, 2, {TIMESTAMPTZOID, INT4OID}, nullptr};
 Statement kPurgeKeysLogged = {PURGE_KEYS LOGGED, 2, {TIMESTAMPTZOID, INT4OID}, nullptr};
-Statement kPurgeKeysBefore030 = {PURGE_KEYS_BEFORE_030, 2, {TIMESTAMPTZOID, INT4OID}, nullptr};
-Statement kPurgeKeysLoggedBefore030 = {PURGE_KEYS_BEFORE_030 LOGGED, 2, {TIMESTAMPTZOID, INT4OID},
-                                      nullptr};
 
 Statement kPurgeInbox = {
-    "DELETE FROM idempotency.inbox WHERE ctid = ANY (ARRAY("
-    "  SELECT ctid FROM idempotency.inbox WHERE received_at <= $1 "
+    "DELETE FROM @inbox@ WHERE ctid = ANY (ARRAY("
+    "  SELECT ctid FROM @inbox@ WHERE received_at <= $1 "
     "  LIMIT $2 FOR UPDATE SKIP LOCKED))",
     2, {TIMESTAMPTZOID, INT4OID}, nullptr};
 
 Statement kPurgeLocks = {
-    "DELETE FROM idempotency.locks WHERE ctid = ANY (ARRAY("
-    "  SELECT ctid FROM idempotency.locks WHERE expires_at <= $1 "
+    "DELETE FROM @locks@ WHERE ctid = ANY (ARRAY("
+    "  SELECT ctid FROM @locks@ WHERE expires_at <= $1 "
     "  LIMIT $2 FOR UPDATE SKIP LOCKED))",
     2, {TIMESTAMPTZOID, INT4OID}, nullptr};
 
@@ -91,6 +93,9 @@ std::uint64_t expire(Statement& statement, int batch, const char* reason) {
     Params params;
     params.add_timestamp(GetCurrentTimestamp()).add_int4(batch).add_int4(settings::max_attempts);
     params.add(interval_of(settings::seconds(settings::retention_s)));
+    const Oid status_type = extension_objects().status_type;
+    params.add(status_datum(status_type, Status::FailedFinal));
+    params.add(status_datum(status_type, Status::FailedRetryable));
     const std::uint64_t expired = execute(statement, params);
     count_on_commit(Counter::LeaseExpirations, expired);
     for (std::uint64_t row = 0; settings::log_transitions && row < expired; ++row) {
@@ -124,11 +129,8 @@ std::uint64_t settle_leases(int batch) {
 
 // COMPLETED / FAILED_FINAL --retention--> deleted: a transition to log.
 std::uint64_t purge_keys(int batch) {
-    const bool current = keys_have_purge_at();
-    if (!settings::log_transitions)
-        return run_due(current ? kPurgeKeys : kPurgeKeysBefore030, GetCurrentTimestamp(), batch);
-    const std::uint64_t purged = run_due(current ? kPurgeKeysLogged : kPurgeKeysLoggedBefore030,
-                                         GetCurrentTimestamp(), batch);
+    if (!settings::log_transitions) return run_due(kPurgeKeys, GetCurrentTimestamp(), batch);
+    const std::uint64_t purged = run_due(kPurgeKeysLogged, GetCurrentTimestamp(), batch);
     for (std::uint64_t row = 0; row < purged; ++row) {
         bool isnull = false;
         const Status from =
@@ -198,7 +200,18 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
 
 }  // namespace
 
-bool task_applies(const MaintenanceTask& task) { return extension_has(task.table, task.column); }
+bool task_applies(const MaintenanceTask& task) {
+    const ExtensionObjects* objects = installed_extension_objects();
+    if (objects == nullptr) return false;
+    const char* names[] = {"idempotency_keys", "outbox", "inbox", "locks"};
+    const Oid tables[] = {objects->keys, objects->outbox, objects->inbox, objects->locks};
+    for (int i = 0; i < 4; ++i) {
+        if (std::strcmp(task.table, names[i]) != 0) continue;
+        return OidIsValid(tables[i]) &&
+               (task.column == nullptr || get_attnum(tables[i], task.column) != InvalidAttrNumber);
+    }
+    return false;
+}
 
 const MaintenanceTask* maintenance_tasks(int* count) {
     *count = static_cast<int>(sizeof kTasks / sizeof kTasks[0]);

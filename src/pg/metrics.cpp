@@ -97,8 +97,8 @@ void observe_processing_on_commit(Micros elapsed) {
 }
 
 void install_metrics_callbacks() {
-    RegisterXactCallback(on_transaction_end, nullptr);
-    RegisterSubXactCallback(on_subtransaction_end, nullptr);
+    register_guarded_callback(on_transaction_end);
+    register_guarded_callback(on_subtransaction_end);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include "pg/outbox_notify.hpp"
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
+#include "pg/statement_guard.hpp"
 #include "pg/wakeup.hpp"
 #include "pg/workers.hpp"
 
@@ -16,7 +17,12 @@ PGDLLEXPORT void _PG_init(void);
 
 // Nothing here allocates C++ objects or throws.
 extern "C" void _PG_init(void) {
+    // pg_upgrade loads the library to restore the schema: no settings,
+    // hooks, shared memory or workers then.
+    if (IsBinaryUpgrade) return;
     idem::pg::settings::define();
+    idem::pg::install_statement_guard();
+    idem::pg::install_selftest_callbacks();
     idem::pg::install_metrics_callbacks();
     idem::pg::install_wakeup_callbacks();
     idem::pg::install_outbox_notify_callbacks();

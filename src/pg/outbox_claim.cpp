@@ -54,10 +54,13 @@ namespace idem::pg {
 
 namespace {
 
-#define OUTBOX " idempotency.outbox "
+#define OUTBOX " @outbox@ "
+// An expired in-flight event is due while it has attempts left, by the cap
+// its claim recorded (from 0.4.0) or the caller's.
 #define IS_DUE(now, max_attempts)                                                    \
     " CASE WHEN state = 'pending' THEN available_at <= " now                        \
-    "      ELSE lease_until <= " now " AND attempts < " max_attempts " END "
+    "      ELSE lease_until <= " now " AND attempts < "                             \
+    "@if outbox.max_attempts@COALESCE(max_attempts, " max_attempts ")@else@" max_attempts "@end@ END "
 
 // Every live event of the claimed topics in id order (outbox_live), with
 // the transaction that last locked or changed the row version read (xmax)
@@ -168,7 +171,7 @@ std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions,
         bool isnull = false;
         for (std::uint64_t row = 0; row < handed; ++row)
             ids[row] = DatumGetInt64(column(1, &isnull, row));
-        hold_events(ClaimWrite{request.relay, request.lease_until, now}, ids,
+        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
                     static_cast<int>(handed));
         *last = column(1, &isnull, handed - 1);
     }

@@ -12,6 +12,7 @@
 #include "pg/outbox_held.hpp"
 #include "pg/outbox_notify.hpp"
 #include "pg/outbox_store.hpp"
+#include "pg/relay_scope.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
 
@@ -24,7 +25,10 @@ namespace idem::pg {
 
 namespace {
 
-constexpr int kDefaultBatch = 100;
+bool same_text(const text* a, const text* b) {
+    return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+           memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
 
 // A jsonb argument that must be a JSON object when given.
 Datum headers_arg(FunctionCallInfo fcinfo, int n) {
@@ -116,17 +120,19 @@ void put_handed_out(std::uint64_t count, void* context) {
 Datum claim_body(FunctionCallInfo fcinfo) {
     ClaimRequest request;
     request.relay = name_arg(fcinfo, 0, "relay");
-    const std::int64_t batch = PG_ARGISNULL(1) ? kDefaultBatch : PG_GETARG_INT32(1);
+    if (PG_ARGISNULL(1)) throw_null_argument("batch");
+    const std::int64_t batch = PG_GETARG_INT32(1);
     check_batch("batch", batch);
     request.batch = static_cast<int>(batch);
     const Micros lease = lease_arg(fcinfo, 2, "lease");
-    request.has_topics = !PG_ARGISNULL(3);
-    request.topics = request.has_topics ? topics_arg(fcinfo, 3) : 0;
+    const bool has_requested = !PG_ARGISNULL(3);
+    const Datum requested = has_requested ? topics_arg(fcinfo, 3) : 0;
     request.max_attempts = settings::outbox_max_attempts;
 
     InitMaterializedSRF(fcinfo, 0);
     HandedOutEvents out{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), 0};
     connect_spi();
+    request.topics = claimable_topics(relay_scope(), requested, has_requested, &request.has_topics);
     const Micros now = GetCurrentTimestamp();
     request.lease_until = now + lease;
     claim_events(request, now, put_handed_out, &out);
@@ -167,6 +173,7 @@ Datum ack_body(FunctionCallInfo fcinfo) {
     const Datum ids = ids_arg(fcinfo, 0, "ids");
     const Micros now = GetCurrentTimestamp();
     connect_spi();
+    check_event_topics(relay_scope(), ids, "ack");
     const std::uint64_t changed = holds_any() ? ack_held_and_others(ids, now) : ack_events(ids, now);
     finish_spi();
     count_on_commit(Counter::OutboxDelivered, changed);
@@ -177,25 +184,28 @@ Datum nack_body(FunctionCallInfo fcinfo) {
     if (PG_ARGISNULL(0)) throw_null_argument("id");
     const std::int64_t id = PG_GETARG_INT64(0);
     const text* error = value_text_arg(fcinfo, 1, "error");
-    const bool retryable = PG_ARGISNULL(2) ? true : PG_GETARG_BOOL(2);
+    if (PG_ARGISNULL(2)) throw_null_argument("retryable");
+    const bool retryable = PG_GETARG_BOOL(2);
     const std::optional<Micros> retry_in = span_arg(fcinfo, 3, "retry_in");
-    const RetryPolicy policy{settings::outbox_max_attempts,
-                             settings::ms(settings::retry_base_delay_ms),
-                             settings::ms(settings::retry_max_delay_ms)};
 
     connect_spi();
+    const Datum one_id = Int64GetDatum(id);
+    check_event_topics(relay_scope(), int8_array(&one_id, 1), "nack");
     EventState event;
     if (!lock_event(id, &event)) {
         throw_error(sqlstate::no_such_key, "outbox event %lld does not exist",
                     static_cast<long long>(id));
     }
-    // Only an event out for delivery can fail; a delivered or dead event, or
-    // one never handed out, keeps its state. An event this transaction
-    // holds is out for delivery, its claim not yet written: the nack writes
-    // it (one more attempt, the claim's relay).
+    // Only an event in flight can fail; a pending, delivered or dead event
+    // keeps its state. An event this transaction holds is in flight, its
+    // claim not yet written: the nack writes it (one more attempt, the
+    // claim's relay).
     const text* claimed_by = settle_held(id);
-    const bool handed_out = claimed_by != nullptr || strcmp(event.label, "in_flight") == 0 ||
-                            (strcmp(event.label, "pending") == 0 && event.attempts > 0);
+    const bool handed_out = claimed_by != nullptr || strcmp(event.label, "in_flight") == 0;
+    // The cap its claim recorded; a held claim's is this session's own.
+    const RetryPolicy policy{event.max_attempts.value_or(settings::outbox_max_attempts),
+                             settings::ms(settings::retry_base_delay_ms),
+                             settings::ms(settings::retry_max_delay_ms)};
     Datum result = event.state;
     if (handed_out) {
         const Micros now = GetCurrentTimestamp();
@@ -218,9 +228,43 @@ Datum redrive_body(FunctionCallInfo fcinfo) {
     const Datum ids = has_ids ? ids_arg(fcinfo, 0, "ids") : 0;
     const text* topic = PG_ARGISNULL(1) ? nullptr : name_arg(fcinfo, 1, "topic");
     connect_spi();
-    const std::uint64_t changed = redrive_events(ids, has_ids, topic, GetCurrentTimestamp());
+    // A relay role redrives only its own topics' dead letters.
+    const RelayScope scope = relay_scope();
+    if (topic != nullptr) check_topic(scope, topic, "redrive");
+    if (has_ids) check_event_topics(scope, ids, "redrive");
+    const std::uint64_t changed = redrive_events(ids, has_ids, topic, GetCurrentTimestamp(),
+                                                 scope.topics, !scope.every_topic);
     finish_spi();
     PG_RETURN_INT64(static_cast<int64>(changed));
+}
+
+// Gives back events the relay claimed and will not deliver in time: they
+// are pending again at once and their attempt does not count. Events this
+// transaction holds were never written as claimed, so forgetting the hold
+// is all it takes.
+Datum release_body(FunctionCallInfo fcinfo) {
+    const Datum ids = ids_arg(fcinfo, 0, "ids");
+    const text* relay = name_arg(fcinfo, 1, "relay");
+    const Micros now = GetCurrentTimestamp();
+    connect_spi();
+    check_event_topics(relay_scope(), ids, "release");
+    Datum* elements = nullptr;
+    const int count = int8_elements(ids, &elements);
+    Datum* others = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
+    int other_count = 0;
+    std::uint64_t released = 0;
+    for (int i = 0; i < count; ++i) {
+        const text* holder = held_relay(DatumGetInt64(elements[i]));
+        if (holder != nullptr && same_text(holder, relay)) {
+            (void)settle_held(DatumGetInt64(elements[i]));
+            ++released;
+        } else if (holder == nullptr) {
+            others[other_count++] = elements[i];
+        }
+    }
+    if (other_count > 0) released += release_events(int8_array(others, other_count), relay, now);
+    finish_spi();
+    PG_RETURN_INT64(static_cast<int64>(released));
 }
 
 }  // namespace
@@ -232,3 +276,4 @@ IDEM_SQL_FUNCTION(outbox_claim, idem::pg::claim_body)
 IDEM_SQL_FUNCTION(outbox_ack, idem::pg::ack_body)
 IDEM_SQL_FUNCTION(outbox_nack, idem::pg::nack_body)
 IDEM_SQL_FUNCTION(outbox_redrive, idem::pg::redrive_body)
+IDEM_SQL_FUNCTION(outbox_release, idem::pg::release_body)

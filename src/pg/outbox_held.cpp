@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "pg/guard.hpp"
 #include "pg/arrays.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/owner_scope.hpp"
@@ -72,6 +73,7 @@ void write_unsettled() {
     Datum* leases = static_cast<Datum*>(palloc(sizeof(Datum) * count));
     Datum* relays = static_cast<Datum*>(palloc(sizeof(Datum) * count));
     Datum* times = static_cast<Datum*>(palloc(sizeof(Datum) * count));
+    Datum* caps = static_cast<Datum*>(palloc(sizeof(Datum) * count));
     int n = 0;
     HASH_SEQ_STATUS scan;
     hash_seq_init(&scan, held);
@@ -81,6 +83,7 @@ void write_unsettled() {
         ids[n] = Int64GetDatum(event->id);
         leases[n] = TimestampTzGetDatum(write.lease_until);
         relays[n] = PointerGetDatum(write.relay);
+        caps[n] = Int32GetDatum(write.max_attempts);
         times[n++] = TimestampTzGetDatum(write.claimed_at);
     }
     ClaimedEvents claimed;
@@ -88,6 +91,7 @@ void write_unsettled() {
     claimed.lease_untils = timestamptz_array(leases, n);
     claimed.relays = text_array(relays, n);
     claimed.claimed_ats = timestamptz_array(times, n);
+    claimed.max_attempts = int4_array(caps, n);
 
     const OwnerScope scope = enter_owner_scope_of(writer);
     PushActiveSnapshot(GetTransactionSnapshot());
@@ -180,6 +184,12 @@ void hold_events(const ClaimWrite& write, const std::int64_t* ids, int count) {
 
 bool holds_any() { return unsettled > 0; }
 
+const text* held_relay(std::int64_t id) {
+    const HeldEvent* entry = find(id);
+    if (entry == nullptr || entry->settled_in != InvalidSubTransactionId) return nullptr;
+    return writes[entry->write].relay;
+}
+
 bool holds(std::int64_t id) {
     const HeldEvent* entry = find(id);
     return entry != nullptr && entry->settled_in == InvalidSubTransactionId;
@@ -206,8 +216,8 @@ Datum held_ids() {
 }
 
 void install_outbox_held_callbacks() {
-    RegisterXactCallback(on_transaction_event, nullptr);
-    RegisterSubXactCallback(on_subtransaction_event, nullptr);
+    register_guarded_callback(on_transaction_event);
+    register_guarded_callback(on_subtransaction_event);
 }
 
 }  // namespace idem::pg

@@ -20,6 +20,7 @@ struct ClaimWrite {
     const text* relay;
     Micros lease_until;
     Micros claimed_at;
+    std::int32_t max_attempts;  // the claiming session's cap, recorded for the sweep
 };
 
 // Records that this transaction holds the events `ids` (locked by the
@@ -28,6 +29,8 @@ void hold_events(const ClaimWrite& write, const std::int64_t* ids, int count);
 
 // Whether this transaction holds any event that no ack or nack settled.
 bool holds_any();
+// The relay of a held event not yet settled, or nullptr.
+const text* held_relay(std::int64_t id);
 // Whether it holds event `id`, not settled yet.
 bool holds(std::int64_t id);
 // Settles event `id` if this transaction holds it: returns the relay that

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "pg/guard.hpp"
 #include "pg/notifier_table.hpp"
 #include "pg/settings.hpp"
 
@@ -95,6 +96,6 @@ void notify_outbox_on_commit(const text* topic) {
     ++deferred.count;
 }
 
-void install_outbox_notify_callbacks() { RegisterXactCallback(on_transaction_event, nullptr); }
+void install_outbox_notify_callbacks() { register_guarded_callback(on_transaction_event); }
 
 }  // namespace idem::pg

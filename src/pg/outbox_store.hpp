@@ -33,6 +33,7 @@ struct ClaimedEvents {
     Datum lease_untils;  // timestamptz[]
     Datum relays;        // text[]
     Datum claimed_ats;   // timestamptz[]
+    Datum max_attempts;  // int4[]
 };
 // Writes the claims: in flight, one more attempt, the lease and the relay.
 void write_claims(const ClaimedEvents& events);
@@ -45,6 +46,7 @@ struct EventState {
     Oid state_type;
     const char* label;
     std::int32_t attempts;
+    std::optional<std::int32_t> max_attempts;  // the cap its claim recorded
 };
 // Locks the event's row; false when it does not exist.
 bool lock_event(std::int64_t id, EventState* out);
@@ -60,11 +62,21 @@ struct Failure {
 };
 void retry_or_bury(std::int64_t id, const Failure& failure, Micros now);
 
-std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros now);
+// Dead events (of `ids`, `topic`, and `topics` when has_topics) back to pending.
+std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros now,
+                             Datum topics, bool has_topics);
+
+// In-flight events of `ids` that `relay` claimed back to pending, their
+// attempt given back; returns how many.
+std::uint64_t release_events(Datum ids, const text* relay, Micros now);
+
+// A value of the installed extension's outbox_state.
+Datum outbox_state_value(const char* label);
 
 // Maintenance batches.
 // In-flight events whose lease ran out go back to pending, or to dead when
-// their attempts are used up (*dead counts those).
+// their attempts are used up, by the cap their claim recorded or else
+// `max_attempts` (*dead counts those).
 std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now, std::uint64_t* dead);
 std::uint64_t purge_delivered_events(int batch, Micros cutoff);
 

@@ -26,7 +26,10 @@ Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields) {
     Datum values[kColumns];
     bool nulls[kColumns] = {};
     values[kOutcome] = CStringGetTextDatum(outcome_label(fields.outcome));
-    values[kStatus] = status_datum(TupleDescAttr(desc, kStatus)->atttypid, fields.status);
+    values[kStatus] = fields.has_status
+                          ? status_datum(TupleDescAttr(desc, kStatus)->atttypid, fields.status)
+                          : 0;
+    nulls[kStatus] = !fields.has_status;
     values[kToken] = fields.token ? Int64GetDatum(*fields.token) : 0;
     nulls[kToken] = !fields.token;
     values[kAttempt] = Int32GetDatum(fields.attempt);

@@ -12,6 +12,7 @@ namespace idem::pg {
 struct OutcomeFields {
     Outcome outcome = Outcome::Failed;
     Status status = Status::Received;
+    bool has_status = true;  // false: no committed state to report (status NULL)
     std::optional<std::int64_t> token;
     std::int32_t attempt = 0;
     Datum result = 0;  // jsonb, when has_result

@@ -39,6 +39,9 @@ Oid function_owner(Oid function) {
     return owner;
 }
 
+// The role that called the running function (see calling_role).
+Oid current_caller = InvalidOid;
+
 #if PG_VERSION_NUM < 170000
 // pg_catalog alone; no temporary schema, so no temporary relation or type.
 OverrideSearchPath catalog_only_path = {NIL, true, false, 0};
@@ -53,7 +56,10 @@ OwnerScope enter_owner_scope(FunctionCallInfo fcinfo) {
 OwnerScope enter_owner_scope_of(Oid owner) {
     OwnerScope scope{};
     GetUserIdAndSecContext(&scope.saved_user, &scope.saved_context);
-    SetUserIdAndSecContext(owner, scope.saved_context | SECURITY_LOCAL_USERID_CHANGE);
+    scope.saved_caller = current_caller;
+    current_caller = scope.saved_user;
+    SetUserIdAndSecContext(owner, scope.saved_context | SECURITY_LOCAL_USERID_CHANGE |
+                                      SECURITY_RESTRICTED_OPERATION);
 #if PG_VERSION_NUM < 170000
     PushOverrideSearchPath(&catalog_only_path);
 #else
@@ -71,6 +77,9 @@ void leave_owner_scope(const OwnerScope& scope) {
     AtEOXact_GUC(true, scope.guc_level);
 #endif
     SetUserIdAndSecContext(scope.saved_user, scope.saved_context);
+    current_caller = scope.saved_caller;
 }
+
+Oid calling_role() { return OidIsValid(current_caller) ? current_caller : GetUserId(); }
 
 }  // namespace idem::pg

@@ -2,7 +2,10 @@
 // pg_catalog, while they work on the extension's tables: a role allowed to
 // call them needs no privilege on the tables, and nothing on the caller's
 // search path (an operator, a type, a temporary table) can stand in for an
-// object the statements name. This is what SECURITY DEFINER with
+// object the statements name. The switch is a security-restricted operation,
+// as PostgreSQL's own maintenance commands make theirs: code that runs
+// inside it (a trigger the owner added) cannot change the role, create
+// temporary objects or leave settings behind for the caller. This is what SECURITY DEFINER with
 // SET search_path does, without its cost on every call (that GUC is saved,
 // parsed and restored each time, and the plans' search path re-checked).
 #pragma once
@@ -17,7 +20,8 @@ namespace idem::pg {
 struct OwnerScope {
     Oid saved_user;
     int saved_context;
-    int guc_level;  // PostgreSQL 17+: the GUC nest level of the pinned path
+    int guc_level;       // PostgreSQL 17+: the GUC nest level of the pinned path
+    Oid saved_caller;    // the calling role of an enclosing scope
 };
 
 OwnerScope enter_owner_scope(FunctionCallInfo fcinfo);
@@ -25,5 +29,9 @@ OwnerScope enter_owner_scope(FunctionCallInfo fcinfo);
 // commit), as `owner`.
 OwnerScope enter_owner_scope_of(Oid owner);
 void leave_owner_scope(const OwnerScope& scope);
+
+// The role that called the function running now, as it was before the
+// switch to the owner (what a relay's rights are checked against).
+Oid calling_role();
 
 }  // namespace idem::pg

@@ -5,16 +5,22 @@
 extern "C" {
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/sha2.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "nodes/nodeFuncs.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/guc.h"
@@ -29,6 +35,29 @@ extern "C" {
 
 namespace idem::pg {
 
+// Node walkers: before PostgreSQL 16 the walker parameter is declared
+// without a prototype, which C++ reads as taking no arguments.
+using NodeWalker = bool (*)(Node*, void*);
+#if PG_VERSION_NUM < 160000
+// void (*)() is the function type any other may pass through without a warning.
+inline bool (*unprototyped(NodeWalker walker))() {
+    return reinterpret_cast<bool (*)()>(reinterpret_cast<void (*)()>(walker));
+}
+inline bool walk_query(Query* query, NodeWalker walker, void* context, int flags) {
+    return query_tree_walker(query, unprototyped(walker), context, flags);
+}
+inline bool walk_expression(Node* node, NodeWalker walker, void* context) {
+    return expression_tree_walker(node, unprototyped(walker), context);
+}
+#else
+inline bool walk_query(Query* query, NodeWalker walker, void* context, int flags) {
+    return query_tree_walker(query, walker, context, flags);
+}
+inline bool walk_expression(Node* node, NodeWalker walker, void* context) {
+    return expression_tree_walker(node, walker, context);
+}
+#endif
+
 // An interval as microseconds (a month counts 30 days, as PostgreSQL compares
 // intervals). False for a value beyond int64 or, from PostgreSQL 17 on, an
 // infinite interval.
@@ -41,6 +70,61 @@ inline bool interval_to_micros(const Interval* value, Micros* out) {
     if (total > INT64_MAX || total < INT64_MIN) return false;
     *out = static_cast<Micros>(total);
     return true;
+}
+
+}  // namespace idem::pg
+
+namespace idem::pg {
+
+// The executor state of a statement that changes one relation: its range
+// table of that one relation, as the direct table access needs it.
+inline void init_single_range_table(EState* estate, Relation relation, LOCKMODE lock) {
+    RangeTblEntry* entry = makeNode(RangeTblEntry);
+    entry->rtekind = RTE_RELATION;
+    entry->relid = RelationGetRelid(relation);
+    entry->relkind = relation->rd_rel->relkind;
+    entry->rellockmode = lock;
+#if PG_VERSION_NUM >= 160000
+    RTEPermissionInfo* permissions = makeNode(RTEPermissionInfo);
+    permissions->relid = RelationGetRelid(relation);
+    permissions->inh = false;
+    entry->perminfoindex = 1;
+#if PG_VERSION_NUM >= 180000
+    ExecInitRangeTable(estate, list_make1(entry), list_make1(permissions), bms_make_singleton(1));
+#else
+    ExecInitRangeTable(estate, list_make1(entry), list_make1(permissions));
+#endif
+#else
+    ExecInitRangeTable(estate, list_make1(entry));
+#endif
+}
+
+inline List* insert_index_entries(ResultRelInfo* target, TupleTableSlot* slot, EState* estate,
+                                  bool* speculative_conflict, List* arbiters) {
+#if PG_VERSION_NUM >= 160000
+    return ExecInsertIndexTuples(target, slot, estate, false, true, speculative_conflict, arbiters,
+                                 false);
+#else
+    return ExecInsertIndexTuples(target, slot, estate, false, true, speculative_conflict, arbiters);
+#endif
+}
+
+inline IndexScanDesc begin_index_scan(Relation table, Relation index, Snapshot snapshot,
+                                      int nkeys) {
+#if PG_VERSION_NUM >= 180000
+    return index_beginscan(table, index, snapshot, nullptr, nkeys, 0);
+#else
+    return index_beginscan(table, index, snapshot, nkeys, 0);
+#endif
+}
+
+// Whether transaction `xid` has ended, without waiting for it.
+inline bool transaction_ended(TransactionId xid) {
+#if PG_VERSION_NUM >= 180000
+    return ConditionalXactLockTableWait(xid, false);
+#else
+    return ConditionalXactLockTableWait(xid);
+#endif
 }
 
 }  // namespace idem::pg

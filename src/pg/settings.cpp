@@ -21,6 +21,7 @@ int purge_batch = 10000;
 bool worker_enabled = true;
 bool expire_on_disconnect = false;
 bool log_transitions = false;
+bool force_drop = false;
 bool outbox_notify = true;
 
 namespace {
@@ -66,6 +67,9 @@ void define() {
                &max_value_bytes, 1, MaxAllocSize, PGC_SUSET, GUC_UNIT_BYTE);
     define_bool("idempotency.log_transitions", "Log each state transition.", &log_transitions,
                 PGC_SUSET);
+    define_bool("idempotency.force_drop",
+                "Let DROP EXTENSION destroy undelivered outbox events and PROCESSING keys.",
+                &force_drop, PGC_SUSET);
 
     // Server-wide settings (reload with SIGHUP).
     define_int("idempotency.outbox_retention", "How long delivered outbox events are kept.",

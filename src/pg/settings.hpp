@@ -23,6 +23,7 @@ extern int purge_batch;
 extern bool worker_enabled;
 extern bool expire_on_disconnect;
 extern bool log_transitions;
+extern bool force_drop;
 extern bool outbox_notify;
 
 void define();

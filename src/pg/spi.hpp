@@ -1,7 +1,13 @@
 // Prepared SPI statements, planned once per backend and kept, and the small
 // helpers every store uses to bind parameters and read a result row.
-// Plans hold only query text and parameter types: when an extension object
-// they use is dropped and created again, PostgreSQL re-plans them by name.
+//
+// A statement's SQL is a template: @keys@, @inbox@, @locks@, @outbox@ and
+// @relay_grants@ stand for the extension's tables and @token_seq@ for its
+// sequence, and the argument types kStatusType and kOutboxStateType for its
+// enum types. They are filled in from the objects found by OID
+// (pg/extension_objects.hpp) when the statement is planned, and planned
+// again whenever those objects change (a rename, DROP and CREATE EXTENSION).
+// Errors raised by a statement do not show its text.
 #pragma once
 
 #include <cstdint>
@@ -11,11 +17,16 @@
 
 namespace idem::pg {
 
+// Stand-ins for the extension's enum types among a statement's argtypes.
+inline constexpr Oid kStatusType = 1;
+inline constexpr Oid kOutboxStateType = 2;
+
 struct Statement {
     const char* sql;
     int nargs;
     Oid argtypes[10];
-    SPIPlanPtr plan;  // prepared on first use, kept for the backend's life
+    SPIPlanPtr plan = nullptr;      // prepared on first use, kept while the objects stay
+    std::uint64_t generation = 0;   // of the objects it was planned for
 };
 
 // Parameters of one execution. Trivially destructible.
@@ -54,8 +65,21 @@ std::uint64_t execute(Statement& statement, const Params& params, long limit = 0
 // transaction and then changed nothing (a locking read, an upsert whose
 // WHERE failed) so leaves no row lock behind to block that row's holder.
 // Result rows are readable only when the subtransaction was kept.
+// With a `lock_timeout` (> 0) the statement waits at most that long for a
+// lock; when the time runs out it is rolled back and *timed_out set.
 std::uint64_t execute_in_subtransaction(Statement& statement, const Params& params,
-                                        bool keep_if_rows, long limit = 0);
+                                        bool keep_if_rows, long limit = 0,
+                                        Micros lock_timeout = 0, bool* timed_out = nullptr);
+
+// Runs the statement in a subtransaction that is always rolled back, waiting
+// at most `timeout` for a lock (0: not at all); returns false when that time
+// ran out. For statements that only wait for other transactions' locks.
+bool wait_within(Statement& statement, const Params& params, Micros timeout);
+
+// Waits at most `timeout` for transaction `xid` to end, as a lock wait (so
+// that it shows in pg_locks and ends the moment the transaction does);
+// false when the time ran out first.
+bool wait_for_transaction(TransactionId xid, Micros timeout);
 
 // A cursor over a SELECT's rows, planned once per backend (a generic plan
 // tuned for fetching the first rows). Every fetch reads with the snapshot

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pg/guard.hpp"
 #include "pg/pause.hpp"
 #include "pg/shared_state.hpp"
 
@@ -82,6 +83,6 @@ void wake_on_commit(std::uint32_t channel) {
         pending[pending_count++] = channel;
 }
 
-void install_wakeup_callbacks() { RegisterXactCallback(on_transaction_end, nullptr); }
+void install_wakeup_callbacks() { register_guarded_callback(on_transaction_end); }
 
 }  // namespace idem::pg

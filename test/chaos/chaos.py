@@ -45,7 +45,9 @@ DO $$ BEGIN
     CREATE ROLE chaos_app LOGIN;
   END IF;
 END $$;
-GRANT USAGE ON SCHEMA idempotency TO chaos_app;
+-- Producers register keys and enqueue jobs; workers consume the outbox.
+SELECT idempotency.grant_application('chaos_app');
+SELECT idempotency.grant_relay('chaos_app');
 -- The business effect. No unique constraint on job_key: only the extension
 -- stands between a duplicate delivery and a second row.
 CREATE TABLE ledger (

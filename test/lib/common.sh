@@ -50,10 +50,11 @@ as_pg() {
 }
 
 # Copies the source tree (without .git and build products) to a new folder
-# the OS user owns, since the suites write next to their inputs.
+# the OS user owns, since the suites write next to their inputs; it is made
+# under IDEM_STAGE_PARENT (default /tmp), a folder that user can enter.
 stage_tree() {
     local dest
-    dest=$(mktemp -d /tmp/idempotency-test.XXXXXX)
+    dest=$(mktemp -d "${IDEM_STAGE_PARENT:-/tmp}/idempotency-test.XXXXXX")
     tar -C "$IDEM_ROOT" --exclude=.git --exclude='*.o' --exclude='*.so' --exclude=./build \
         --exclude=./results --exclude=./output_iso --exclude='./tmp_*' -cf - . | tar -C "$dest" -xf -
     chown -R "$IDEM_OS_USER" "$dest"

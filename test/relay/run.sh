@@ -167,26 +167,9 @@ CREATE EXTENSION idempotency;
 CREATE ROLE relay_app LOGIN;
 CREATE ROLE relay_monitor LOGIN IN ROLE pg_monitor;
 CREATE ROLE relay_noack LOGIN;
-GRANT USAGE ON SCHEMA idempotency TO relay_app, relay_monitor, relay_noack;
-REVOKE EXECUTE ON FUNCTION idempotency.outbox_ack(bigint[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.outbox_ack(bigint[]) TO relay_app, relay_monitor;
--- Until the extension has outbox_release (0.4.0), a stand-in with its
--- meaning: events in flight that the relay claimed go back to pending at
--- once, the attempt not counted.
-DO $$
-BEGIN
-  IF pg_catalog.to_regprocedure('idempotency.outbox_release(bigint[], text)') IS NULL THEN
-    CREATE FUNCTION idempotency.outbox_release(ids bigint[], relay text) RETURNS bigint
-    LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS $f$
-      WITH released AS (
-        UPDATE idempotency.outbox o
-           SET state = 'pending', attempts = o.attempts - 1, lease_until = NULL, updated_at = now()
-         WHERE o.id = ANY (ids) AND o.state = 'in_flight' AND o.relay = outbox_release.relay
-        RETURNING 1)
-      SELECT count(*) FROM released
-    $f$;
-  END IF;
-END $$;
+SELECT idempotency.grant_relay(r) FROM unnest(ARRAY['relay_app', 'relay_monitor', 'relay_noack']::regrole[]) r;
+-- A relay whose acks are refused: the relay must stop and say so.
+REVOKE EXECUTE ON FUNCTION idempotency.outbox_ack(bigint[]) FROM relay_noack;
 -- Short backoffs and few attempts keep the scripted retries quick.
 ALTER DATABASE relay_test SET idempotency.retry_base_delay = '200ms';
 ALTER DATABASE relay_test SET idempotency.retry_max_delay = '1s';

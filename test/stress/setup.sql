@@ -52,7 +52,9 @@ BEGIN
     END;
 END $$;
 
--- A retryable failure, fenced like complete.
+-- A retryable failure, fenced like complete. A worker whose lease ran out
+-- and was recorded as expired (by the sweep or a claim) before anyone
+-- claimed again is refused with IK003: only a PROCESSING key can fail.
 CREATE FUNCTION stress_fail(round bigint, kid int, tok bigint, worker int) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -65,6 +67,13 @@ BEGIN
         RETURN 1;
     EXCEPTION WHEN SQLSTATE 'IK001' THEN
         INSERT INTO fence_log VALUES (k, 'fail', tok, worker);
+        RETURN 0;
+    WHEN SQLSTATE 'IK003' THEN
+        IF (SELECT status = 'PROCESSING' OR NOT lease_expired
+              FROM idempotency.idem_get(k, 'stress')) THEN
+            RAISE;  -- refused although the key was its holder's to fail
+        END IF;
+        INSERT INTO fence_log VALUES (k, 'fail after expiry', tok, worker);
         RETURN 0;
     END;
 END $$;

@@ -1,5 +1,6 @@
 # The workers never keep DROP DATABASE of a database with the extension from
-# succeeding within five seconds, nor DROP EXTENSION: both are run while a
+# succeeding within five seconds, nor DROP EXTENSION (forced with
+# idempotency.force_drop, as PROCESSING keys are left): both are run while a
 # worker is connected and busy purging, several times, and once while a
 # sweep has far more work than five seconds allow.
 use strict;
@@ -122,8 +123,13 @@ for my $i (1 .. 3)
 			}),
 		"round $i: served by a worker");
 	load_work('extdb', 50000, 5000);
-	my ($ok, $secs, $err, $busy) =
-	  ddl_while_worker_runs('extdb', 'extdb', 'DROP EXTENSION idempotency');
+	# Keys are PROCESSING: a plain DROP EXTENSION is refused, naming the
+	# setting that forces it, and the forced one is what is timed.
+	my ($rc, $out, $refused) = $node->psql('extdb', 'DROP EXTENSION idempotency');
+	isnt($rc, 0, "round $i: DROP EXTENSION with PROCESSING keys is refused");
+	like($refused, qr/idempotency\.force_drop/, "... its hint names idempotency.force_drop");
+	my ($ok, $secs, $err, $busy) = ddl_while_worker_runs('extdb', 'extdb',
+		'SET idempotency.force_drop = on; DROP EXTENSION idempotency');
 	push @ext_times, $secs;
 	ok($ok, "round $i: DROP EXTENSION succeeded" . ($busy ? ' (a worker was connected)' : ''))
 	  or diag($err);

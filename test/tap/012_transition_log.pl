@@ -1,6 +1,6 @@
 # idempotency.log_transitions: with it on, every transition of a key is one
 # LOG line of key=value fields (scope, key, from, to, token, attempt, and a
-# reason for expiries, failures, releases, late heartbeats and retention);
+# reason for expiries, failures, releases and retention);
 # with it off, none. Only a superuser may SET it.
 #
 # Every call below runs in a session of its own that sets the parameter
@@ -109,8 +109,9 @@ my $t_f1 = claim('fail');
 run("SELECT idempotency.idem_fail('fail', $t_f1, 'boom', retry_in => '0', scope => 'tlog')");
 my $t_f2 = claim('fail');
 run("SELECT idempotency.idem_fail('fail', $t_f2, 'fatal', false, scope => 'tlog')");
-my $t_ex = claim('exhausted');
-run("SET idempotency.max_attempts = 1; SELECT idempotency.idem_fail('exhausted', $t_ex, 'boom', scope => 'tlog')");
+# The attempt cap is the one of the session that claimed the key.
+my $t_ex = run("SET idempotency.max_attempts = 1; SELECT token FROM idempotency.idem_claim('exhausted', scope => 'tlog')");
+run("SELECT idempotency.idem_fail('exhausted', $t_ex, 'boom', scope => 'tlog')");
 is_deeply(
 	logged(),
 	[
@@ -130,16 +131,17 @@ run("SELECT idempotency.idem_heartbeat('hb', $t_hb, '100ms', 'tlog')");
 usleep(300_000);
 is(run("SELECT rows FROM idempotency.idem_maintenance() WHERE task = 'expire_leases'"),
 	'1', 'idem_maintenance() expires the lease');
-run("SELECT idempotency.idem_heartbeat('hb', $t_hb, '1h', 'tlog')");
-run("SELECT idempotency.idem_heartbeat('hb', $t_hb, '1h', 'tlog')");
+# Once the expiry is recorded, a late heartbeat is refused and changes nothing.
+my ($hb_rc, $hb_out, $hb_err) = $node->psql('postgres',
+	"$log_on\n\\set VERBOSITY verbose\nSELECT idempotency.idem_heartbeat('hb', $t_hb, '1h', 'tlog')");
+like($hb_err, qr/ERROR:  IK003/, 'a late heartbeat after the expiry raises IK003');
 is_deeply(
 	logged(),
 	[
 		tx('hb', 'none', 'PROCESSING', $t_hb, 1),
 		tx('hb', 'PROCESSING', 'FAILED_RETRYABLE', $t_hb, 1, 'lease expired'),
-		tx('hb', 'FAILED_RETRYABLE', 'PROCESSING', $t_hb, 1, 'late heartbeat'),
 	],
-	'maintenance expiry; a late heartbeat takes the key back');
+	'maintenance expiry; the refused late heartbeat logs nothing');
 
 # --- release -------------------------------------------------------------------
 my $t_rel = claim('rel');
@@ -162,9 +164,11 @@ is_deeply(
 my $t_take1 = claim('take', "lease => '100ms'");
 usleep(300_000);
 my $t_take2 = claim('take', "lease => '1h'");
-my $t_xf = claim('xfinal', "lease => '100ms'");
+# The attempt cap is the one of the session that claimed the key.
+my $t_xf = run("SET idempotency.max_attempts = 1; "
+	  . "SELECT token FROM idempotency.idem_claim('xfinal', scope => 'tlog', lease => '100ms')");
 usleep(300_000);
-is(run("SET idempotency.max_attempts = 1; SELECT outcome FROM idempotency.idem_claim('xfinal', scope => 'tlog')"),
+is(run("SELECT outcome FROM idempotency.idem_claim('xfinal', scope => 'tlog')"),
 	'failed', 'a claim of an expired lease whose attempts are exhausted answers failed');
 is_deeply(
 	logged(),
@@ -181,9 +185,10 @@ my $t_late = claim('late', "lease => '100ms'");
 usleep(300_000);
 run('SELECT * FROM idempotency.idem_maintenance()');
 run("SELECT idempotency.idem_complete('late', $t_late, scope => 'tlog')");
-my $t_mf = claim('mfinal', "lease => '100ms'");
+my $t_mf = run("SET idempotency.max_attempts = 1; "
+	  . "SELECT token FROM idempotency.idem_claim('mfinal', scope => 'tlog', lease => '100ms')");
 usleep(300_000);
-run('SET idempotency.max_attempts = 1; SELECT * FROM idempotency.idem_maintenance()');
+run('SELECT * FROM idempotency.idem_maintenance()');
 is_deeply(
 	logged(),
 	[
@@ -222,8 +227,9 @@ is_deeply(
 # --- retention: finished keys deleted by maintenance ------------------------------
 my $t_pc = claim('purge-c');
 run("SELECT idempotency.idem_complete('purge-c', $t_pc, scope => 'tlog', retain => '0')");
-my $t_pf = claim('purge-f');
-run("SET idempotency.retention = 0; SELECT idempotency.idem_fail('purge-f', $t_pf, 'fatal', false, scope => 'tlog')");
+# The retention is the one of the session that claimed the key.
+my $t_pf = run("SET idempotency.retention = 0; SELECT token FROM idempotency.idem_claim('purge-f', scope => 'tlog')");
+run("SELECT idempotency.idem_fail('purge-f', $t_pf, 'fatal', false, scope => 'tlog')");
 is(run("SELECT rows FROM idempotency.idem_maintenance() WHERE task = 'purge_keys'"),
 	'2', 'idem_maintenance() purges both keys');
 # The sweep deletes in no particular order: its two lines are sorted by key.
@@ -258,8 +264,9 @@ my $t_o3 = run("SELECT token FROM idempotency.idem_claim('off-3', scope => 'tlog
 usleep(300_000);
 run("SELECT idempotency.idem_claim('off-2', scope => 'tlog')", $off);
 run('SELECT * FROM idempotency.idem_maintenance()', $off);
-run("SELECT idempotency.idem_heartbeat('off-3', $t_o3, '1h', 'tlog')", $off);
-run("SELECT idempotency.idem_fail('off-3', $t_o3, 'x', false, scope => 'tlog')", $off);
+my $t_o3b = run("SELECT token FROM idempotency.idem_claim('off-3', scope => 'tlog')", $off);
+run("SELECT idempotency.idem_heartbeat('off-3', $t_o3b, '1h', 'tlog')", $off);
+run("SELECT idempotency.idem_fail('off-3', $t_o3b, 'x', false, scope => 'tlog')", $off);
 my $t_o4 = run("SELECT token FROM idempotency.idem_claim('off-4', scope => 'tlog')", '');
 run("SELECT idempotency.idem_release('off-4', $t_o4, 'tlog')", '');
 is(run("SELECT count(*) FROM idempotency.idempotency_keys WHERE key LIKE 'off-%'", ''),
@@ -271,7 +278,7 @@ unlike($log, qr/idempotency transition/, 'with log_transitions off (the default)
 # --- only a superuser may set it ---------------------------------------------------
 $node->safe_psql('postgres', q{
 	CREATE ROLE regress_plain LOGIN;
-	GRANT USAGE ON SCHEMA idempotency TO regress_plain;
+	SELECT idempotency.grant_application('regress_plain');
 });
 for my $sql ('SET idempotency.log_transitions = on',
 	'SET LOCAL idempotency.log_transitions = on',

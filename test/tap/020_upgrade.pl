@@ -2,7 +2,12 @@
 # the current default is installed, used, and updated with ALTER EXTENSION
 # ... UPDATE; its data must survive, the background workers must run against
 # the older schema without errors before the update, and afterwards its
-# catalog must be the same as a fresh install of the default version.
+# catalog must be the same as a fresh install of the default version (since
+# 0.4.0, a fresh install is the 0.3.0 script and the 0.3.0--0.4.0 update:
+# for 0.3.0 that comparison holds by construction, and what 0.4.0 changes
+# for an existing install is checked on its own: the rights of a role that
+# had USAGE, a lease of a key claimed before the update, and the update
+# refusing a schema of another role or one holding objects of others).
 use strict;
 use warnings;
 
@@ -13,6 +18,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $node = idem_node('upgrade');
+$node->safe_psql('postgres', 'CREATE ROLE old_app LOGIN');
 
 # Everything the extension owns, described so that two installs compare
 # equal exactly when their objects, definitions and privileges are equal.
@@ -63,6 +69,10 @@ SELECT 'enum ' || enumtypid::regtype || ' ' || string_agg(enumlabel, ',' ORDER B
 UNION ALL
 SELECT 'schema acl ' || coalesce(nspacl::text, 'default')
   FROM pg_namespace WHERE nspname = 'idempotency'
+UNION ALL
+SELECT 'dumped ' || c::regclass || ' ' || coalesce(f, '')
+  FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS u(c, f)
+ WHERE e.extname = 'idempotency'
 ORDER BY 1
 SQL
 
@@ -77,6 +87,7 @@ $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
 my $fresh = $node->safe_psql('fresh', $describe);
 like($fresh, qr/outbox_claim/, 'the description covers the objects of the default version');
+like($fresh, qr/^dumped idempotency\.idempotency_keys $/m, '... and the tables pg_dump writes the rows of');
 
 foreach my $version (@older)
 {
@@ -93,6 +104,14 @@ foreach my $version (@older)
 	$node->safe_psql($db, "SELECT idempotency.idem_register('order-2', NULL, 'job-2')");
 	$node->safe_psql($db, "SELECT idempotency.inbox_receive('m-1', 'orders')");
 	$node->safe_psql($db, "SELECT idempotency.idem_lock('resource-1', '1 hour')");
+	# A key whose lease ends after the update, and a role that had what the
+	# old versions asked for: USAGE on the schema.
+	$node->safe_psql($db,
+		"SELECT idempotency.idem_claim('order-4', NULL, '1 hour')");
+	$node->safe_psql($db, "GRANT USAGE ON SCHEMA idempotency TO old_app");
+	my ($rc, $out, $err) = $node->psql($db, "SELECT outcome FROM idempotency.idem_claim('by-old-app')",
+		extra_params => [ '-U', 'old_app' ]);
+	is($out, 'claimed', "$version: a role with USAGE claims before the update") or diag($err);
 	# A lease that runs out: the workers must expire it on the old schema.
 	$node->safe_psql($db,
 		"SELECT idempotency.idem_claim('order-3', NULL, '100 milliseconds')");
@@ -108,6 +127,14 @@ foreach my $version (@older)
 	  if $version eq '0.1.0';
 
 	$node->safe_psql($db, 'ALTER EXTENSION idempotency UPDATE');
+	# Since 0.4.0 no function is executable by PUBLIC: USAGE is not enough,
+	# the role is given its rights with grant_application (below, once the
+	# catalog is compared).
+	($rc, $out, $err) = $node->psql($db, "SELECT outcome FROM idempotency.idem_claim('by-old-app-2')",
+		extra_params => [ '-U', 'old_app' ]);
+	like($err, qr/permission denied for function idem_claim/,
+		"$version: after the update USAGE alone no longer lets a role claim");
+	$node->safe_psql($db, "REVOKE USAGE ON SCHEMA idempotency FROM old_app");
 	is($node->safe_psql($db,
 			"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
 		$default, "$version: updated to $default");
@@ -126,9 +153,54 @@ foreach my $version (@older)
 		"$version: the new objects work after the update");
 	is($node->safe_psql($db, $describe), $fresh,
 		"$version: the updated catalog equals a fresh install of $default");
+
+	# What the older version left PROCESSING (no attempt cap recorded) is
+	# expired by the workers with the server's settings.
+	$node->safe_psql($db,
+		"UPDATE idempotency.idempotency_keys SET lease_until = now() WHERE key = 'order-4'");
+	ok( poll_until(10, sub {
+				$node->safe_psql($db,
+					"SELECT status FROM idempotency.idempotency_keys WHERE key = 'order-4'")
+				  eq 'FAILED_RETRYABLE';
+			}),
+		"$version: the workers expire a lease of a key claimed before the update");
+
+	$node->safe_psql($db, "SELECT idempotency.grant_application('old_app')");
+	($rc, $out, $err) = $node->psql($db, "SELECT outcome FROM idempotency.idem_claim('by-old-app-2')",
+		extra_params => [ '-U', 'old_app' ]);
+	is($out, 'claimed', "$version: ... grant_application does") or diag($err);
 }
 
-my $log = slurp_file($node->logfile);
-unlike($log, qr/ERROR:  |FATAL:  /, 'no error in the server log');
+# No error but the refused calls of old_app after the update.
+my @errors = grep { !/ERROR:  permission denied for function idem_claim/ }
+  slurp_file($node->logfile) =~ /^.*(?:ERROR|FATAL):  .*$/mg;
+is_deeply(\@errors, [], 'no other error in the server log');
+
+# --- an install the update to 0.4.0 refuses ----------------------------------------
+# A schema that another role created before the install (the old versions
+# reused it), or one that holds objects of others: the update stops with the
+# way out in its hint, and goes through once the schema is put right.
+$node->safe_psql('postgres', 'CREATE DATABASE foreign_schema OWNER old_app');
+$node->safe_psql('foreign_schema', 'CREATE SCHEMA idempotency', extra_params => [ '-U', 'old_app' ]);
+$node->safe_psql('foreign_schema', "CREATE EXTENSION idempotency VERSION '0.3.0'");
+my ($rc, $out, $err) = $node->psql('foreign_schema', "ALTER EXTENSION idempotency UPDATE TO '0.4.0'");
+like($err, qr/schema idempotency belongs to role old_app, not to the extension's owner/,
+	'0.3.0 in a schema of another role: the update is refused');
+like($err, qr/HINT:  .*ALTER SCHEMA idempotency OWNER TO/, '... and the hint says how to go on');
+my $superuser = $node->safe_psql('postgres', 'SELECT current_user');
+$node->safe_psql('foreign_schema', qq{ALTER SCHEMA idempotency OWNER TO "$superuser";
+ALTER EXTENSION idempotency UPDATE TO '0.4.0'});
+is($node->safe_psql('foreign_schema', "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
+	'0.4.0', '... once the schema is the owner\'s, the update goes through');
+
+$node->safe_psql('postgres', 'CREATE DATABASE stranger');
+$node->safe_psql('stranger', "CREATE EXTENSION idempotency VERSION '0.3.0'; CREATE TABLE idempotency.notes (x int)");
+($rc, $out, $err) = $node->psql('stranger', "ALTER EXTENSION idempotency UPDATE TO '0.4.0'");
+like($err, qr/schema idempotency holds objects that are not the extension's: table (idempotency\.)?notes/,
+	'0.3.0 with a table of the user in its schema: the update is refused, naming it');
+$node->safe_psql('stranger', "ALTER TABLE idempotency.notes SET SCHEMA public;
+ALTER EXTENSION idempotency UPDATE TO '0.4.0'");
+is($node->safe_psql('stranger', "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
+	'0.4.0', '... once it is moved out, the update goes through');
 
 done_testing();

@@ -1,7 +1,7 @@
-// check_fence against SPEC.md: "Only the holder of the current token may
-// complete, fail, heartbeat or release the key", the late holder whose lease
-// expired while nobody claimed again, complete's idempotent replay, IK001 vs
-// IK003, and idem_assert_owner.
+// check_fence against the state machine: only the holder of the current
+// token may complete, fail, heartbeat or release a PROCESSING key; the late
+// holder whose lease expired while nobody claimed again may only complete;
+// complete's idempotent replay, IK001 vs IK003, and idem_assert_owner.
 #include "core/fence.hpp"
 
 #include <gtest/gtest.h>
@@ -46,8 +46,8 @@ constexpr V A = V::AlreadyCompleted;
 constexpr V S = V::StaleToken;
 constexpr V W = V::WrongState;
 
-// The verdict for the holder of the CURRENT token, written out from the spec
-// for every call x status x lease_expired (the flag is set only when the
+// The verdict for the holder of the CURRENT token, written out from the
+// state machine for every call x status x lease_expired (the flag is set only when the
 // lease ran out under the holder, by a worker or a claim that found it
 // exhausted: the key is then FAILED_RETRYABLE or FAILED_FINAL).
 struct Row {
@@ -68,13 +68,14 @@ constexpr Row kCurrentTokenTable[] = {
     {Status::Completed, false,              A, W, W, W, S},
     {Status::Completed, true,               A, W, W, W, S},
     // FAILED_RETRYABLE: reported by the holder itself -> IK003; expired under
-    // the holder and nobody claimed since -> complete, fail, heartbeat accepted.
+    // the holder and nobody claimed since -> only its late complete counts:
+    // no fail, heartbeat or release moves a key that is not PROCESSING.
     {Status::FailedRetryable, false,        W, W, W, W, S},
-    {Status::FailedRetryable, true,         P, P, P, P, S},
-    // FAILED_FINAL: "a complete after a final failure the holder reported
-    // itself" is IK003; after an exhausted expiry the late holder still counts.
+    {Status::FailedRetryable, true,         P, W, W, W, S},
+    // FAILED_FINAL: a complete after a final failure the holder reported
+    // itself is IK003; after an exhausted expiry the late complete counts.
     {Status::FailedFinal, false,            W, W, W, W, S},
-    {Status::FailedFinal, true,             P, P, P, P, S},
+    {Status::FailedFinal, true,             P, W, W, W, S},
 };
 
 V expected_for(const Row& row, HolderCall call) {
