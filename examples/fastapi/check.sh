@@ -16,8 +16,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 example_start fastapi "${FASTAPI_PORT:-54465}" ledger
 example_psql -f "$here/schema.sql" >/dev/null || example_fail "schema.sql failed"
 python=$(example_python) || example_fail "could not install the Python client"
-mkdir -p "$EXAMPLE_DIR/work"
-EXAMPLE_LOGS+=("$EXAMPLE_DIR/work/api.log")
+mkdir -p "$EXAMPLE_DIR/scratch"
+EXAMPLE_LOGS+=("$EXAMPLE_DIR/scratch/api.log")
 example_run "$python" "$here/scenario.py" --admin-dsn "host=$PGHOST port=$PGPORT dbname=$PGDATABASE user=postgres" \
-    --workdir "$EXAMPLE_DIR/work" || example_fail "fastapi checks failed"
+    --workdir "$EXAMPLE_DIR/scratch" || example_fail "fastapi checks failed"
 echo "fastapi: all checks passed"

@@ -1,5 +1,5 @@
 // Where arguments are checked: the limits every function shares.
-// Each check throws idem::Error with the SQLSTATE of the spec, and the
+// Each check throws idem::Error with the documented SQLSTATE, and the
 // message names the argument and the limit.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Where SQL arguments are read and checked against the spec's limits.
+// Where SQL arguments are read and checked against the documented limits.
 // Each reader raises (through idem::Error) 22004 for a NULL that is not
 // allowed, 22023 for an empty name or an interval out of range, and 22001
 // for a value that is too long.

@@ -1,5 +1,5 @@
-// decide_claim and decide_register against SPEC.md, "idem_claim" and
-// "idem_register", and the idem_outcome table: which outcome each stored
+// decide_claim and decide_register against the README's rules for
+// idem_claim and idem_register, and its table of outcomes: which outcome each stored
 // state gives, which calls change the key, and what retry_after says.
 #include "core/claim_decision.hpp"
 
@@ -238,7 +238,7 @@ TEST(DecideRegister, ReceivedIsInProgressAndQueued) {
         const ClaimDecision d = decide_register(key(Status::Received, attempts), false, kNow);
         EXPECT_EQ(d.outcome, Outcome::InProgress);
         EXPECT_EQ(d.action, ClaimAction::Answer);
-        // SPEC: retry_after is set for in_progress; a queued key has no lease
+        // retry_after is set for in_progress; a queued key has no lease
         // left, so it is zero.
         ASSERT_TRUE(d.retry_after.has_value());
         EXPECT_EQ(*d.retry_after, 0);

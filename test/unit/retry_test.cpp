@@ -1,5 +1,5 @@
-// backoff_delay, decide_fail and decide_release against SPEC.md,
-// "idem_fail" and "idem_release": exponential backoff from retry_base_delay,
+// backoff_delay, decide_fail and decide_release against the rules of
+// idem_fail and idem_release: exponential backoff from retry_base_delay,
 // capped at retry_max_delay, with jitter; the dead letter; the attempt given
 // back by a release.
 #include "core/retry.hpp"
@@ -24,7 +24,7 @@ constexpr RetryPolicy kDefaults{5, kSecond, kHour};
 const double kJustBelowOne = std::nextafter(1.0, 0.0);
 const std::vector<double> kJitters = {0.0, 1e-12, 0.25, 0.5, 0.75, 0.999999, kJustBelowOne, 1.0};
 
-// The spec's delay before jitter: base * 2^(n-1) capped at max, computed
+// The documented delay before jitter: base * 2^(n-1) capped at max, computed
 // without overflow in 128-bit arithmetic (n < 1 counts as the first failure).
 Micros capped_delay(std::int32_t attempts, Micros base, Micros max) {
     if (base <= 0 || max <= 0) return 0;
@@ -237,7 +237,7 @@ TEST(DecideRelease, KeyTheClaimCreatedIsRemoved) {
 }
 
 TEST(DecideRelease, UnregisteredKeyWithEarlierAttemptsIsRemovedToo) {
-    // SPEC: "back to RECEIVED when the key had been registered, otherwise the
+    // "back to RECEIVED when the key had been registered, otherwise the
     // key is removed", whatever attempts came before.
     for (std::int32_t attempts : {2, 3, 5})
         EXPECT_EQ(decide_release(held(attempts, false)), ReleaseAction::Delete) << attempts;

@@ -1,4 +1,4 @@
-// Status and outcome labels against SPEC.md: the SQL enum idem_status and the
+// Status and outcome labels against the README: the SQL enum idem_status and the
 // outcome column of idem_outcome use exactly these words.
 #include "core/status.hpp"
 

@@ -1,4 +1,4 @@
-// The argument checks against SPEC.md, "Validation that applies everywhere":
+// The argument checks that apply to every function (README, "Error codes"):
 // NULL -> 22004; empty name, bad interval or batch -> 22023; too long ->
 // 22001; lengths in bytes; messages name the argument and the limit.
 // Also the core's Error type, which carries the SQLSTATE to the boundary.
