@@ -108,7 +108,8 @@ run_harnesses() {
         "$stage"/test/chaos/run.sh "$stage"/test/clients/*.sh "$stage"/examples/run-all.sh; do
         [ -x "$script" ] || continue
         log "harness ${script#$stage/}"
-        if "$script"; then count "${script#$stage/}" 1 0; else count "${script#$stage/}" 0 1; fi
+        # From the staged copy: the OS user may not enter the checkout.
+        if (cd "$stage" && "$script"); then count "${script#$stage/}" 1 0; else count "${script#$stage/}" 0 1; fi
     done
 }
 
