@@ -4,12 +4,42 @@
 
 IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 IDEM_OS_USER=${IDEM_OS_USER:-postgres}
-IDEM_PACKAGES="postgresql-15 postgresql-server-dev-15 postgresql-contrib libpq-dev libipc-run-perl
-  g++ make cmake libgtest-dev python3 python3-psycopg2 libcurl4-openssl-dev nodejs gnuplot-nox"
+
+# The Debian packages a group of suites needs against PostgreSQL MAJOR:
+#   core       build, unit, pg_regress, isolation and TAP suites
+#   harnesses  the host-only harnesses (stress, chaos, relay, examples, bench)
+#   packaging  `make deb` (the PostgreSQL Debian build tooling)
+idem_packages_for() {
+    local major=$1 group; shift
+    for group in "$@"; do
+        case $group in
+            core) echo "postgresql-$major postgresql-server-dev-$major libpq-dev libipc-run-perl
+                g++ make cmake pkg-config libgtest-dev libcurl4-openssl-dev" ;;
+            harnesses) echo "postgresql-contrib python3 python3-psycopg2 nodejs gnuplot-nox" ;;
+            packaging) echo "postgresql-server-dev-all debhelper build-essential fakeroot" ;;
+        esac
+    done
+}
+
+# The major the tests run against: that of $PG_CONFIG, or Debian 12's.
+idem_major() {
+    local version
+    version=$("${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}" --version 2>/dev/null) ||
+        { echo 15; return; }
+    version=${version#PostgreSQL }
+    echo "${version%%.*}"
+}
+
+# The suites test/run.sh runs; the version matrix runs all but the harnesses.
+IDEM_SUITES=${IDEM_SUITES:-unit regress isolation tap harnesses}
+case " $IDEM_SUITES " in
+    *" harnesses "*) IDEM_PACKAGES=$(idem_packages_for "$(idem_major)" core harnesses) ;;
+    *) IDEM_PACKAGES=$(idem_packages_for "$(idem_major)" core) ;;
+esac
 
 log() { printf '== %s\n' "$*" >&2; }
 
-# Installs whatever of IDEM_PACKAGES is missing (Debian 12).
+# Installs whatever of IDEM_PACKAGES is missing.
 ensure_packages() {
     local missing=() pkg
     for pkg in $IDEM_PACKAGES; do
@@ -17,7 +47,9 @@ ensure_packages() {
             missing+=("$pkg")
     done
     # Debian's nodejs comes without npm; other builds of it bundle npm.
-    command -v npm >/dev/null 2>&1 || missing+=(npm)
+    case " $IDEM_PACKAGES " in
+        *" nodejs "*) command -v npm >/dev/null 2>&1 || missing+=(npm) ;;
+    esac
     [ ${#missing[@]} -eq 0 ] && return 0
     log "installing ${missing[*]}"
     if [ "$(id -u)" -ne 0 ]; then
