@@ -87,12 +87,13 @@ run_isolation() {
 }
 
 # IDEM_TAP_FILES: the TAP files to run, relative to the tree (the matrix
-# runs test/tap/major_upgrade/ where two majors are installed).
+# runs those of test/tap/major_upgrade/ where two majors are installed).
 run_tap() {
-    local file name
-    ls "$stage"/${IDEM_TAP_FILES:-test/tap/*.pl} >/dev/null 2>&1 || return 0
+    local file name files=()
+    for file in ${IDEM_TAP_FILES:-test/tap/*.pl}; do files+=("$stage"/$file); done
+    ls "${files[@]}" >/dev/null 2>&1 || return 0
     log "TAP tests (PostgreSQL::Test::Cluster)"
-    for file in "$stage"/${IDEM_TAP_FILES:-test/tap/*.pl}; do
+    for file in "${files[@]}"; do
         name=${file#$stage/test/}
         if (cd "$stage" && as_pg env PG_REGRESS="$pgxs_dir/src/test/regress/pg_regress" \
             PATH="$bindir:$PATH" TESTDIR="$stage" PG_CONFIG="$(pg_config_path)" \

@@ -43,10 +43,11 @@ build_packages() {
         ls "$out"/postgresql-"$major"-idempotency_*.deb "$out"/idem-relay_*.deb
 }
 
-# upgrade_in_root NEW OLD: the pg_upgrade TAP test from OLD to NEW in a root
+# upgrade_in_root NEW OLD TESTS: the TAP tests of test/tap/major_upgrade/
+# named in TESTS (e.g. "pg_upgrade dump_restore") from OLD to NEW, in a root
 # holding both majors, the extension built and installed for each.
 upgrade_in_root() {
-    local new=$1 old=$2 root src=/tmp/idempotency-src old_src=/tmp/idempotency-old
+    local new=$1 old=$2 tests=$3 root src=/tmp/idempotency-src old_src=/tmp/idempotency-old
     root=$(upgrade_root "$new" "$old") || return 1
     copy_source "$root$old_src" || return 1
     log "building and installing the extension for PostgreSQL $old"
@@ -54,7 +55,7 @@ upgrade_in_root() {
         PG_CONFIG="/usr/lib/postgresql/$old/bin/pg_config" all install || return 1
     copy_source "$root$src" || return 1
     in_root_cached "$root" PG_CONFIG="/usr/lib/postgresql/$new/bin/pg_config" \
-        IDEM_SUITES=tap IDEM_TAP_FILES='test/tap/major_upgrade/*.pl' \
+        IDEM_SUITES=tap IDEM_TAP_FILES="$(printf 'test/tap/major_upgrade/%s.pl ' $tests)" \
         IDEM_UPGRADE_FROM="/usr/lib/postgresql/$old" bash "$src/test/run.sh"
     local status=$?
     umount_root "$root"
