@@ -13,7 +13,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/roots.sh"
 . "$here/steps.sh"
 
-majors=${IDEM_MATRIX_MAJORS:-15 17 18}
+# The supported majors (META.json and the control file say the same).
+supported="15 17 18"
+majors=${IDEM_MATRIX_MAJORS:-$supported}
 # Moves between majors, OLD:NEW:TESTS (test/tap/major_upgrade/), run with
 # NEW when both are in $majors. No pg_upgrade into 18: Debian's 17 (17.12)
 # and 15 store a column option, pg_attver, that the archive's 18 (18.6)
@@ -56,6 +58,8 @@ step() {  # step MAJOR WHAT COMMAND...: one more test, passed when COMMAND is
     log "PostgreSQL $major: $what"
     if "$@"; then count "$major" "$what" 1 0; else count "$major" "$what" 0 1; fi
 }
+
+step "${majors%% *}" "versions agree" "$here/versions_agree.sh" $supported
 
 for major in $majors; do
     log "PostgreSQL $major"
