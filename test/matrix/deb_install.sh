@@ -57,6 +57,14 @@ SQL
 ) || fail "CREATE EXTENSION, claim or enqueue failed"
 [ "$result" = "$(printf 'claimed\nt')" ] || fail "claim and enqueue answered '$result'"
 
+# From 18 on the magic block names the module and its version.
+if [ "$major" -ge 18 ]; then
+    loaded=$(psql_in_root -c "SELECT version FROM pg_get_loaded_modules()
+        WHERE module_name = 'idempotency'") || fail "pg_get_loaded_modules()"
+    version=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$IDEM_ROOT/idempotency.control")
+    [ "$loaded" = "$version" ] || fail "pg_get_loaded_modules() shows version '$loaded', not $version"
+fi
+
 delivered=$(in_root "$root" runuser -u postgres -- idem-relay --once \
     --dsn="host=/var/run/postgresql port=5499 dbname=postgres" --relay=pkgtest --sink=stdout) ||
     fail "idem-relay --once failed"
