@@ -21,21 +21,6 @@ idem_packages_for() {
     done
 }
 
-# The major the tests run against: that of $PG_CONFIG, or Debian 12's.
-idem_major() {
-    local version
-    version=$("${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}" --version 2>/dev/null) ||
-        { echo 15; return; }
-    version=${version#PostgreSQL }
-    echo "${version%%.*}"
-}
-
-# The suites test/run.sh runs; the version matrix runs all but the harnesses.
-IDEM_SUITES=${IDEM_SUITES:-unit regress isolation tap harnesses}
-case " $IDEM_SUITES " in
-    *" harnesses "*) IDEM_PACKAGES=$(idem_packages_for "$(idem_major)" core harnesses) ;;
-    *) IDEM_PACKAGES=$(idem_packages_for "$(idem_major)" core) ;;
-esac
 
 log() { printf '== %s\n' "$*" >&2; }
 
@@ -67,6 +52,22 @@ pg_config_path() {
 }
 
 pg_bindir() { "$(pg_config_path)" --bindir; }
+
+# The major the tests run against: pg_config_path's, or Debian 12's (15)
+# before any PostgreSQL is installed.
+idem_major() {
+    local version
+    version=$("$(pg_config_path)" --version 2>/dev/null) || { echo 15; return; }
+    version=${version#PostgreSQL }
+    echo "${version%%.*}"
+}
+
+# The suites test/run.sh runs; the version matrix runs all but the harnesses.
+IDEM_SUITES=${IDEM_SUITES:-unit regress isolation tap harnesses}
+case " $IDEM_SUITES " in
+    *" harnesses "*) IDEM_PACKAGES=$(idem_packages_for "$(idem_major)" core harnesses) ;;
+    *) IDEM_PACKAGES=$(idem_packages_for "$(idem_major)" core) ;;
+esac
 
 build_and_install() {
     log "building and installing the extension"
