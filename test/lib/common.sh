@@ -81,10 +81,11 @@ as_pg() {
 }
 
 # Copies the source tree (without .git and build products) to a new folder
-# the OS user owns, since the suites write next to their inputs.
+# under $TMPDIR (default /tmp) that the OS user owns, since the suites write
+# next to their inputs.
 stage_tree() {
     local dest
-    dest=$(mktemp -d /tmp/idempotency-test.XXXXXX)
+    dest=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-test.XXXXXX")
     tar -C "$IDEM_ROOT" --exclude=.git --exclude='*.o' --exclude='*.so' --exclude=./build \
         --exclude=./results --exclude=./output_iso --exclude='./tmp_*' -cf - . | tar -C "$dest" -xf -
     chown -R "$IDEM_OS_USER" "$dest"

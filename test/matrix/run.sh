@@ -63,7 +63,7 @@ step "${majors%% *}" "versions agree" "$here/versions_agree.sh" $supported
 
 for major in $majors; do
     log "PostgreSQL $major"
-    out=$(mktemp /tmp/idempotency-matrix.XXXXXX)
+    out=$(mktemp "${TMPDIR:-/tmp}/idempotency-matrix.XXXXXX")
     if [ "$major" = "$host_major" ]; then
         IDEM_SUITES="unit regress isolation tap" bash "$IDEM_ROOT/test/run.sh" 2>&1 | tee "$out"
         count_run "$major" suites "$out" "${PIPESTATUS[0]}"
@@ -79,7 +79,7 @@ for major in $majors; do
         IFS=: read -r from to tests <<<"$move"
         [ "$to" = "$major" ] || continue
         case " $majors " in *" $from "*) ;; *) continue ;; esac
-        out=$(mktemp /tmp/idempotency-matrix.XXXXXX)
+        out=$(mktemp "${TMPDIR:-/tmp}/idempotency-matrix.XXXXXX")
         log "PostgreSQL $major: from $from (${tests//,/, })"
         upgrade_in_root "$major" "$from" "${tests//,/ }" 2>&1 | tee "$out"
         count_run "$major" "from $from" "$out" "${PIPESTATUS[0]}"
