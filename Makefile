@@ -4,6 +4,8 @@
 #   make demo             the at-least-once demo on a throwaway cluster
 #   make bench            benchmarks against plain SQL and PL/pgSQL
 #   make chaos            the long chaos test
+#   make test-matrix      the suites against PostgreSQL 15, 17 and 18 (as root)
+#   make deb              Debian packages for 15, 17 and 18 into build/deb/
 
 EXTENSION = idempotency
 MODULE_big = idempotency
@@ -12,7 +14,10 @@ DATA = $(wildcard src/extension/*.sql)
 
 # The newest installed PostgreSQL unless told otherwise.
 PG_CONFIG ?= $(lastword $(sort $(wildcard /usr/lib/postgresql/*/bin/pg_config)) pg_config)
-PG_CPPFLAGS = -Isrc -isystem $(shell $(PG_CONFIG) --includedir-server 2>/dev/null)
+# The extension's version, named in the module's magic block (PostgreSQL 18 on).
+IDEM_VERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" idempotency.control)
+PG_CPPFLAGS = -Isrc -isystem $(shell $(PG_CONFIG) --includedir-server 2>/dev/null) \
+	-DIDEM_VERSION='"$(IDEM_VERSION)"'
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Werror -fno-strict-aliasing -MMD -MP
 SHLIB_LINK = -lstdc++
 # Debian's PGXS would also build LLVM bitcode in C++14 mode; we do not ship it.
@@ -56,9 +61,13 @@ uninstall-relay:
 .PHONY: install-relay uninstall-relay
 -include $(RELAY_OBJS:.o=.d)
 
-.PHONY: test demo bench chaos
+.PHONY: test test-matrix deb demo bench chaos
 test:
 	bash test/run.sh
+test-matrix:
+	bash test/matrix/run.sh
+deb:
+	bash test/matrix/deb.sh
 demo:
 	bash test/demo/run.sh
 bench:

@@ -7,7 +7,10 @@ BEGIN
     EXECUTE sql;
     RETURN 'ok';
 EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
+    -- PostgreSQL 16 on names the unit after both bounds of a range, as in
+    -- "(1 ms .. 2147483647 ms)": print the bounds alone, as 15 does.
+    RETURN SQLSTATE || ': '
+        || regexp_replace(SQLERRM, '\((-?[0-9]+) [a-zA-Z]+ \.\. (-?[0-9]+) [a-zA-Z]+\)$', '(\1 .. \2)');
 END $f$;
 
 -- Every setting with its default, unit and context (user: any session;

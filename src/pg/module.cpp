@@ -11,7 +11,7 @@
 #include "pg/workers.hpp"
 
 extern "C" {
-PG_MODULE_MAGIC;
+IDEM_MODULE_MAGIC;
 PGDLLEXPORT void _PG_init(void);
 }
 

@@ -33,6 +33,18 @@ extern "C" {
 
 #include "core/time.hpp"
 
+// The magic block. From PostgreSQL 18 on it also names the module and its
+// version (IDEM_VERSION, the control file's default_version, comes from the
+// build), shown by pg_get_loaded_modules().
+#ifndef IDEM_VERSION
+#error "IDEM_VERSION must be defined by the build (the control file's default_version)"
+#endif
+#if PG_VERSION_NUM >= 180000
+#define IDEM_MODULE_MAGIC PG_MODULE_MAGIC_EXT(.name = "idempotency", .version = IDEM_VERSION)
+#else
+#define IDEM_MODULE_MAGIC PG_MODULE_MAGIC
+#endif
+
 namespace idem::pg {
 
 // Node walkers: before PostgreSQL 16 the walker parameter is declared

@@ -4,14 +4,29 @@
 
 IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 IDEM_OS_USER=${IDEM_OS_USER:-postgres}
-IDEM_PACKAGES="postgresql-15 postgresql-server-dev-15 postgresql-contrib libpq-dev libipc-run-perl
-  g++ make cmake libgtest-dev python3 python3-psycopg2 libcurl4-openssl-dev nodejs gnuplot-nox
-  python3-psycopg python3-psycopg-pool python3-venv python3-pip python3-fastapi python3-httpx python3-pytest
-  python3-uvicorn"
+
+# The Debian packages a group of suites needs against PostgreSQL MAJOR:
+#   core       build, unit, pg_regress, isolation and TAP suites
+#   harnesses  the host-only harnesses (stress, chaos, relay, examples, bench)
+#   packaging  `make deb` (the PostgreSQL Debian build tooling)
+idem_packages_for() {
+    local major=$1 group; shift
+    for group in "$@"; do
+        case $group in
+            core) echo "postgresql-$major postgresql-server-dev-$major libpq-dev libipc-run-perl
+                g++ make cmake pkg-config libgtest-dev libcurl4-openssl-dev" ;;
+            harnesses) echo "postgresql-contrib python3 python3-psycopg2 nodejs gnuplot-nox
+                python3-psycopg python3-psycopg-pool python3-venv python3-pip python3-fastapi
+                python3-httpx python3-pytest python3-uvicorn" ;;
+            packaging) echo "postgresql-server-dev-all debhelper build-essential fakeroot" ;;
+        esac
+    done
+}
+
 
 log() { printf '== %s\n' "$*" >&2; }
 
-# Installs whatever of IDEM_PACKAGES is missing (Debian 12).
+# Installs whatever of IDEM_PACKAGES is missing.
 ensure_packages() {
     local missing=() pkg
     for pkg in $IDEM_PACKAGES; do
@@ -19,7 +34,9 @@ ensure_packages() {
             missing+=("$pkg")
     done
     # Debian's nodejs comes without npm; other builds of it bundle npm.
-    command -v npm >/dev/null 2>&1 || missing+=(npm)
+    case " $IDEM_PACKAGES " in
+        *" nodejs "*) command -v npm >/dev/null 2>&1 || missing+=(npm) ;;
+    esac
     [ ${#missing[@]} -eq 0 ] && return 0
     log "installing ${missing[*]}"
     if [ "$(id -u)" -ne 0 ]; then
@@ -38,6 +55,22 @@ pg_config_path() {
 
 pg_bindir() { "$(pg_config_path)" --bindir; }
 
+# The major the tests run against: pg_config_path's, or Debian 12's (15)
+# before any PostgreSQL is installed.
+idem_major() {
+    local version
+    version=$("$(pg_config_path)" --version 2>/dev/null) || { echo 15; return; }
+    version=${version#PostgreSQL }
+    echo "${version%%.*}"
+}
+
+# The suites test/run.sh runs; the version matrix runs all but the harnesses.
+IDEM_SUITES=${IDEM_SUITES:-unit regress isolation tap harnesses}
+case " $IDEM_SUITES " in
+    *" harnesses "*) IDEM_PACKAGES=$(idem_packages_for "$(idem_major)" core harnesses) ;;
+    *) IDEM_PACKAGES=$(idem_packages_for "$(idem_major)" core) ;;
+esac
+
 build_and_install() {
     log "building and installing the extension"
     make -C "$IDEM_ROOT" -s PG_CONFIG="$(pg_config_path)" &&
@@ -50,11 +83,11 @@ as_pg() {
 }
 
 # Copies the source tree (without .git and build products) to a new folder
-# the OS user owns, since the suites write next to their inputs; it is made
-# under IDEM_STAGE_PARENT (default /tmp), a folder that user can enter.
+# under $TMPDIR (default /tmp) that the OS user owns, since the suites write
+# next to their inputs.
 stage_tree() {
     local dest
-    dest=$(mktemp -d "${IDEM_STAGE_PARENT:-/tmp}/idempotency-test.XXXXXX")
+    dest=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-test.XXXXXX")
     tar -C "$IDEM_ROOT" --exclude=.git --exclude='*.o' --exclude='*.so' --exclude=./build \
         --exclude=./results --exclude=./output_iso --exclude='./tmp_*' -cf - . | tar -C "$dest" -xf -
     chown -R "$IDEM_OS_USER" "$dest"
