@@ -66,7 +66,7 @@ if [ "$major" -ge 18 ]; then
 fi
 
 delivered=$(in_root "$root" runuser -u postgres -- idem-relay --once \
-    --dsn="host=/var/run/postgresql port=5499 dbname=postgres" --relay=pkgtest --sink=stdout) ||
+    --dsn="host=/var/run/postgresql port=5499 dbname=postgres" --relay=pkgtest --sink=stdout --topics=package.test) ||
     fail "idem-relay --once failed"
 echo "$delivered" | grep -q '"topic":"package.test"' || fail "idem-relay delivered '$delivered'"
 states=$(psql_in_root -c "SELECT count(*) FILTER (WHERE delivered_at IS NOT NULL) || ' delivered, '
