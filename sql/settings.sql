@@ -14,7 +14,8 @@ EXCEPTION WHEN OTHERS THEN
 END $f$;
 
 -- Every setting with its default, unit and context (user: any session;
--- superuser: superusers only; sighup: server-wide, reloaded on SIGHUP).
+-- superuser: superusers only; sighup: server-wide, reloaded on SIGHUP;
+-- postmaster: set at server start).
 -- (The test clusters set worker_enabled = off: see test/regress.conf.)
 SELECT name, setting, unit, context, vartype, boot_val, min_val, max_val
   FROM pg_settings WHERE name LIKE 'idempotency.%' ORDER BY name COLLATE "C";

@@ -76,6 +76,25 @@ SELECT outcome, status FROM idempotency.idem_complete('s-refile', (SELECT token 
 SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
 SELECT * FROM pg_temp.key('s-refile');
 
+-- The sweeps find their rows through their indexes, whatever the statistics
+-- say (on tables this small the planner would rather scan them): no
+-- sequential scan of the extension's tables in a maintenance run, and the
+-- caller's planner settings are back afterwards.
+INSERT INTO t SELECT 'x1', token FROM idempotency.idem_claim('s-index', lease => '50ms');
+SELECT idempotency.inbox_receive('s-index-message', 's-index');
+SELECT pg_sleep(0.1);
+-- (The session's earlier scans are flushed first: the counts below are the
+-- maintenance run's alone.)
+SELECT pg_stat_force_next_flush();
+BEGIN;
+SELECT count(*) > 0 AS ran FROM idempotency.idem_maintenance();
+SELECT relname, seq_scan, idx_scan > 0 AS used_an_index FROM pg_stat_xact_user_tables
+ WHERE schemaname = 'idempotency' AND relname IN ('idempotency_keys', 'inbox', 'locks', 'outbox')
+ ORDER BY relname;
+COMMIT;
+SHOW enable_seqscan;
+SHOW enable_bitmapscan;
+
 -- A session that worked on a database of 0.2.0 (no purge_at: the library
 -- uses the statements of that layout) sees the update at once: after
 -- ALTER EXTENSION UPDATE its complete with a short retention files the key.

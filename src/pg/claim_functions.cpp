@@ -5,6 +5,7 @@
 #include "core/claim_decision.hpp"
 #include "core/error.hpp"
 #include "pg/args.hpp"
+#include "pg/due_table.hpp"
 #include "pg/fingerprint.hpp"
 #include "pg/guard.hpp"
 #include "pg/key_insert.hpp"
@@ -137,6 +138,7 @@ KeyInsertResult create_claimed(const ClaimArgs& args, OutcomeFields* out) {
     out->token = inserted.token;
     out->attempt = 1;
     count_on_commit(Counter::Claims);
+    note_due_on_commit(DueKind::KeyLease, key.lease_until);
     log_transition(args.id.scope, args.id.key, std::nullopt, Status::Processing, inserted.token, 1);
     return inserted;
 }
@@ -221,6 +223,7 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
                 grant_claim(args.id, grant, now, &out->token.emplace(), &out->attempt);
                 out->status = Status::Processing;
                 count_on_commit(Counter::Claims);
+                note_due_on_commit(DueKind::KeyLease, grant.lease_until);
                 if (decision.takeover) count_on_commit(Counter::LeaseExpirations);
                 log_transition(args.id.scope, args.id.key, stored.state.status, Status::Processing,
                                out->token, out->attempt,

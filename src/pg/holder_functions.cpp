@@ -5,6 +5,7 @@
 #include "core/fence.hpp"
 #include "core/retry.hpp"
 #include "pg/args.hpp"
+#include "pg/due_table.hpp"
 #include "pg/guard.hpp"
 #include "pg/key_store.hpp"
 #include "pg/metrics.hpp"
@@ -97,6 +98,7 @@ Datum complete_body(FunctionCallInfo fcinfo) {
     std::optional<Micros> claimed_at;
     if (complete_by_holder(id, token, result, has_result, now, now + retain, &stored, &claimed_at)) {
         count_on_commit(Counter::Completions);
+        note_due_on_commit(DueKind::Retention, now + retain);
         // No lease_until: the sweep expired the lease and settled it.
         if (!stored.state.lease_until || *stored.state.lease_until < now)
             count_on_commit(Counter::LateCompletions);
@@ -148,6 +150,7 @@ Datum fail_body(FunctionCallInfo fcinfo) {
     if (decision.delay) next_attempt_at = now + *decision.delay;
     if (decision.next == Status::FailedFinal) expires_at = now + retention;
     record_failure(id, decision.next, error, now, next_attempt_at, expires_at);
+    if (expires_at) note_due_on_commit(DueKind::Retention, *expires_at);
     finish_spi();
     const bool final = decision.next == Status::FailedFinal;
     count_on_commit(final ? Counter::FailuresFinal : Counter::FailuresRetryable);
@@ -169,6 +172,7 @@ Datum heartbeat_body(FunctionCallInfo fcinfo) {
     lock_as_holder(HolderCall::Heartbeat, id, token, &stored);
     const Micros now = GetCurrentTimestamp();
     renew_lease(id, now + extend);
+    note_due_on_commit(DueKind::KeyLease, now + extend);
     finish_spi();
     PG_RETURN_TIMESTAMPTZ(now + extend);
 }

@@ -2,8 +2,10 @@
 // inserted with ON CONFLICT DO NOTHING: a concurrent duplicate waits for the
 // first transaction and then sees its row (or takes its place after a rollback).
 #include "pg/args.hpp"
+#include "pg/due_table.hpp"
 #include "pg/guard.hpp"
 #include "pg/metrics.hpp"
+#include "pg/settings.hpp"
 #include "pg/spi.hpp"
 
 namespace idem::pg {
@@ -27,6 +29,9 @@ Datum receive_body(FunctionCallInfo fcinfo) {
     const bool first_time = execute(kReceive, params) > 0;
     finish_spi();
     if (!first_time) count_answer(Counter::InboxDuplicates);
+    if (first_time)
+        note_due_on_commit(DueKind::Retention,
+                           GetCurrentTimestamp() + settings::seconds(settings::inbox_retention_s));
     PG_RETURN_BOOL(first_time);
 }
 

@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "pg/args.hpp"
+#include "pg/due_table.hpp"
 #include "pg/guard.hpp"
 #include "pg/metrics.hpp"
 #include "pg/settings.hpp"
@@ -92,6 +93,7 @@ Datum lock_body(FunctionCallInfo fcinfo) {
         PG_RETURN_NULL();
     }
     count_on_commit(Counter::LocksAcquired);
+    note_due_on_commit(DueKind::Retention, GetCurrentTimestamp() + ttl);
     PG_RETURN_INT64(*token);
 }
 

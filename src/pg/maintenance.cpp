@@ -1,6 +1,8 @@
 #include "pg/maintenance.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
 
 #include "pg/guard.hpp"
 #include "pg/extension_objects.hpp"
@@ -11,9 +13,21 @@
 #include "pg/status_enum.hpp"
 #include "pg/transition_log.hpp"
 
+extern "C" {
+#include "catalog/pg_class.h"
+}
+
 namespace idem::pg {
 
 namespace {
+
+// Every sweep statement orders the rows it picks by the column of the
+// partial index that finds them: the planner then walks that index whatever
+// the statistics say (a sequential scan would have to sort the whole table
+// first), so a sweep reads only the rows due, even right after a mass purge
+// left statistics that call every row due. The sweeps also run with the
+// scans that read a whole table or index turned off (kFullScans), which
+// leaves the planner plain index scans for the statements no order fits.
 
 // An expiry: FAILED_RETRYABLE, or FAILED_FINAL when attempts are exhausted,
 // by the attempt cap and retention the claim recorded (from 0.4.0), else
@@ -33,7 +47,7 @@ namespace {
 
 Statement kExpireLeases = {
     EXPIRE_LEASES_OF("SELECT k.ctid FROM @keys@ k "
-                     "WHERE k.status = 'PROCESSING' AND k.lease_until <= $1"),
+                     "WHERE k.status = 'PROCESSING' AND k.lease_until <= $1 ORDER BY k.lease_until"),
     6, EXPIRE_TYPES, nullptr};
 
 // A claim whose backend has exited: no backend with its pid, or only one
@@ -51,7 +65,7 @@ Statement kExpireDisconnected = {
 // retention: complete does neither itself, so that it stays a HOT update.
 Statement kSettleLeases = {
     "WITH due AS (SELECT ctid FROM @keys@ "
-    "  WHERE lease_until <= $1 AND status <> 'PROCESSING' "
+    "  WHERE lease_until <= $1 AND status <> 'PROCESSING' ORDER BY lease_until "
     "  LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED) "
     "UPDATE @keys@ k SET lease_until = NULL, purge_at = k.expires_at "
     "FROM due WHERE k.ctid = due.ctid AND k.status <> 'PROCESSING'",
@@ -64,6 +78,7 @@ Statement kSettleLeases = {
     "DELETE FROM @keys@ WHERE ctid = ANY (ARRAY("                                  \
     "  SELECT ctid FROM @keys@ WHERE "                                             \
     "@if keys.purge_at@purge_at <= $1 AND @end@expires_at <= $1"                   \
+    "  ORDER BY @if keys.purge_at@purge_at@else@expires_at@end@"                   \
     "  LIMIT $2 FOR UPDATE SKIP LOCKED))"
 // With idempotency.log_transitions: also returns what is logged of each key.
 #define LOGGED " RETURNING scope, key, status, token, attempts"
@@ -73,15 +88,38 @@ Statement kPurgeKeysLogged = {PURGE_KEYS LOGGED, 2, {TIMESTAMPTZOID, INT4OID}, n
 
 Statement kPurgeInbox = {
     "DELETE FROM @inbox@ WHERE ctid = ANY (ARRAY("
-    "  SELECT ctid FROM @inbox@ WHERE received_at <= $1 "
+    "  SELECT ctid FROM @inbox@ WHERE received_at <= $1 ORDER BY received_at "
     "  LIMIT $2 FOR UPDATE SKIP LOCKED))",
     2, {TIMESTAMPTZOID, INT4OID}, nullptr};
 
 Statement kPurgeLocks = {
     "DELETE FROM @locks@ WHERE ctid = ANY (ARRAY("
-    "  SELECT ctid FROM @locks@ WHERE expires_at <= $1 "
+    "  SELECT ctid FROM @locks@ WHERE expires_at <= $1 ORDER BY expires_at "
     "  LIMIT $2 FOR UPDATE SKIP LOCKED))",
     2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+
+// When the sweep has something to do next: the earliest lease end (keys and
+// events in flight), and the earliest time a row passes its retention
+// ($1 = outbox_retention, $2 = inbox_retention). Each minimum is read from
+// the head of an index. Before 0.3.0 a finished key keeps its lease_until
+// for good (nothing settles it) and the leases index holds PROCESSING keys.
+Statement kNextDue = {
+    "SELECT (SELECT min(lease_until) FROM @keys@ WHERE "
+    "@if keys.purge_at@lease_until IS NOT NULL@else@status = 'PROCESSING'@end@), "
+    "@if outbox.lease_until@(SELECT min(lease_until) FROM @outbox@ WHERE state = 'in_flight')"
+    "@else@NULL::pg_catalog.timestamptz@end@, "
+    "(SELECT min(@if keys.purge_at@purge_at@else@expires_at@end@) FROM @keys@ "
+    "  WHERE @if keys.purge_at@purge_at@else@expires_at@end@ IS NOT NULL), "
+    "@if outbox.delivered_at@(SELECT min(delivered_at) + $1 FROM @outbox@ WHERE state = 'delivered')"
+    "@else@NULL::pg_catalog.timestamptz@end@, "
+    "(SELECT min(received_at) + $2 FROM @inbox@), "
+    "(SELECT min(expires_at) FROM @locks@)",
+    2, {INTERVALOID, INTERVALOID}, nullptr};
+
+Statement kAnalyzeKeys = {"ANALYZE @keys@", 0, {}, nullptr};
+Statement kAnalyzeOutbox = {"ANALYZE @outbox@", 0, {}, nullptr};
+Statement kAnalyzeInbox = {"ANALYZE @inbox@", 0, {}, nullptr};
+Statement kAnalyzeLocks = {"ANALYZE @locks@", 0, {}, nullptr};
 
 Datum interval_of(Micros value) {
     Interval* interval = static_cast<Interval*>(palloc0(sizeof(Interval)));
@@ -164,15 +202,39 @@ std::uint64_t purge_outbox(int batch) {
 }
 
 constexpr MaintenanceTask kTasks[] = {
-    {"expire_leases", "idempotency_keys", nullptr, expire_leases},
-    {"expire_disconnected", "idempotency_keys", nullptr, expire_disconnected},
-    {"settle_leases", "idempotency_keys", "purge_at", settle_leases},
-    {"expire_outbox_leases", "outbox", nullptr, expire_outbox_leases},
-    {"purge_keys", "idempotency_keys", nullptr, purge_keys},
-    {"purge_outbox", "outbox", nullptr, purge_outbox},
-    {"purge_inbox", "inbox", nullptr, purge_inbox},
-    {"purge_locks", "locks", nullptr, purge_locks},
+    {"expire_leases", "idempotency_keys", nullptr, TaskKind::Lease, expire_leases},
+    {"expire_disconnected", "idempotency_keys", nullptr, TaskKind::Lease, expire_disconnected},
+    {"settle_leases", "idempotency_keys", "purge_at", TaskKind::Lease, settle_leases},
+    {"expire_outbox_leases", "outbox", nullptr, TaskKind::Lease, expire_outbox_leases},
+    {"purge_keys", "idempotency_keys", nullptr, TaskKind::Retention, purge_keys},
+    {"purge_outbox", "outbox", nullptr, TaskKind::Retention, purge_outbox},
+    {"purge_inbox", "inbox", nullptr, TaskKind::Retention, purge_inbox},
+    {"purge_locks", "locks", nullptr, TaskKind::Retention, purge_locks},
 };
+
+Micros earliest(std::initializer_list<std::optional<Micros>> times) {
+    Micros first = kNever;
+    for (const auto& time : times)
+        if (time) first = std::min(first, *time);
+    return first;
+}
+
+// The table a task works on and the ANALYZE of it; no table when the
+// installed version has none.
+struct TaskTable {
+    Oid table;
+    Statement* analyze;
+};
+
+TaskTable table_of(const MaintenanceTask& task) {
+    const ExtensionObjects* objects = installed_extension_objects();
+    if (objects == nullptr) return {InvalidOid, nullptr};
+    if (std::strcmp(task.table, "idempotency_keys") == 0) return {objects->keys, &kAnalyzeKeys};
+    if (std::strcmp(task.table, "outbox") == 0) return {objects->outbox, &kAnalyzeOutbox};
+    if (std::strcmp(task.table, "inbox") == 0) return {objects->inbox, &kAnalyzeInbox};
+    if (std::strcmp(task.table, "locks") == 0) return {objects->locks, &kAnalyzeLocks};
+    return {InvalidOid, nullptr};
+}
 
 // idem_maintenance(): every task until a batch comes back short.
 Datum maintenance_body(FunctionCallInfo fcinfo) {
@@ -181,6 +243,12 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
     const int batch = settings::purge_batch;
 
     connect_spi();
+    // As in the worker, the sweeps find rows through their indexes; the
+    // caller's setting is back when the function returns.
+    const int nest_level = NewGUCNestLevel();
+    for (const char* scan : kFullScans)
+        (void)set_config_option(scan, "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
+                                false);
     for (const MaintenanceTask& task : kTasks) {
         if (!task_applies(task)) continue;
         std::uint64_t total = 0;
@@ -194,6 +262,7 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
         bool nulls[2] = {false, false};
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
     }
+    AtEOXact_GUC(true, nest_level);
     finish_spi();
     return 0;
 }
@@ -211,6 +280,29 @@ bool task_applies(const MaintenanceTask& task) {
                (task.column == nullptr || get_attnum(tables[i], task.column) != InvalidAttrNumber);
     }
     return false;
+}
+
+void read_next_due(Micros* lease, Micros* retention) {
+    Params params;
+    params.add(interval_of(settings::seconds(settings::outbox_retention_s)));
+    params.add(interval_of(settings::seconds(settings::inbox_retention_s)));
+    execute(kNextDue, params);
+    *lease = earliest({column_timestamp(1), column_timestamp(2)});
+    *retention = earliest({column_timestamp(3), column_timestamp(4), column_timestamp(5),
+                           column_timestamp(6)});
+}
+
+bool analyze_after_purge(const MaintenanceTask& task, std::uint64_t purged) {
+    const TaskTable of = table_of(task);
+    if (!OidIsValid(of.table) || purged == 0) return false;
+    // What the statistics last counted, before this purge.
+    HeapTuple tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(of.table));
+    if (!HeapTupleIsValid(tuple)) return false;
+    const double counted = reinterpret_cast<Form_pg_class>(GETSTRUCT(tuple))->reltuples;
+    ReleaseSysCache(tuple);
+    if (static_cast<double>(purged) < kAnalyzeShare * counted) return false;
+    execute(*of.analyze, Params{});
+    return true;
 }
 
 const MaintenanceTask* maintenance_tasks(int* count) {

@@ -6,6 +6,7 @@
 #include "core/retry.hpp"
 #include "pg/args.hpp"
 #include "pg/arrays.hpp"
+#include "pg/due_table.hpp"
 #include "pg/guard.hpp"
 #include "pg/metrics.hpp"
 #include "pg/outbox_claim.hpp"
@@ -177,6 +178,8 @@ Datum ack_body(FunctionCallInfo fcinfo) {
     const std::uint64_t changed = holds_any() ? ack_held_and_others(ids, now) : ack_events(ids, now);
     finish_spi();
     count_on_commit(Counter::OutboxDelivered, changed);
+    if (changed > 0)
+        note_due_on_commit(DueKind::Retention, now + settings::seconds(settings::outbox_retention_s));
     PG_RETURN_INT64(static_cast<int64>(changed));
 }
 

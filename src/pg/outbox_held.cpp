@@ -4,6 +4,7 @@
 
 #include "pg/guard.hpp"
 #include "pg/arrays.hpp"
+#include "pg/due_table.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/owner_scope.hpp"
 #include "pg/spi.hpp"
@@ -82,6 +83,7 @@ void write_unsettled() {
         const ClaimWrite& write = writes[event->write];
         ids[n] = Int64GetDatum(event->id);
         leases[n] = TimestampTzGetDatum(write.lease_until);
+        note_due_on_commit(DueKind::EventLease, write.lease_until);
         relays[n] = PointerGetDatum(write.relay);
         caps[n] = Int32GetDatum(write.max_attempts);
         times[n++] = TimestampTzGetDatum(write.claimed_at);

@@ -18,6 +18,9 @@ int max_value_bytes = 1024 * 1024;
 int naptime_ms = 1000;
 int launcher_naptime_ms = 10 * 1000;
 int purge_batch = 10000;
+int purge_naptime_ms = 60 * 1000;
+int purge_pause_ms = 10;
+int max_databases = 4096;
 bool worker_enabled = true;
 bool expire_on_disconnect = false;
 bool log_transitions = false;
@@ -82,11 +85,25 @@ void define() {
                &launcher_naptime_ms, 10, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS);
     define_int("idempotency.purge_batch", "Rows changed per maintenance transaction.",
                &purge_batch, 1, 1000000, PGC_SIGHUP, 0);
+    define_int("idempotency.purge_naptime",
+               "Pause between two retention purges of a database, and longest wait before "
+               "rows written other than through the extension's functions are looked at.",
+               &purge_naptime_ms, 10, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS);
+    define_int("idempotency.purge_pause", "Pause after each batch of a retention purge.",
+               &purge_pause_ms, 0, 60 * 1000, PGC_SIGHUP, GUC_UNIT_MS);
     define_bool("idempotency.worker_enabled", "Run the background workers.", &worker_enabled,
                 PGC_SIGHUP);
     define_bool("idempotency.expire_on_disconnect",
                 "Expire a claim at once when the backend that made it has exited.",
                 &expire_on_disconnect, PGC_SIGHUP);
+
+    // Set at server start, and only with the library preloaded (as the
+    // server requires): the size of the launcher's table in shared memory.
+    if (process_shared_preload_libraries_in_progress)
+        define_int("idempotency.max_databases",
+                   "Databases whose due work the launcher tracks; beyond them it sweeps every "
+                   "naptime.",
+                   &max_databases, 1, 1000000, PGC_POSTMASTER, 0);
 
     MarkGUCPrefixReserved("idempotency");
 }

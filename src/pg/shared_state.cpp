@@ -1,6 +1,7 @@
 #include "pg/shared_state.hpp"
 
 #include "core/error.hpp"
+#include "pg/due_table.hpp"
 
 extern "C" {
 #include "storage/ipc.h"
@@ -18,7 +19,8 @@ shmem_startup_hook_type previous_startup_hook = nullptr;
 
 void request_shared_memory() {
     if (previous_request_hook) previous_request_hook();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(SharedState)));
+    RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(SharedState)), MAXALIGN(due_table_size())));
+    request_due_table_lock();
 }
 
 void start_shared_memory() {
@@ -32,8 +34,8 @@ void start_shared_memory() {
         SpinLockInit(&state->mutex);
         state->stats_reset = GetCurrentTimestamp();
         for (auto& cv : state->wake) ConditionVariableInit(&cv);
-        for (auto& slot : state->databases) slot = DatabaseSlot{InvalidOid, DatabaseState::Unknown};
     }
+    init_due_table();
     LWLockRelease(AddinShmemInitLock);
 }
 

@@ -1,6 +1,7 @@
 // The module's shared memory, present only when the library is preloaded:
-// cumulative metrics, wake-up condition variables and the launcher's table
-// of per-database workers.
+// cumulative metrics and wake-up condition variables, and (requested and
+// initialised with them) the table of what is due in each database
+// (pg/due_table.hpp).
 #pragma once
 
 #include "pg/postgres.hpp"
@@ -16,23 +17,13 @@ namespace idem::pg {
 inline constexpr int kCounterCount = 20;     // the idem_metrics bigint columns
 inline constexpr int kBucketCount = 10;      // processing_ms_buckets
 inline constexpr int kWakeSlots = 256;       // condition variables, chosen by hash
-inline constexpr int kMaxDatabases = 256;    // databases the launcher tracks
-
-// What a database's last worker found there.
-enum class DatabaseState : int { Unknown, HasExtension, NoExtension };
-
-struct DatabaseSlot {
-    Oid database;
-    DatabaseState state;  // written by the worker, read by the launcher
-};
 
 struct SharedState {
     pg_atomic_uint64 counters[kCounterCount];
     pg_atomic_uint64 buckets[kBucketCount];
-    slock_t mutex;                 // guards stats_reset and the database slots
+    slock_t mutex;                 // guards stats_reset
     TimestampTz stats_reset;
     ConditionVariable wake[kWakeSlots];
-    DatabaseSlot databases[kMaxDatabases];
 };
 
 // Null unless the library was preloaded (shared_preload_libraries).
