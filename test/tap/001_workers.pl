@@ -27,8 +27,17 @@ ok(wait_served($node, 'postgres'), 'a worker serves the database');
 # --- the processes ---------------------------------------------------------
 isnt(wait_for_backend($node, 'idempotency launcher', undef, 10),
 	'', "the launcher shows in pg_stat_activity as 'idempotency launcher'");
+# A worker comes when something is due there: a lease that ends.
+$node->safe_psql('postgres', claim_sql('show-worker', '500 milliseconds'));
 isnt(wait_for_backend($node, 'idempotency worker', 'postgres', 10),
 	'', "a worker shows in pg_stat_activity as 'idempotency worker'");
+ok( poll_until(
+		10,
+		sub {
+			my $row = key_row($node, 'postgres', 'show-worker');
+			$row && $row->{status} ne 'PROCESSING';
+		}),
+	'and expires that lease');
 
 my $metrics = sub {
 	return $node->safe_psql('postgres',

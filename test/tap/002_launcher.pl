@@ -1,7 +1,9 @@
 # The launcher finds the databases by itself: a new database with the
-# extension is served within launcher_naptime, DROP EXTENSION stops the work
+# extension is served within launcher_naptime, a worker comes only while
+# something is due there (leases ending), DROP EXTENSION stops the work
 # there and CREATE EXTENSION resumes it; idempotency.worker_enabled = off
-# (ALTER SYSTEM + reload, i.e. SIGHUP) stops the expiry, on resumes it.
+# (ALTER SYSTEM + reload, i.e. SIGHUP) stops the expiry, on resumes it; a
+# reloaded naptime spaces the workers of a busy database out.
 use strict;
 use warnings;
 
@@ -55,6 +57,18 @@ sub worker_transactions
 	return $after - $before;
 }
 
+# Claims COUNT keys in DB whose leases end one every 100 ms from now: work
+# due for COUNT / 10 seconds.
+my $batches = 0;
+sub leases_ending
+{
+	my ($db, $count) = @_;
+	$batches++;
+	$node->safe_psql($db,
+		"SELECT count(*) FROM generate_series(1, $count) g, "
+		  . "idempotency.idem_claim('ending-$batches-' || g, NULL, make_interval(secs => g / 10.0))");
+}
+
 # --- a new database with the extension ---------------------------------------
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 my $fresh = served_after_create_extension('fresh', 'k-fresh');
@@ -71,19 +85,29 @@ ok(defined $later, 'an existing database is served once it gets the extension');
 diag(sprintf('existing database: CREATE EXTENSION -> first expiry: %s', fmt_ms($later // 99)));
 cmp_ok($later // 99, '<', $launcher_naptime + $margin, 'within launcher_naptime + margin');
 
-# --- DROP EXTENSION stops the work, CREATE EXTENSION resumes it --------------
+# --- workers come while something is due, and only then -----------------------
+# A sweep is at least six transactions (the check for the extension, four
+# lease tasks, the read of what is due next).
+sleep(1);    # the sweeps that followed the expiry above are over
+my $idle = worker_transactions('later', 2);
+note("transactions of the workers in 2 s with the extension and nothing due: $idle");
+cmp_ok($idle, '<', 6, 'with the extension and nothing due, no worker sweeps');
+leases_ending('later', 30);
 my $with = worker_transactions('later', 2);
-note("transactions of the workers in 2 s with the extension: $with");
-cmp_ok($with, '>=', 10, 'with the extension a worker sweeps about every naptime');
+note("transactions of the workers in 2 s while a lease ends every 100 ms: $with");
+cmp_ok($with, '>=', 10, 'while leases end, a worker sweeps about every naptime');
+sleep(2);    # the last of those leases has ended
+
+# --- DROP EXTENSION stops the work, CREATE EXTENSION resumes it --------------
 
 $node->safe_psql('later', 'DROP EXTENSION idempotency');
 sleep(1);
 my $log_offset = -s $node->logfile;
 my $without = worker_transactions('later', 3);
 note("transactions of the workers in 3 s without the extension: $without");
-# A probe is a connection and a catalog lookup: a transaction or two per
-# launcher_naptime; with the extension it would be about 40 per second.
-cmp_ok($without, '<=', 15, 'after DROP EXTENSION only a probe per launcher_naptime remains');
+# At most a look after DROP EXTENSION's catalog changes (a connection and a
+# catalog lookup); with the extension and leases ending, a sweep per naptime.
+cmp_ok($without, '<=', 15, 'after DROP EXTENSION no sweep remains');
 cmp_ok($without, '<', $with, 'far less work than with the extension');
 my $log = slurp_file($node->logfile, $log_offset);
 unlike($log, qr/background worker "idempotency \w+" \(PID \d+\) exited with exit code [1-9]/,
@@ -120,15 +144,19 @@ diag(sprintf('reload with worker_enabled = on -> expiry seen: %s', fmt_ms(time -
 is(key_row($node, 'fresh', 'k-fresh')->{status}, 'FAILED_RETRYABLE', 'the other database is untouched');
 
 # --- other settings reload too: naptime ---------------------------------------
+# Leases end every 100 ms while the workers are counted: at most one worker
+# per naptime serves them.
 $node->safe_psql('postgres', "ALTER SYSTEM SET idempotency.naptime = '2s'");
 $node->reload;
 sleep(1);
+leases_ending('fresh', 50);
 my $slow = worker_transactions('fresh', 4);
 note("transactions of the workers in 4 s with naptime = 2s: $slow");
 cmp_ok($slow, '<=', 40, 'a reloaded naptime of 2s spaces the sweeps out');
 $node->safe_psql('postgres', 'ALTER SYSTEM RESET idempotency.naptime');
 $node->reload;
 sleep(1);
+leases_ending('fresh', 30);
 my $fast = worker_transactions('fresh', 2);
 note("transactions of the workers in 2 s with naptime back to 200ms: $fast");
 cmp_ok($fast, '>', 2 * $slow, 'and resetting it brings them back');

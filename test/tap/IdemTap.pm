@@ -17,8 +17,9 @@ our @EXPORT = qw(idem_node poll_until wait_until_up backend_pid wait_for_backend
 
 # idem_node(NAME, conf => [lines], allows_streaming => 0|1, start => 1)
 # A cluster with shared_preload_libraries = 'idempotency', naptime 200ms,
-# launcher_naptime 1s and restart_after_crash on (the test module turns it
-# off; a kill -9 of any backend then leaves the cluster down).
+# launcher_naptime 1s, purge_naptime 1s and restart_after_crash on (the
+# test module turns it off; a kill -9 of any backend then leaves the cluster
+# down).
 sub idem_node
 {
 	my ($name, %opt) = @_;
@@ -28,6 +29,7 @@ sub idem_node
 		"shared_preload_libraries = 'idempotency'",
 		"idempotency.naptime = '200ms'",
 		"idempotency.launcher_naptime = '1s'",
+		"idempotency.purge_naptime = '1s'",
 		"restart_after_crash = on",
 		"log_min_messages = info",
 		@{ $opt{conf} // [] });

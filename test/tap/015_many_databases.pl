@@ -1,0 +1,78 @@
+# Every database, however many: in a cluster of 300 databases, a lease that
+# ends in the last one created is expired within about a naptime. With
+# idempotency.max_databases smaller than the databases listed, the launcher
+# says so in the log, and the databases it has no room for are still served
+# (swept every naptime).
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTap;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $databases = 300;
+my $naptime = 0.2;    # seconds, as idem_node sets it
+my $node = idem_node('many');
+
+# Claims a 1 s lease in DB; returns the seconds from its end to its expiry
+# by a worker, or undef when it was not expired within 10 s.
+sub expiry_delay
+{
+	my ($db, $key) = @_;
+	like($node->safe_psql($db, claim_sql($key, '1 second')), qr/^claimed/, "$db: a 1 s lease claimed");
+	return undef unless poll_until(
+		10,
+		sub {
+			my $row = key_row($node, $db, $key);
+			$row && $row->{status} eq 'FAILED_RETRYABLE';
+		});
+	return $node->safe_psql($db,
+		"SELECT extract(epoch FROM updated_at - (claimed_at + interval '1 second')) "
+		  . "FROM idempotency.idempotency_keys WHERE key = '$key'");
+}
+
+my $t_setup = time;
+$node->safe_psql('postgres',
+	join('', map { sprintf("CREATE DATABASE many_%03d STRATEGY FILE_COPY;\n", $_) } 1 .. $databases));
+note(sprintf('%d databases created in %.1f s', $databases, time - $t_setup));
+is($node->safe_psql('postgres', "SELECT count(*) FROM pg_database WHERE datname LIKE 'many_%'"),
+	$databases, "$databases databases");
+
+my $last = sprintf('many_%03d', $databases);
+$node->safe_psql($last, 'CREATE EXTENSION idempotency');
+my $delay = expiry_delay($last, 'last');
+ok(defined $delay, "$last, the last database created: the lease was expired");
+diag(sprintf('lease end -> expiry in the last of %d databases: %s (naptime 200ms)',
+		$databases, fmt_ms($delay // 99)));
+cmp_ok($delay // 99, '<', $naptime + 1, 'within about a naptime of its end');
+
+my $log = slurp_file($node->logfile);
+unlike($log, qr/do not fit in idempotency\.max_databases/,
+	'with room for every database, no warning about the due table');
+
+# --- more databases than idempotency.max_databases ---------------------------------
+# Fewer databases, so that the ones left out (swept every naptime) stay cheap.
+$node->safe_psql('postgres',
+	join('', map { sprintf("DROP DATABASE many_%03d;\n", $_) } 4 .. $databases - 1));
+$node->append_conf('postgresql.conf', "idempotency.max_databases = 2\n");
+my $offset = -s $node->logfile;
+$node->restart;
+ok( poll_until(
+		10,
+		sub { slurp_file($node->logfile, $offset) =~ /do not fit in idempotency\.max_databases = 2/ }
+	),
+	'the launcher warns that the databases do not all fit in idempotency.max_databases');
+$delay = expiry_delay($last, 'last-overflow');
+ok(defined $delay, "$last: with max_databases = 2 the lease was still expired");
+diag(sprintf('lease end -> expiry with 5 databases and max_databases = 2: %s', fmt_ms($delay // 99)));
+cmp_ok($delay // 99, '<', $naptime + 1, 'within about a naptime of its end');
+
+$log = slurp_file($node->logfile);
+unlike($log, qr/background worker "idempotency worker" \(PID \d+\) exited with exit code [1-9]/,
+	'no worker error logged');
+$node->stop;
+done_testing();
