@@ -29,6 +29,11 @@
 #              under claim/complete, with the background workers purging
 #              (idempotency.naptime 1s, outbox_retention and retention 5s),
 #              and the sizes sampled every second
+#   idle       test/bench/idle.sh: the CPU an idle cluster spends with 1, 10
+#              and 100 databases that have the extension, with the library
+#              preloaded and without it, and the workers started per minute
+#   purge      test/bench/purge.sh: the worker's purge of 10000000 expired
+#              keys, with claim + complete latency before, during and after
 #
 # Environment: BENCH_SECONDS (10) per pgbench run, BENCH_CLIENTS ("1 4 16"),
 # BENCH_ROUNDS (1): with more, the variants are run that many times,
@@ -36,7 +41,7 @@
 # or noisy machine single runs vary by 20% and more); BENCH_OUTBOX_ROUNDS
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
 # (docs/benchmarks.md, see below) for the Markdown tables,
-# BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay size churn idem_relay"),
+# BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay size churn idem_relay idle purge"),
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
 # enqueue in all (the same load for both variants; 0: as fast as they can),
@@ -65,7 +70,7 @@ case "$bench_dir" in /*) ;; *) bench_dir="$PWD/$bench_dir" ;; esac
 mkdir -p "$(dirname "$out")" "$bench_dir" || exit 1
 # The plots as the document links them: relative to the document's folder.
 plot_link=$(realpath -m --relative-to="$(dirname "$out")" "$bench_dir")
-sections=${BENCH_SECTIONS:-"claim enqueue relay size churn idem_relay"}
+sections=${BENCH_SECTIONS:-"claim enqueue relay size churn idem_relay idle purge"}
 size_keys=${BENCH_SIZE_KEYS:-5000000}
 size_clients=16
 bench_note=${BENCH_NOTE:-}
@@ -86,7 +91,7 @@ relay_target=1.00    # relays deliver at least as fast as the hand-written loop
 
 for section in $sections; do
     case "$section" in
-    claim | enqueue | relay | size | churn | idem_relay) ;;
+    claim | enqueue | relay | size | churn | idem_relay | idle | purge) ;;
     *) echo "bench: unknown section '$section' in BENCH_SECTIONS" >&2; exit 1 ;;
     esac
 done
@@ -929,6 +934,39 @@ if want idem_relay; then
         echo "$relay_report" | grep -v '^== '
         echo '```'
     } >>"$out"
+fi
+
+# The background workers: what an idle cluster costs, and a large purge.
+# Each runs on its own cluster; its report is appended under TITLE after
+# the introduction lines.
+worker_section() {  # worker_section SCRIPT TITLE INTRO...
+    local script=$1 title=$2 report
+    shift 2
+    report=$(IDEM_BENCH_BUILT=1 bash "$here/$script") || failures=$((failures + 1))
+    echo "$report"
+    {
+        echo
+        echo "## $title"
+        echo
+        printf '%s\n' "$@"
+        echo
+        echo "$report"
+    } >>"$out"
+}
+if want idle; then
+    log "idle: the CPU of an idle cluster with 1, 10 and 100 databases"
+    worker_section idle.sh "Idle cluster" \
+        "\`test/bench/idle.sh\`: the CPU of the postmaster and all its children (from \`/proc\`)" \
+        "over 60 s of a cluster whose databases all have the extension and where nothing happens," \
+        "with the library preloaded and without it, and the idempotency workers started per minute."
+fi
+if want purge; then
+    log "purge: the worker purges ${BENCH_PURGE_KEYS:-10000000} expired keys under load"
+    worker_section purge.sh "Retention purge" \
+        "\`test/bench/purge.sh\`: the background worker purges expired keys (loaded with the" \
+        "workers off, then analyzed, so that the statistics call every row due) while clients" \
+        "claim and complete new keys; latencies of one claim + complete transaction, from" \
+        "pgbench's per-transaction log."
 fi
 
 log "results written to $out"
