@@ -268,8 +268,10 @@ DueTaken take_due(int slot, Oid database, Micros now) {
     entry->sweep_wanted = false;
     SpinLockRelease(&entry->mutex);
     // Taken before the worker's snapshot: what commits after it is noted
-    // again and stays in the entry for the next worker.
-    taken.lease = as_micros(pg_atomic_exchange_u64(&entry->lease, as_stored(kNever)));
+    // again and stays in the entry. A time still to come stays too: the
+    // worker looks for it between two purge batches, the launcher after.
+    if (as_micros(pg_atomic_read_u64(&entry->lease)) <= now)
+        taken.lease = as_micros(pg_atomic_exchange_u64(&entry->lease, as_stored(kNever)));
     if (as_micros(pg_atomic_read_u64(&entry->retention)) <= now || taken.full)
         taken.retention = as_micros(pg_atomic_exchange_u64(&entry->retention, as_stored(kNever)));
     pg_memory_barrier();

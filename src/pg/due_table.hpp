@@ -92,8 +92,8 @@ struct DueTaken {
     Micros retention;
     bool full;  // a full sweep was wanted (or the worker has no entry)
 };
-// Takes the due times (the lease time whatever it is, the retention time
-// only when it has come or a full sweep is wanted) and the full sweep flag;
+// Takes the due times that have come (the retention time also when a full
+// sweep is wanted) and the full sweep flag;
 // with no entry, a full sweep. Called before the worker looks at the
 // catalogs: a claim that commits later notes its lease again.
 DueTaken take_due(int slot, Oid database, Micros now);
