@@ -13,6 +13,7 @@ extern "C" {
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
+#include "utils/pgstat_internal.h"
 }
 
 namespace idem::pg {
@@ -28,6 +29,7 @@ struct DueEntry {
     bool sweep_wanted;
     bool sweep_finished;
     std::uint64_t changed;
+    std::uint64_t changes_at_start;
     Oid watched[kWatchedTables];
     // Lock-free: a committing backend lowers them with compare-and-swap.
     pg_atomic_uint64 lease;
@@ -76,6 +78,7 @@ void init_entry(DueEntry* entry, Oid database) {
     entry->sweep_wanted = true;
     entry->sweep_finished = true;
     entry->changed = 0;
+    entry->changes_at_start = 0;
     std::fill(std::begin(entry->watched), std::end(entry->watched), InvalidOid);
     entry->watched[0] = ExtensionRelationId;
     SpinLockRelease(&entry->mutex);
@@ -214,6 +217,7 @@ bool read_due(int slot, Oid database, DueView* out) {
     out->sweep_wanted = entry->sweep_wanted;
     out->sweep_finished = entry->sweep_finished;
     out->changed = entry->changed;
+    out->changes_at_start = entry->changes_at_start;
     std::copy(std::begin(entry->watched), std::end(entry->watched), out->watched);
     SpinLockRelease(&entry->mutex);
     out->lease = as_micros(pg_atomic_read_u64(&entry->lease));
@@ -278,12 +282,29 @@ DueTaken take_due(int slot, Oid database, Micros now) {
     return taken;
 }
 
+std::uint64_t watched_row_changes(Oid database, const Oid watched[kWatchedTables]) {
+    std::uint64_t changes = 0;
+    for (int i = 0; i < kWatchedTables; ++i) {
+        if (!OidIsValid(watched[i])) continue;
+        const auto* entry = static_cast<const PgStat_StatTabEntry*>(
+            pgstat_fetch_entry(PGSTAT_KIND_RELATION, database, watched[i]));
+        if (entry != nullptr)
+            changes += static_cast<std::uint64_t>(entry->tuples_inserted + entry->tuples_updated +
+                                                  entry->tuples_deleted);
+    }
+    return changes;
+}
+
 void report_state(int slot, Oid database, bool installed, const Oid tables[kWatchedTables - 1]) {
     DueEntry* entry = entry_of(slot, database);
     if (entry == nullptr) return;
+    Oid watched[kWatchedTables] = {ExtensionRelationId};
+    for (int i = 1; i < kWatchedTables; ++i) watched[i] = installed ? tables[i - 1] : InvalidOid;
+    const std::uint64_t changes = watched_row_changes(database, watched);
     SpinLockAcquire(&entry->mutex);
     entry->state = installed ? DatabaseState::HasExtension : DatabaseState::NoExtension;
-    for (int i = 1; i < kWatchedTables; ++i) entry->watched[i] = installed ? tables[i - 1] : InvalidOid;
+    std::copy(std::begin(watched), std::end(watched), entry->watched);
+    entry->changes_at_start = changes;
     SpinLockRelease(&entry->mutex);
 }
 

@@ -53,7 +53,14 @@ struct DueView {
     bool sweep_wanted;      // a full sweep was asked for (first sight, reload, writes seen)
     bool sweep_finished;    // the last worker started finished its sweep
     std::uint64_t changed;  // rows the last worker changed
+    std::uint64_t changes_at_start;  // the watched tables' row changes when it started
 };
+
+// Rows inserted, updated and deleted so far in the tables `watched` of
+// `database` (any database, not only the one connected to), as the
+// cumulative statistics count them. Needs a transaction: the statistics
+// read are kept until its end.
+std::uint64_t watched_row_changes(Oid database, const Oid watched[kWatchedTables]);
 
 // Shared memory: called from the module's request and startup hooks.
 Size due_table_size();
@@ -98,7 +105,9 @@ struct DueTaken {
 // catalogs: a claim that commits later notes its lease again.
 DueTaken take_due(int slot, Oid database, Micros now);
 // What the worker found: whether the extension is installed (and served),
-// and its tables (InvalidOid for those the installed version lacks).
+// and its tables (InvalidOid for those the installed version lacks); also
+// reads the row changes of the tables then watched (see DueView), in the
+// transaction that found them, before the worker's sweep takes a snapshot.
 void report_state(int slot, Oid database, bool installed, const Oid tables[kWatchedTables - 1]);
 // Whether a lease has come due since the worker took the times.
 bool lease_due_now(int slot, Oid database, Micros now);

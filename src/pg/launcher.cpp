@@ -30,7 +30,6 @@ extern "C" {
 #include "tcop/tcopprot.h"
 #include "storage/ipc.h"
 #include "utils/memutils.h"
-#include "utils/pgstat_internal.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
@@ -51,12 +50,11 @@ struct Tracked {
     bool listed;                     // seen in the latest scan of pg_database
     TimestampTz last_start;          // 0: never
     TimestampTz last_retention;      // the start of its last worker that purged
-    // Rows changed in the database (cumulative statistics) that its workers
-    // explain: the count when the last one started plus what it changed.
+    // Rows changed in the watched tables (cumulative statistics) that its
+    // workers explain: the count when the last one started, plus what it
+    // changed.
     std::uint64_t row_changes_expected;
-    std::uint64_t row_changes_at_start;
     bool row_changes_known;
-    Oid watched_at_start[kWatchedTables];  // the tables those counts are of
 };
 
 // Every database the launcher lists, however many (grown as needed).
@@ -99,7 +97,7 @@ Tracked* add_tracked(Oid database) {
     }
     Tracked* added = &tracked[tracked_count++];
     *added = Tracked{database, due_slot_for(database), nullptr, false, false, false, false, 0, 0,
-                     0, 0, false, {}};
+                     0, false};
     return added;
 }
 
@@ -108,23 +106,6 @@ bool handle_running(BackgroundWorkerHandle* handle) {
     pid_t pid;
     const BgwHandleStatus status = GetBackgroundWorkerPid(handle, &pid);
     return status == BGWH_STARTED || status == BGWH_NOT_YET_STARTED;
-}
-
-// Rows inserted, updated and deleted so far in a database's watched tables,
-// as the cumulative statistics count them (readable for any database, not
-// only one connected to). Needs a transaction: the statistics read are kept
-// until its end.
-std::uint64_t watched_row_changes(const DueView& due) {
-    std::uint64_t changes = 0;
-    for (const Oid table : due.watched) {
-        if (!OidIsValid(table)) continue;
-        const auto* entry = static_cast<const PgStat_StatTabEntry*>(
-            pgstat_fetch_entry(PGSTAT_KIND_RELATION, due.database, table));
-        if (entry != nullptr)
-            changes += static_cast<std::uint64_t>(entry->tuples_inserted + entry->tuples_updated +
-                                                  entry->tuples_deleted);
-    }
-    return changes;
 }
 
 // Reads pg_database (a shared catalog: no database connection needed), and
@@ -163,7 +144,7 @@ void scan_databases(TimestampTz now) {
         if (!database.listed || database.running || database.slot < 0) continue;
         DueView due;
         if (!read_due(database.slot, database.database, &due)) continue;
-        const std::uint64_t changes = watched_row_changes(due);
+        const std::uint64_t changes = watched_row_changes(database.database, due.watched);
         if (!database.row_changes_known) {
             database.row_changes_expected = changes;
             database.row_changes_known = true;
@@ -196,22 +177,9 @@ void scan_databases(TimestampTz now) {
     }
 }
 
-// Whether the database still exists (a database dropped since the last scan
-// gets no more workers: each would only fail to connect), and if so its row
-// changes so far.
-bool database_exists(Tracked* database, std::uint64_t* row_changes) {
-    StartTransactionCommand();
-    const bool exists = SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(database->database));
-    DueView due;
-    if (exists && row_changes != nullptr && read_due(database->slot, database->database, &due)) {
-        *row_changes = watched_row_changes(due);
-        std::memcpy(database->watched_at_start, due.watched, sizeof due.watched);
-    }
-    CommitTransactionCommand();
-    return exists;
-}
-
-bool notifier_database_exists(Oid database) {
+// Whether the database still exists: a database dropped since the last
+// scan gets no more workers (each would only fail to connect).
+bool database_exists(Oid database) {
     StartTransactionCommand();
     const bool exists = SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(database));
     CommitTransactionCommand();
@@ -255,10 +223,8 @@ void collect_stopped_workers(TimestampTz now) {
         if (!due.sweep_finished)
             mark_worker_failed(database.slot, database.database,
                                now + settings::ms(settings::naptime_ms));
-        else if (std::memcmp(database.watched_at_start, due.watched, sizeof due.watched) != 0)
-            database.row_changes_known = false;  // other tables now: counted afresh
         else
-            database.row_changes_expected = database.row_changes_at_start + due.changed;
+            database.row_changes_expected = due.changes_at_start + due.changed;
     }
 }
 
@@ -326,7 +292,7 @@ TimestampTz launch_due_workers(TimestampTz now) {
                              can_spread ? std::max(spread_at, next_spread_start) : kNever});
             continue;
         }
-        if (!database_exists(&database, &database.row_changes_at_start)) {
+        if (!database_exists(database.database)) {
             database.listed = false;
             continue;
         }
@@ -382,7 +348,7 @@ long launch_wanted_notifiers(long sleep_ms) {
         const TimestampTz due = notifiers[slot].last_start + kNotifierRestartPause;
         if (now < due)
             sleep_ms = std::min<long>(sleep_ms, static_cast<long>((due - now) / kMillisecond) + 1);
-        else if (!notifier_database_exists(wanted[slot]))
+        else if (!database_exists(wanted[slot]))
             forget_notifier_slot(slot, wanted[slot]);
         else
             start_notifier(slot, wanted[slot], now);

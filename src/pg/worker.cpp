@@ -34,23 +34,26 @@ namespace idem::pg {
 namespace {
 
 // The owner of the extension when it is installed in a schema of that
-// owner's, and its tables; InvalidOid otherwise (a schema that another role owns is not
-// served: that role could have replaced what it holds).
-Oid served_by(Oid tables[kWatchedTables - 1]) {
+// owner's; InvalidOid otherwise (a schema that another role owns is not
+// served: that role could have replaced what it holds). Reported to the
+// launcher with the extension's tables, in the same transaction.
+Oid served_by(int slot) {
     StartTransactionCommand();
     const ExtensionObjects* objects = find_extension_objects();
     Oid owner = InvalidOid;
+    Oid tables[kWatchedTables - 1] = {};
     if (objects != nullptr && schema_is_trusted(*objects)) {
         owner = objects->owner;
         const Oid found[] = {objects->keys, objects->outbox, objects->inbox, objects->locks};
         static_assert(sizeof found / sizeof found[0] == kWatchedTables - 1);
         std::memcpy(tables, found, sizeof found);
-    }
-    else if (objects != nullptr)
+    } else if (objects != nullptr) {
         ereport(WARNING,
                 (errmsg("idempotency worker: not serving database \"%s\": schema \"%s\" does "
                         "not belong to the extension's owner",
                         get_database_name(MyDatabaseId), get_namespace_name(objects->schema))));
+    }
+    report_state(slot, MyDatabaseId, OidIsValid(owner), tables);
     CommitTransactionCommand();
     return owner;
 }
@@ -164,9 +167,7 @@ void sweep() {
     const Micros start = GetCurrentTimestamp();
     // Taken before anything is read: what commits from now on is noted again.
     const DueTaken taken = take_due(sweep.slot, sweep.database, start);
-    Oid tables[kWatchedTables - 1] = {};
-    sweep.owner = served_by(tables);
-    report_state(sweep.slot, sweep.database, OidIsValid(sweep.owner), tables);
+    sweep.owner = served_by(sweep.slot);
     if (!OidIsValid(sweep.owner)) {
         put_next_due(sweep.slot, sweep.database, kNever, kNever, 0);
         return;
