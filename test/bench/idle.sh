@@ -6,7 +6,9 @@
 # preloaded and without it (the same cluster restarted with
 # shared_preload_libraries = ''), and the idempotency workers started per
 # minute (counted from the postmaster's "starting background worker" lines,
-# log_min_messages = debug1). Prints a Markdown table on stdout.
+# log_min_messages = debug1), and the idempotency launcher's own CPU. Both
+# measurements start BENCH_IDLE_SETTLE after a restart. Prints a Markdown
+# table on stdout.
 #
 # Environment: BENCH_IDLE_SECONDS (60), BENCH_IDLE_DATABASES ("1 10 100"),
 # BENCH_IDLE_SETTLE (25) seconds between a restart and its measurement (the
@@ -54,17 +56,29 @@ restart_with() {  # restart_with PRELOAD: 'idempotency' or ''
     as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 }
 
-# measure: prints "percent-of-one-core|worker-starts-per-minute" over $seconds.
+# CPU ticks of the idempotency launcher so far (0 without it).
+launcher_ticks() {
+    local pid
+    pid=$(pgrep -f 'idempotency launcher' -P "$(head -n 1 "$dir/data/postmaster.pid")")
+    [ -n "$pid" ] || { echo 0; return; }
+    sed 's/^.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }'
+}
+
+# measure: prints "cluster-%-of-one-core|launcher-%|worker-starts-per-minute"
+# over $seconds.
 measure() {
-    local offset before after starts
+    local offset before after launcher_before launcher_after starts
     offset=$(stat -c %s "$dir/server.log")
     before=$(cluster_ticks)
+    launcher_before=$(launcher_ticks)
     sleep "$seconds"
     after=$(cluster_ticks)
+    launcher_after=$(launcher_ticks)
     starts=$(tail -c +"$((offset + 1))" "$dir/server.log" |
         grep -c 'starting background worker process "idempotency worker')
-    awk -v t=$((after - before)) -v hz="$hz" -v s="$seconds" -v n="$starts" \
-        'BEGIN { printf "%.2f|%.1f\n", 100 * t / hz / s, n * 60 / s }'
+    awk -v t=$((after - before)) -v l=$((launcher_after - launcher_before)) -v hz="$hz" \
+        -v s="$seconds" -v n="$starts" \
+        'BEGIN { printf "%.2f|%.2f|%.1f\n", 100 * t / hz / s, 100 * l / hz / s, n * 60 / s }'
 }
 
 psql_idle -d postgres -c "CREATE DATABASE idle_template" || exit 1
@@ -81,18 +95,18 @@ for n in $databases_list; do
     done
     log "idle: $n database(s) with the extension, ${seconds}s without the library, then with it"
     restart_with '' || exit 1
-    sleep 10
-    IFS='|' read -r without _ <<<"$(measure)"
+    sleep "$settle"
+    IFS='|' read -r without _ _ <<<"$(measure)"
     restart_with 'idempotency' || exit 1
     sleep "$settle"
-    IFS='|' read -r with starts <<<"$(measure)"
+    IFS='|' read -r with launcher starts <<<"$(measure)"
     added=$(awk -v a="$with" -v b="$without" 'BEGIN { printf "%.2f", a - b }')
-    rows+=("$n|$without|$with|$added|$starts")
-    log "idle: $n database(s): without ${without}%, with ${with}%, $starts worker starts/min"
+    rows+=("$n|$without|$with|$added|$launcher|$starts")
+    log "idle: $n database(s): without ${without}%, with ${with}% (launcher ${launcher}%), $starts worker starts/min"
 done
 
-echo "| databases | without the library, % of one core | with it | added by the extension | worker starts per minute |"
-echo "|---:|---:|---:|---:|---:|"
+echo "| databases | without the library, % of one core | with it | difference | of which the idempotency launcher | worker starts per minute |"
+echo "|---:|---:|---:|---:|---:|---:|"
 for row in "${rows[@]}"; do echo "| ${row//|/ | } |"; done
 echo
 echo "$(nproc) cores; ${seconds}s per measurement, ${settle}s after each restart; PostgreSQL $(psql_idle -d postgres -c 'SHOW server_version')."
