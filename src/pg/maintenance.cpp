@@ -269,18 +269,21 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
 
 }  // namespace
 
-bool task_applies(const MaintenanceTask& task) {
+Oid task_table(const MaintenanceTask& task) {
     const ExtensionObjects* objects = installed_extension_objects();
-    if (objects == nullptr) return false;
+    if (objects == nullptr) return InvalidOid;
     const char* names[] = {"idempotency_keys", "outbox", "inbox", "locks"};
     const Oid tables[] = {objects->keys, objects->outbox, objects->inbox, objects->locks};
     for (int i = 0; i < 4; ++i) {
         if (std::strcmp(task.table, names[i]) != 0) continue;
-        return OidIsValid(tables[i]) &&
-               (task.column == nullptr || get_attnum(tables[i], task.column) != InvalidAttrNumber);
+        const bool has_column =
+            task.column == nullptr || get_attnum(tables[i], task.column) != InvalidAttrNumber;
+        return OidIsValid(tables[i]) && has_column ? tables[i] : InvalidOid;
     }
-    return false;
+    return InvalidOid;
 }
+
+bool task_applies(const MaintenanceTask& task) { return OidIsValid(task_table(task)); }
 
 void read_next_due(Micros* lease, Micros* retention) {
     Params params;

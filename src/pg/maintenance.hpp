@@ -28,6 +28,8 @@ struct MaintenanceTask {
 // database not yet updated (ALTER EXTENSION ... UPDATE) to the library's
 // version skips the tasks of newer objects. Needs a transaction.
 bool task_applies(const MaintenanceTask& task);
+// The table the task works on, or InvalidOid when it does not apply.
+Oid task_table(const MaintenanceTask& task);
 
 // The tasks, in the order a sweep runs them; `count` receives their number.
 const MaintenanceTask* maintenance_tasks(int* count);

@@ -90,7 +90,12 @@ bool in_owner_transaction(Oid owner, const char* activity, Work work) {
 bool run_batch(const MaintenanceTask& task, Oid owner, int batch, std::uint64_t* changed_out) {
     *changed_out = 0;
     return in_owner_transaction(owner, task.name, [&] {
-        if (task_applies(task)) *changed_out = task.run_batch(batch);
+        // A table that a command is changing (ALTER EXTENSION ... UPDATE
+        // holds it exclusively) is left for a later sweep: a worker that
+        // waited for it could deadlock with that command.
+        const Oid table = task_table(task);
+        if (OidIsValid(table) && ConditionalLockRelationOid(table, RowExclusiveLock))
+            *changed_out = task.run_batch(batch);
     });
 }
 
