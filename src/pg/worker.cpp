@@ -54,6 +54,11 @@ Oid served_by(int slot) {
                         get_database_name(MyDatabaseId), get_namespace_name(objects->schema))));
     }
     report_state(slot, MyDatabaseId, OidIsValid(owner), tables);
+    // A schema that another role owns is a matter for a human: look again
+    // (and say so again) every launcher_naptime until it is put right.
+    if (objects != nullptr && !OidIsValid(owner))
+        mark_worker_failed(slot, MyDatabaseId,
+                           GetCurrentTimestamp() + settings::ms(settings::launcher_naptime_ms));
     CommitTransactionCommand();
     return owner;
 }
