@@ -45,8 +45,10 @@ CREATE FUNCTION pg_temp.fresh() RETURNS void LANGUAGE sql AS $f$
     SELECT pg_temp.enq(4) $f$;
 
 -- Claimed and acked in one transaction: each event is written once, as
--- delivered, with the claim's attempt and relay. Until then the claiming
--- transaction itself sees them pending (other sessions see them locked).
+-- delivered, with the claim's attempt and relay; the ack of 1 also makes 2,
+-- the next event of key a, its key's head (one more write). Until then the
+-- claiming transaction itself sees them pending (other sessions see them
+-- locked).
 SELECT pg_temp.fresh();
 BEGIN;
 SELECT pg_temp.written() AS before \gset
@@ -95,12 +97,13 @@ SELECT idempotency.outbox_nack(pg_temp.id(1), 'busy') AS state;
 COMMIT;
 RESET idempotency.outbox_max_attempts;
 SELECT n, state, attempts, last_error FROM pg_temp.events() WHERE n = '1';
--- Nacked with no delay: handed out again in the same transaction, attempt 2.
+-- Nacked with no delay: handed out again in the same transaction, attempt 2
+-- (behind the events that were ready before its retry: oldest ready first).
 SELECT pg_temp.fresh();
 BEGIN;
 SELECT pg_temp.claim('r1', 1);
 SELECT idempotency.outbox_nack(pg_temp.id(1), 'again', retry_in => '0') AS state;
-SELECT pg_temp.claim('r2', 1);
+SELECT pg_temp.claim('r2');
 COMMIT;
 SELECT n, state, attempts, relay, leased, last_error FROM pg_temp.events() WHERE n = '1';
 

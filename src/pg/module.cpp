@@ -2,8 +2,10 @@
 #include "pg/guard.hpp"
 #include "pg/metrics.hpp"
 #include "pg/notifier_table.hpp"
+#include "pg/outbox_heads.hpp"
 #include "pg/outbox_held.hpp"
 #include "pg/outbox_notify.hpp"
+#include "pg/outbox_ready_floor.hpp"
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
 #include "pg/statement_guard.hpp"
@@ -23,9 +25,13 @@ extern "C" void _PG_init(void) {
     idem::pg::settings::define();
     idem::pg::install_statement_guard();
     idem::pg::install_selftest_callbacks();
+    // Called after the others: what they write before the commit counts.
+    idem::pg::install_ready_floor_callbacks();
     idem::pg::install_metrics_callbacks();
     idem::pg::install_wakeup_callbacks();
     idem::pg::install_outbox_notify_callbacks();
+    // The keys' heads are checked once the claims are written.
+    idem::pg::install_outbox_heads_callbacks();
     // Last: PostgreSQL calls the newest callback first, and the claims it
     // writes before the commit must precede every other callback's work.
     idem::pg::install_outbox_held_callbacks();
@@ -33,5 +39,6 @@ extern "C" void _PG_init(void) {
     if (!process_shared_preload_libraries_in_progress) return;
     idem::pg::install_shared_state_hooks();
     idem::pg::install_notifier_table_hooks();
+    idem::pg::install_ready_floor_hooks();
     idem::pg::register_launcher();
 }

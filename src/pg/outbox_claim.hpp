@@ -19,11 +19,12 @@ struct ClaimRequest {
 
 // Receives each group of events handed out, left in SPI_tuptable as the
 // outbox_delivery columns followed by whether the event's previous lease
-// had run out. Groups come in id order, each in id order.
+// had run out. Groups come oldest ready first (in id order before 0.5.0).
 using HandedOut = void (*)(std::uint64_t count, void* context);
 
-// Hands out up to request.batch due events (see the .cpp for the rules and
-// how they are found); returns how many.
+// Hands out up to request.batch due events (see outbox_claim.cpp for the
+// rules and how they are found, and outbox_claim_walk.cpp before 0.5.0);
+// returns how many.
 std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut sink,
                            void* context);
 

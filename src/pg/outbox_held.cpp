@@ -5,6 +5,7 @@
 #include "pg/guard.hpp"
 #include "pg/arrays.hpp"
 #include "pg/due_table.hpp"
+#include "pg/outbox_ready_floor.hpp"
 #include "pg/outbox_store.hpp"
 #include "pg/owner_scope.hpp"
 #include "pg/spi.hpp"
@@ -166,6 +167,8 @@ void hold_events(const ClaimWrite& write, const std::int64_t* ids, int count) {
                            HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
     }
     writer = GetUserId();
+    // Written before the commit: in flight, ready again when the lease ends.
+    note_ready_written(write.lease_until);
     const int index = add_write(write);
     const SubTransactionId current = GetCurrentSubTransactionId();
     for (int i = 0; i < count; ++i) {

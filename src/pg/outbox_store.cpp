@@ -1,6 +1,11 @@
 #include "pg/outbox_store.hpp"
 
+#include <algorithm>
+
 #include "pg/extension_objects.hpp"
+#include "pg/outbox_heads.hpp"
+#include "pg/outbox_layout.hpp"
+#include "pg/outbox_ready_floor.hpp"
 #include "pg/producer_turn.hpp"
 #include "pg/spi.hpp"
 
@@ -9,16 +14,36 @@ namespace idem::pg {
 namespace {
 
 #define OUTBOX " @outbox@ "
+// The ready-queue layout (0.5.0) and what it writes.
+#define IF_READY(then) "@if outbox.ready_at@" then "@end@"
+#define IF_READY_ELSE(then, otherwise) "@if outbox.ready_at@" then "@else@" otherwise "@end@"
+// An event's place in its key's order.
+#define PLACE " COALESCE(key_seq, id) "
+// The topic, key (only when `cond`) and place of each changed event, for
+// the heads that ended with the change (pg/outbox_heads.hpp).
+#define ENDED_HEADS(cond)                                                        \
+    IF_READY_ELSE(", topic, CASE WHEN " cond " THEN key END, " PLACE,               \
+                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8")
+
+// A new event is its key's head when its key has no live event (the newest
+// one is looked for: it is live whenever any is); an event without a key
+// always is. Due from deliver_at, or now.
+#define INSERT_EVENT                                                                         \
+    "INSERT INTO" OUTBOX "(topic, key, payload, headers, dedup_key, enqueued_at, available_at, " \
+    "updated_at" IF_READY(", ready_at") ") VALUES ($1, $2, $3, $4, $5, $6, $7, $6"                \
+    IF_READY(", CASE WHEN $2::pg_catalog.text IS NULL OR (SELECT l.id FROM" OUTBOX "l "             \
+             "WHERE l.topic = $1 AND l.key = $2 AND l.state IN ('pending', 'in_flight') "          \
+             "ORDER BY COALESCE(l.key_seq, l.id) DESC, l.id DESC LIMIT 1) IS NULL "                \
+             "THEN GREATEST($7, $6) END") ") "
+#define RETURNING_EVENT " RETURNING id, " IF_READY_ELSE("ready_at IS NOT NULL", "false")
 
 Statement kInsert = {
-    "INSERT INTO" OUTBOX "(topic, key, payload, headers, dedup_key, enqueued_at, available_at, "
-    "updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $6) RETURNING id",
+    INSERT_EVENT RETURNING_EVENT,
     7, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kInsertDeduplicated = {
-    "INSERT INTO" OUTBOX "(topic, key, payload, headers, dedup_key, enqueued_at, available_at, "
-    "updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $6) "
-    "ON CONFLICT (topic, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING RETURNING id",
+    INSERT_EVENT "ON CONFLICT (topic, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
+    RETURNING_EVENT,
     7, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kFindDeduplicated = {
@@ -29,14 +54,14 @@ Statement kFindDeduplicated = {
 // still counts: the event was delivered.
 Statement kAck = {
     "UPDATE" OUTBOX "SET state = 'delivered', delivered_at = $2, lease_until = NULL, "
-    "updated_at = $2 WHERE id = ANY ($1) AND (state = 'in_flight' OR "
-    "(state = 'pending' AND attempts > 0))",
+    "updated_at = $2" IF_READY(", ready_at = NULL") " WHERE id = ANY ($1) AND (state = 'in_flight' OR "
+    "(state = 'pending' AND attempts > 0)) RETURNING id" ENDED_HEADS("true"),
     2, {INT8ARRAYOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kWriteClaims = {
     "UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, "
     "lease_until = h.lease_until, relay = h.relay, updated_at = h.claimed_at"
-    "@if outbox.max_attempts@, max_attempts = h.cap@end@ "
+    "@if outbox.max_attempts@, max_attempts = h.cap@end@" IF_READY(", ready_at = h.lease_until") " "
     "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3), "
     "pg_catalog.unnest($4), pg_catalog.unnest($5)) AS h(id, lease_until, relay, claimed_at, cap) "
     "WHERE o.id = h.id AND o.state IN ('pending', 'in_flight')",
@@ -45,9 +70,11 @@ Statement kWriteClaims = {
 
 Statement kAckHeld = {
     "UPDATE" OUTBOX "o SET state = 'delivered', attempts = o.attempts + 1, relay = h.relay, "
-    "delivered_at = $3, lease_until = NULL, updated_at = $3 "
+    "delivered_at = $3, lease_until = NULL, updated_at = $3" IF_READY(", ready_at = NULL") " "
     "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS h(id, relay) "
-    "WHERE o.id = h.id AND o.state IN ('pending', 'in_flight')",
+    "WHERE o.id = h.id AND o.state IN ('pending', 'in_flight') RETURNING o.id"
+    IF_READY_ELSE(", o.topic, o.key, COALESCE(o.key_seq, o.id)",
+                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8"),
     3, {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kLock = {
@@ -58,7 +85,9 @@ Statement kLock = {
 
 Statement kRetryOrBury = {
     "UPDATE" OUTBOX "SET state = $2, last_error = $3, available_at = $4, lease_until = NULL, "
-    "updated_at = $5, attempts = $6, relay = COALESCE($7, relay) WHERE id = $1",
+    "updated_at = $5, attempts = $6, relay = COALESCE($7, relay)"
+    IF_READY(", ready_at = CASE WHEN $2 = 'dead' THEN NULL ELSE $4 END")
+    " WHERE id = $1 RETURNING id" ENDED_HEADS("state = 'dead'"),
     7, {INT8OID, kOutboxStateType, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID, TEXTOID},
     nullptr};
 
@@ -66,16 +95,17 @@ Statement kRetryOrBury = {
 // attempt their claim counted given back.
 Statement kRelease = {
     "UPDATE" OUTBOX "SET state = 'pending', attempts = attempts - 1, available_at = $3, "
-    "lease_until = NULL, updated_at = $3 WHERE id = ANY ($1) AND state = 'in_flight' "
+    "lease_until = NULL, updated_at = $3" IF_READY(", ready_at = $3") " WHERE id = ANY ($1) AND state = 'in_flight' "
     "AND relay = $2",
     3, {INT8ARRAYOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kRedrive = {
     "UPDATE" OUTBOX "SET state = 'pending', attempts = 0, available_at = $3, "
-    "lease_until = NULL, updated_at = $3 WHERE state = 'dead' "
+    "lease_until = NULL, updated_at = $3" IF_READY(", ready_at = CASE WHEN key IS NULL THEN $3 END")
+    " WHERE state = 'dead' "
     "AND ($1::pg_catalog.int8[] IS NULL OR id = ANY ($1)) "
     "AND ($2::pg_catalog.text IS NULL OR topic = $2) "
-    "AND ($4::pg_catalog.text[] IS NULL OR topic = ANY ($4))",
+    "AND ($4::pg_catalog.text[] IS NULL OR topic = ANY ($4)) RETURNING id" ENDED_HEADS("true"),
     4, {INT8ARRAYOID, TEXTOID, TIMESTAMPTZOID, TEXTARRAYOID}, nullptr};
 
 Statement kExpireLeases = {
@@ -83,8 +113,13 @@ Statement kExpireLeases = {
     "  LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED) "
     "UPDATE" OUTBOX "o SET state = CASE WHEN o.attempts >= "
     "@if outbox.max_attempts@COALESCE(o.max_attempts, $3)@else@$3@end@ THEN $4 ELSE $5 END, "
-    "available_at = $1, lease_until = NULL, last_error = 'lease expired', updated_at = $1 "
-    "FROM due WHERE o.id = due.id AND o.state = 'in_flight' RETURNING o.state = 'dead'",
+    "available_at = $1, lease_until = NULL, last_error = 'lease expired', updated_at = $1"
+    // (The ready-queue layout always has max_attempts.)
+    IF_READY(", ready_at = CASE WHEN o.attempts >= COALESCE(o.max_attempts, $3) "
+             "THEN NULL ELSE $1 END")
+    " FROM due WHERE o.id = due.id AND o.state = 'in_flight' RETURNING o.state = 'dead'"
+    IF_READY_ELSE(", o.topic, CASE WHEN o.state = 'dead' THEN o.key END, COALESCE(o.key_seq, o.id)",
+                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8"),
     5, {TIMESTAMPTZOID, INT4OID, INT4OID, kOutboxStateType, kOutboxStateType}, nullptr};
 
 Statement kPurgeDelivered = {
@@ -100,8 +135,32 @@ Datum outbox_state_value(const char* label) {
                                ObjectIdGetDatum(extension_objects().outbox_state_type));
 }
 
+namespace {
+
+// The new event's id; with the ready queue, records a keyed event for the
+// check before the commit (pg/outbox_heads.hpp).
+std::int64_t inserted_event(const NewEvent& event, Micros now, bool ready_queue) {
+    const std::int64_t id = *column_int8(1);
+    bool isnull = false;
+    const bool head = DatumGetBool(column(2, &isnull));
+    if (head) note_ready_written(std::max(now, event.available_at));
+    if (ready_queue && event.key != nullptr) enqueued_keyed(event.topic, event.key, id, head);
+    return id;
+}
+
+// The rows of SPI_tuptable that ended heads: columns `first` on.
+void end_heads_in_result(int first, Micros now) {
+    const EndedHeads ended = ended_heads_in_result(first);
+    heads_ended(ended, now);
+}
+
+}  // namespace
+
 std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
-    if (event.key != nullptr) take_producer_turn(event.topic, event.key);
+    // Before the ready queue, producers of a key take turns for their whole
+    // transaction; with it, only in the step before the commit.
+    const bool ready_queue = outbox_has_ready_queue();
+    if (event.key != nullptr && !ready_queue) take_producer_turn(event.topic, event.key);
     Params params;
     params.add_text(event.topic).add_text(event.key).add(event.payload);
     params.add_datum(event.headers, event.has_headers).add_text(event.dedup_key);
@@ -109,7 +168,7 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
     if (event.dedup_key == nullptr) {
         execute(kInsert, params);
         *inserted = true;
-        return *column_int8(1);
+        return inserted_event(event, now, ready_queue);
     }
     // A concurrent enqueue of the same dedup_key: ON CONFLICT waits for its
     // transaction; then its row is visible (or gone after a rollback, or
@@ -119,7 +178,7 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
     for (;;) {
         if (execute(kInsertDeduplicated, params) > 0) {
             *inserted = true;
-            return *column_int8(1);
+            return inserted_event(event, now, ready_queue);
         }
         if (execute(kFindDeduplicated, lookup, 1) > 0) {
             *inserted = false;
@@ -132,7 +191,9 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
 std::uint64_t ack_events(Datum ids, Micros now) {
     Params params;
     params.add(ids).add_timestamp(now);
-    return execute(kAck, params);
+    const std::uint64_t acked = execute(kAck, params);
+    end_heads_in_result(2, now);
+    return acked;
 }
 
 void write_claims(const ClaimedEvents& events) {
@@ -145,7 +206,9 @@ void write_claims(const ClaimedEvents& events) {
 std::uint64_t ack_held_events(Datum ids, Datum relays, Micros now) {
     Params params;
     params.add(ids).add(relays).add_timestamp(now);
-    return execute(kAckHeld, params);
+    const std::uint64_t acked = execute(kAckHeld, params);
+    end_heads_in_result(2, now);
+    return acked;
 }
 
 bool lock_event(std::int64_t id, EventState* out) {
@@ -169,6 +232,8 @@ void retry_or_bury(std::int64_t id, const Failure& failure, Micros now) {
     params.add_timestamp(failure.available_at).add_timestamp(now).add_int4(failure.attempts);
     params.add_text(failure.claimed_by);
     execute(kRetryOrBury, params);
+    if (!failure.dead) note_ready_written(failure.available_at);
+    end_heads_in_result(2, now);
 }
 
 std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros now,
@@ -176,12 +241,33 @@ std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros 
     Params params;
     params.add_datum(ids, has_ids).add_text(topic).add_timestamp(now);
     params.add_datum(topics, has_topics);
-    return execute(kRedrive, params);
+    const std::uint64_t redriven = execute(kRedrive, params);
+    if (redriven == 0 || !outbox_has_ready_queue()) return redriven;
+    note_ready_written(now);
+    // Each keyed event becomes its key's head, or waits behind the head its
+    // key has; one after the other, in id order, so that each sees the last.
+    const EndedHeads keyed = ended_heads_in_result(2);
+    auto* event_ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (redriven + 1)));
+    int count = 0;
+    for (std::uint64_t row = 0; row < redriven; ++row) {
+        bool no_key = false;
+        (void)column(3, &no_key, row);
+        if (!no_key) event_ids[count++] = *column_int8(1, row);
+    }
+    int* order = static_cast<int*>(palloc(sizeof(int) * (count + 1)));
+    for (int i = 0; i < count; ++i) order[i] = i;
+    std::sort(order, order + count, [&](int a, int b) { return event_ids[a] < event_ids[b]; });
+    for (int i = 0; i < count; ++i) {
+        const int at = order[i];
+        redriven_keyed(event_ids[at], keyed.topics[at], keyed.keys[at], keyed.places[at], now);
+    }
+    return redriven;
 }
 
 std::uint64_t release_events(Datum ids, const text* relay, Micros now) {
     Params params;
     params.add(ids).add_text(relay).add_timestamp(now);
+    note_ready_written(now);
     return execute(kRelease, params);
 }
 
@@ -195,6 +281,8 @@ std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now, std::
         bool isnull = false;
         if (DatumGetBool(column(1, &isnull, row))) ++*dead;
     }
+    if (expired > 0) note_ready_written(now);
+    end_heads_in_result(2, now);
     return expired;
 }
 

@@ -9,7 +9,6 @@ namespace idem::pg {
 
 namespace {
 
-constexpr uint32 kTurns = 1024;
 // Advisory lock tags of SQL's pg_advisory_* functions use field4 1 or 2;
 // this class keeps the extension's turns apart from the application's.
 constexpr uint16 kTurnLockClass = 0x49;
@@ -22,11 +21,18 @@ uint32 hash_of(const text* value) {
 
 }  // namespace
 
-void take_producer_turn(const text* topic, const text* key) {
-    const uint32 turn = hash_combine(hash_of(topic), hash_of(key)) % kTurns;
+std::uint32_t producer_turn_of(const text* topic, const text* key) {
+    return hash_combine(hash_of(topic), hash_of(key)) % kProducerTurns;
+}
+
+void take_producer_turn(std::uint32_t turn) {
     LOCKTAG tag;
     SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, kTurnLockSpace, turn, kTurnLockClass);
     (void)LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+void take_producer_turn(const text* topic, const text* key) {
+    take_producer_turn(producer_turn_of(topic, key));
 }
 
 }  // namespace idem::pg

@@ -59,6 +59,11 @@ struct Params {
 // Runs the statement (planning it on first use); returns SPI_processed.
 std::uint64_t execute(Statement& statement, const Params& params, long limit = 0);
 
+// Runs the statement reading the newest committed data (a snapshot taken
+// now, whatever the isolation level), as checks of what other transactions
+// did must; returns SPI_processed.
+std::uint64_t execute_latest(Statement& statement, const Params& params);
+
 // Runs the statement in a subtransaction that is kept (its changes and row
 // locks become the caller's) only when `keep_if_rows` and it returned rows;
 // otherwise it is rolled back. A statement that waited for a concurrent

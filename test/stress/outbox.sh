@@ -25,7 +25,8 @@
 #
 # Then it checks (outbox_check.sql): every committed event was delivered at
 # least once and is `delivered`; no rolled-back enqueue was ever delivered or
-# visible; per (topic, key) first deliveries came in id order, and each
+# visible; per (topic, key) first deliveries came in the order the enqueues
+# committed (the place the outbox gave each event), and each
 # event was first handed out only after the previous one was delivered;
 # redeliveries only after a lease expiry; no event handed out twice within
 # a live lease; outbox_ack's results add up to the delivered events; nothing

@@ -47,12 +47,13 @@ CREATE TABLE receiver (
 CREATE INDEX ON receiver (event_id);
 
 -- One producer transaction: 1-3 events of random (topic, key) (about one in
--- five without a key), in (topic, key) order, and in one transaction in ten a
--- last event without a key whose dedup_key comes from a small pool; held open
--- for p_hold_ms while the relays run, then committed or rolled back. (An
--- enqueue of a keyed event waits for other open transactions that enqueued
--- for the same (topic, key); taking keys in one order, and the dedup_key
--- last, keeps producers free of deadlocks.)
+-- five without a key), in random order (producers of a key never wait for
+-- each other, so crossing orders must not deadlock), and in one transaction
+-- in ten a last event without a key whose dedup_key comes from a small
+-- pool; held open for p_hold_ms while the relays run, then committed or
+-- rolled back. (An enqueue of a dedup_key waits for another open transaction
+-- that enqueued the same one; one per transaction keeps that free of
+-- deadlocks.)
 CREATE PROCEDURE produce(p_client int, p_events int, p_hold_ms int, p_rollback boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -70,7 +71,7 @@ BEGIN
             SELECT 'orders', 0, 'd' || (1 + floor(random() * 300)::int), 1
              WHERE random() < 0.1)
         SELECT topic, CASE WHEN k BETWEEN 1 AND 32 THEN 'k' || k END AS key, dedup
-          FROM picks ORDER BY last, topic, k
+          FROM picks ORDER BY last, random()
     LOOP
         v_pid := nextval('payload_seq');
         v_id := idempotency.outbox_enqueue(e.topic, jsonb_build_object('pid', v_pid), e.key,

@@ -1,0 +1,61 @@
+-- idempotency 0.4.0 -> 0.5.0: an outbox whose claims cost what they hand
+-- out. docs/outbox.md describes the queue; in short:
+--
+-- ready_at: set on the one event of each (topic, key) that is its key's
+-- head (and on every event without a key): when it may next be handed out
+-- (due, a retry's backoff, or the end of its lease while in flight). The
+-- events waiting behind a head, and finished events, have none. Claims read
+-- only the ready events of their topics that are due, oldest first, and
+-- never the events waiting behind a head.
+--
+-- key_seq: the event's place in its key's order when it is not its id:
+-- enqueue order is fixed when the enqueuing transaction commits, so an
+-- event whose transaction commits after a later id of its key gets a place
+-- after it; a redriven event gets the place of the head it waits behind.
+\echo Use "ALTER EXTENSION idempotency UPDATE TO '0.5.0'" to load this file. \quit
+
+ALTER TABLE idempotency.outbox
+    ADD COLUMN ready_at pg_catalog.timestamptz,
+    ADD COLUMN key_seq pg_catalog.int8;
+
+-- The heads of the events already queued, by the rules of 0.4.0: the
+-- events without a key; per (topic, key), the one in flight, else the first
+-- live event in id order. Live events of a key before its event in flight
+-- (redriven meanwhile) wait behind it, in its place.
+WITH live AS (
+    SELECT o.id, o.topic, o.key, o.state, o.available_at, o.lease_until,
+           pg_catalog.first_value(o.id) OVER w AS first_id,
+           pg_catalog.max(o.id) FILTER (WHERE o.state OPERATOR(pg_catalog.=) 'in_flight') OVER w
+               AS flying_id
+      FROM idempotency.outbox o
+     WHERE o.state OPERATOR(pg_catalog.=) ANY ('{pending,in_flight}')
+    WINDOW w AS (PARTITION BY o.topic, o.key ORDER BY o.id
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING))
+UPDATE idempotency.outbox o
+   SET ready_at = CASE
+           WHEN l.key IS NOT NULL AND l.id OPERATOR(pg_catalog.<>) COALESCE(l.flying_id, l.first_id)
+               THEN NULL
+           WHEN l.state OPERATOR(pg_catalog.=) 'in_flight' THEN l.lease_until
+           ELSE GREATEST(l.available_at, pg_catalog.now()) END,
+       key_seq = CASE WHEN l.key IS NOT NULL AND l.id OPERATOR(pg_catalog.<) l.flying_id
+                      THEN l.flying_id END
+  FROM live l
+ WHERE o.id OPERATOR(pg_catalog.=) l.id;
+
+-- The ready queue: claims of given topics ...
+CREATE INDEX outbox_ready ON idempotency.outbox (topic, ready_at, id)
+    WHERE ready_at IS NOT NULL;
+-- ... and of every topic.
+CREATE INDEX outbox_ready_all ON idempotency.outbox (ready_at, id)
+    WHERE ready_at IS NOT NULL;
+-- Each key's live events in its order: the next head after an ack.
+CREATE INDEX outbox_key_order ON idempotency.outbox
+    (topic, key, (COALESCE(key_seq, id)), id)
+    WHERE state IN ('pending', 'in_flight') AND key IS NOT NULL;
+-- The lease-expiry sweep, in lease order.
+DROP INDEX idempotency.outbox_in_flight;
+CREATE INDEX outbox_in_flight ON idempotency.outbox (lease_until)
+    WHERE state = 'in_flight';
+-- Claims no longer walk the live queue in id order.
+DROP INDEX idempotency.outbox_live;
+DROP INDEX idempotency.outbox_key_chain;
