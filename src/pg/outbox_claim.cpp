@@ -6,6 +6,7 @@
 #include "pg/arrays.hpp"
 #include "pg/outbox_claim_walk.hpp"
 #include "pg/outbox_held.hpp"
+#include "pg/outbox_index.hpp"
 #include "pg/outbox_layout.hpp"
 #include "pg/outbox_ready_floor.hpp"
 #include "pg/spi.hpp"
@@ -25,7 +26,8 @@ extern "C" {
 // at most one event of a key in flight, and the next one only after it.
 //
 // How they are found. Each source of the claim (each requested topic, or
-// every topic) is read from its ready index in (ready_at, id) order, from
+// every topic) is read from its ready index (directly: pg/outbox_index.hpp)
+// in (ready_at, id) order, from
 // where its last claim found ready events (pg/outbox_ready_floor.hpp) up to
 // now, a window at a time; the sources are merged in that order. Events
 // waiting behind a head, events scheduled or retrying later and events in
@@ -43,20 +45,6 @@ namespace idem::pg {
 namespace {
 
 #define OUTBOX " @outbox@ "
-#define DUE(cap) " (state = 'pending' OR attempts < COALESCE(max_attempts, " cap ")) "
-
-Statement kReadyOfTopic = {
-    "SELECT id, ready_at, xmax, ctid FROM" OUTBOX
-    "WHERE topic = $1 AND ready_at IS NOT NULL AND ready_at <= $2 AND (ready_at, id) > ($3, $4) "
-    "AND" DUE("$5") "ORDER BY ready_at, id LIMIT $6",
-    6, {TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID, INT4OID, INT8OID}, nullptr};
-
-Statement kReadyOfAll = {
-    "SELECT id, ready_at, xmax, ctid FROM" OUTBOX
-    "WHERE ready_at IS NOT NULL AND ready_at <= $1 AND (ready_at, id) > ($2, $3) "
-    "AND" DUE("$4") "ORDER BY ready_at, id LIMIT $5",
-    5, {TIMESTAMPTZOID, TIMESTAMPTZOID, INT8OID, INT4OID, INT8OID}, nullptr};
-
 // Locks up to $4 of the candidates (the row versions read) that are still
 // ready and due, oldest first, and hands them out; none this transaction
 // holds ($5). The last column: whether the event was in flight with an
@@ -73,13 +61,6 @@ Statement kHandOut = {
 
 constexpr long kMaxWindow = 8192;
 
-struct Row {
-    std::int64_t id;
-    Micros ready_at;
-    TransactionId xmax;
-    ItemPointerData ctid;
-};
-
 // One source: a topic (or every topic), read in windows.
 struct Source {
     const text* topic;  // nullptr: every topic
@@ -87,7 +68,7 @@ struct Source {
     Micros after_at;    // the last row read: the next window starts after it
     std::int64_t after_id;
     long window;
-    Row* rows;          // the current window, from `next` on not yet merged
+    ReadyRow* rows;          // the current window, from `next` on not yet merged
     int count;
     int next;
     bool exhausted;     // the last window was the last
@@ -96,36 +77,23 @@ struct Source {
 };
 
 void read_window(Source* source, const ClaimRequest& request, Micros now) {
-    Params params;
-    if (source->topic != nullptr) params.add_text(source->topic);
-    params.add_timestamp(now).add_timestamp(source->after_at).add_int8(source->after_id);
-    params.add_int4(request.max_attempts).add_int8(source->window);
-    const std::uint64_t rows =
-        execute(source->topic != nullptr ? kReadyOfTopic : kReadyOfAll, params);
-    source->rows = static_cast<Row*>(palloc(sizeof(Row) * (rows + 1)));
-    for (std::uint64_t i = 0; i < rows; ++i) {
-        bool isnull = false;
-        Row& row = source->rows[i];
-        row.id = DatumGetInt64(column(1, &isnull, i));
-        row.ready_at = DatumGetTimestampTz(column(2, &isnull, i));
-        row.xmax = DatumGetTransactionId(column(3, &isnull, i));
-        ItemPointerCopy(reinterpret_cast<ItemPointer>(DatumGetPointer(column(4, &isnull, i))),
-                        &row.ctid);
-    }
-    SPI_freetuptable(SPI_tuptable);
-    source->count = static_cast<int>(rows);
+    source->rows = static_cast<ReadyRow*>(palloc(sizeof(ReadyRow) * (source->window + 1)));
+    Micros seen_at = source->after_at;
+    std::int64_t seen_id = source->after_id;
+    const int rows = read_ready(source->topic, source->start.from, source->after_at,
+                                source->after_id, now, request.max_attempts,
+                                static_cast<int>(source->window), source->rows, &seen_at, &seen_id);
+    source->count = rows;
     source->next = 0;
-    source->exhausted = rows < static_cast<std::uint64_t>(source->window);
+    source->exhausted = rows < source->window;
     if (!source->read_any) source->first_ready = rows > 0 ? source->rows[0].ready_at : now;
     source->read_any = true;
-    if (rows > 0) {
-        source->after_at = source->rows[rows - 1].ready_at;
-        source->after_id = source->rows[rows - 1].id;
-    }
+    source->after_at = seen_at;
+    source->after_id = seen_id;
     source->window = std::min(source->window * 2, kMaxWindow);
 }
 
-bool before(const Row& a, const Row& b) {
+bool before(const ReadyRow& a, const ReadyRow& b) {
     return a.ready_at < b.ready_at || (a.ready_at == b.ready_at && a.id < b.id);
 }
 
@@ -255,7 +223,7 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
                     oldest = &source;
             }
             if (oldest == nullptr || refill) break;
-            const Row& row = oldest->rows[oldest->next++];
+            const ReadyRow& row = oldest->rows[oldest->next++];
             if (held_by_other(&holders, row.xmax) || holds(row.id)) continue;
             ItemPointerCopy(&row.ctid, &tids[count]);
             versions[count] = PointerGetDatum(&tids[count]);

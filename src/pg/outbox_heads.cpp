@@ -6,6 +6,7 @@
 #include "pg/arrays.hpp"
 #include "pg/extension_objects.hpp"
 #include "pg/guard.hpp"
+#include "pg/outbox_index.hpp"
 #include "pg/outbox_ready_floor.hpp"
 #include "pg/owner_scope.hpp"
 #include "pg/producer_turn.hpp"
@@ -22,66 +23,13 @@ namespace idem::pg {
 namespace {
 
 #define OUTBOX " @outbox@ "
-#define LIVE " IN ('pending', 'in_flight') "
-#define PLACE(t) " COALESCE(" t ".key_seq, " t ".id) "
 
-// The next event of each key at or after the ended head's place (a
-// redriven event waiting in the head's place comes first) becomes the head.
-// Returns the ordinal of the key and the new head.
-Statement kPromoteNext = {
-    "UPDATE" OUTBOX "o SET ready_at = GREATEST(o.available_at, $4) "
-    "FROM (SELECT t.i, (SELECT s.id FROM" OUTBOX "s WHERE s.topic = t.topic AND s.key = t.key "
-    "        AND s.state" LIVE "AND" PLACE("s") ">= t.place "
-    "      ORDER BY" PLACE("s") ", s.id LIMIT 1) AS next "
-    "      FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), "
-    "           pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int8[])) "
-    "           WITH ORDINALITY AS t(topic, key, place, i)) n "
-    "WHERE o.id = n.next AND o.ready_at IS NULL RETURNING n.i::pg_catalog.int4, o.id",
-    4, {TEXTARRAYOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID}, nullptr};
-
-// After ended heads, under the turns: whether the head made at once still
-// holds, the live events between the ended head's place and it (they must
-// move to its place), and else the key's first live event from that place.
-Statement kCheckEnded = {
-    "SELECT t.i::pg_catalog.int4, "
-    "       s.id IS NOT NULL AND s.state" LIVE "AND s.ready_at IS NOT NULL, " PLACE("s") ", "
-    "       ARRAY(SELECT g.id FROM" OUTBOX "g WHERE g.topic = t.topic AND g.key = t.key "
-    "               AND g.state" LIVE "AND" PLACE("g") ">= t.place AND" PLACE("g") "<" PLACE("s")
-    "             ORDER BY" PLACE("g") ", g.id), "
-    "       f.id, f.ready_at IS NOT NULL "
-    "  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), "
-    "       pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.int8[]), "
-    "       pg_catalog.unnest($4::pg_catalog.int8[])) WITH ORDINALITY AS t(topic, key, place, made, i) "
-    "  LEFT JOIN" OUTBOX "s ON s.id = t.made "
-    "  LEFT JOIN LATERAL (SELECT f.id, f.ready_at FROM" OUTBOX "f WHERE f.topic = t.topic "
-    "       AND f.key = t.key AND f.state" LIVE "AND" PLACE("f") ">= t.place "
-    "       ORDER BY" PLACE("f") ", f.id LIMIT 1) f ON true "
-    " ORDER BY t.i",
-    4, {TEXTARRAYOID, TEXTARRAYOID, INT8ARRAYOID, INT8ARRAYOID}, nullptr};
-
-// Under the turns, for each key this transaction enqueued for (from its
-// first event `first` on): whether another transaction's live event of the
-// key has a later place (it committed first), and whether one has an
-// earlier place (the key has a head already).
-Statement kCheckEnqueued = {
-    "WITH mine AS MATERIALIZED (SELECT pg_catalog.unnest($1::pg_catalog.int8[]) AS id) "
-    "SELECT t.i::pg_catalog.int4, "
-    "  EXISTS (SELECT 1 FROM" OUTBOX "o WHERE o.topic = t.topic AND o.key = t.key "
-    "          AND o.state" LIVE "AND" PLACE("o") "> t.first "
-    "          AND o.id NOT IN (SELECT m.id FROM mine m)), "
-    "  (SELECT o.id FROM" OUTBOX "o WHERE o.topic = t.topic AND o.key = t.key "
-    "          AND o.state" LIVE "AND" PLACE("o") "< t.first "
-    "   ORDER BY" PLACE("o") "DESC, o.id DESC LIMIT 1) IS NOT NULL "
-    "  FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), "
-    "       pg_catalog.unnest($3::pg_catalog.text[]), pg_catalog.unnest($4::pg_catalog.int8[])) "
-    "       WITH ORDINALITY AS t(topic, key, first, i) "
-    " ORDER BY t.i",
-    4, {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID, INT8ARRAYOID}, nullptr};
-
-// What the checks write.
+// What the heads' changes write; the reads are direct index reads
+// (pg/outbox_index.hpp). Pending events only: one handed out, acked or dead
+// since the read is no longer any key's waiting event.
 Statement kMakeHeads = {
     "UPDATE" OUTBOX "SET ready_at = GREATEST(available_at, $2) "
-    "WHERE id = ANY ($1) AND ready_at IS NULL AND state = 'pending'",
+    "WHERE id = ANY ($1) AND ready_at IS NULL AND state = 'pending' RETURNING id",
     2, {INT8ARRAYOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kUnmakeHeads = {
@@ -89,7 +37,7 @@ Statement kUnmakeHeads = {
     "AND state = 'pending'",
     1, {INT8ARRAYOID}, nullptr};
 
-// New places for events (waiting, not heads).
+// New places for waiting events.
 Statement kPlace = {
     "UPDATE" OUTBOX "o SET key_seq = p.place, ready_at = NULL "
     "FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), "
@@ -99,21 +47,15 @@ Statement kPlace = {
 
 // Places after every place taken so far: the outbox's id sequence.
 Statement kNewPlaces = {
-    "SELECT pg_catalog.nextval(pg_catalog.pg_get_serial_sequence($1::pg_catalog.regclass::pg_catalog.text, 'id')) "
-    "FROM pg_catalog.generate_series(1, $2)",
+    "SELECT pg_catalog.nextval(pg_catalog.pg_get_serial_sequence("
+    "$1::pg_catalog.regclass::pg_catalog.text, 'id')) FROM pg_catalog.generate_series(1, $2)",
     2, {OIDOID, INT4OID}, nullptr};
 
-// A redriven event, and the head of its key other than itself: at or after
-// $2, the lowest place of the key's events this transaction redrove (every
-// live event of the key is there or later: they died as heads).
-Statement kCheckRedriven = {
-    "SELECT d.state = 'pending', d.ready_at IS NOT NULL, " PLACE("d") ", h.id, " PLACE("h")
-    "  FROM" OUTBOX "d LEFT JOIN LATERAL (SELECT h.id, h.key_seq FROM" OUTBOX "h "
-    "       WHERE h.topic = d.topic AND h.key = d.key AND h.state" LIVE
-    "         AND h.ready_at IS NOT NULL AND h.id <> d.id AND" PLACE("h") ">= $2"
-    "       ORDER BY" PLACE("h") ", h.id LIMIT 1) h ON true "
-    " WHERE d.id = $1",
-    2, {INT8OID, INT8OID}, nullptr};
+// A redriven event as it is now.
+Statement kRedrivenNow = {
+    "SELECT state = 'pending', ready_at IS NOT NULL, COALESCE(key_seq, id) FROM" OUTBOX
+    "WHERE id = $1",
+    1, {INT8OID}, nullptr};
 
 Statement kSetRedriven = {
     "UPDATE" OUTBOX "SET ready_at = $2, key_seq = $3 WHERE id = $1 AND state = 'pending'",
@@ -128,6 +70,7 @@ struct Record {
     bool head;           // Enqueued: made its key's head at once
     std::int64_t id;     // Enqueued, Redriven: the event; Ended: the head made at once, or 0
     std::int64_t place;  // Ended: the ended head's place; Redriven: the event's, when redriven
+    std::int64_t made_place;  // Ended: the place of the head made at once
     const text* topic;
     const text* key;
     std::uint32_t turn;
@@ -139,6 +82,14 @@ Record* records = nullptr;
 int record_count = 0;
 int record_capacity = 0;
 Oid writer = InvalidOid;  // the functions' owner does the checks
+
+int compare_text(const text* a, const text* b) {
+    const std::size_t la = VARSIZE_ANY_EXHDR(a);
+    const std::size_t lb = VARSIZE_ANY_EXHDR(b);
+    const int c = std::memcmp(VARDATA_ANY(a), VARDATA_ANY(b), std::min(la, lb));
+    if (c != 0) return c;
+    return la < lb ? -1 : (la > lb ? 1 : 0);
+}
 
 const text* copy_text(const text* value) {
     return reinterpret_cast<const text*>(
@@ -154,8 +105,14 @@ void add(Kind kind, const text* topic, const text* key, std::int64_t id, std::in
             records == nullptr ? palloc(sizeof(Record) * record_capacity)
                                : repalloc(records, sizeof(Record) * record_capacity));
     }
-    records[record_count++] = Record{kind,           head, id, place, copy_text(topic), copy_text(key),
-                                     producer_turn_of(topic, key), GetCurrentSubTransactionId()};
+    // Consecutive records of one key (a bulk enqueue) share the copies.
+    const Record* last = record_count > 0 ? &records[record_count - 1] : nullptr;
+    const bool same = last != nullptr && compare_text(last->topic, topic) == 0 &&
+                      compare_text(last->key, key) == 0;
+    records[record_count++] =
+        Record{kind, head, id, place, 0, same ? last->topic : copy_text(topic),
+               same ? last->key : copy_text(key), same ? last->turn : producer_turn_of(topic, key),
+               GetCurrentSubTransactionId()};
     MemoryContextSwitchTo(old);
     writer = GetUserId();
 }
@@ -164,14 +121,6 @@ void forget_all() {
     records = nullptr;
     record_count = record_capacity = 0;
     writer = InvalidOid;
-}
-
-int compare_text(const text* a, const text* b) {
-    const std::size_t la = VARSIZE_ANY_EXHDR(a);
-    const std::size_t lb = VARSIZE_ANY_EXHDR(b);
-    const int c = std::memcmp(VARDATA_ANY(a), VARDATA_ANY(b), std::min(la, lb));
-    if (c != 0) return c;
-    return la < lb ? -1 : (la > lb ? 1 : 0);
 }
 
 bool same_key(const Record& a, const Record& b) {
@@ -198,12 +147,6 @@ void take_turns() {
 
 // --- the checks ----------------------------------------------------------------
 
-Datum text_array_of(const text** values, int count) {
-    Datum* datums = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
-    for (int i = 0; i < count; ++i) datums[i] = PointerGetDatum(values[i]);
-    return text_array(datums, count);
-}
-
 Datum int8_array_of(const std::int64_t* values, int count) {
     Datum* datums = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     for (int i = 0; i < count; ++i) datums[i] = Int64GetDatum(values[i]);
@@ -222,12 +165,19 @@ IdList id_list(int capacity) {
                   static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (capacity + 1))), 0};
 }
 
-void make_heads(const IdList& list, Micros now) {
-    if (list.count == 0) return;
+// Makes the pending events of `list` heads; returns how many it made (their
+// ids in *made when given). `latest`: with the newest committed data (the
+// checks before the commit), else as the statement sees it.
+int make_heads(const IdList& list, Micros now, bool latest, std::int64_t* made = nullptr) {
+    if (list.count == 0) return 0;
     Params params;
     params.add(int8_array_of(list.ids, list.count)).add_timestamp(now);
-    execute_latest(kMakeHeads, params);
-    note_ready_written(now);
+    const std::uint64_t rows =
+        latest ? execute_latest(kMakeHeads, params) : execute(kMakeHeads, params);
+    if (rows > 0) note_ready_written(now);
+    if (made != nullptr)
+        for (std::uint64_t row = 0; row < rows; ++row) made[row] = *column_int8(1, row);
+    return static_cast<int>(rows);
 }
 
 void unmake_heads(const IdList& list) {
@@ -244,68 +194,93 @@ void place(const IdList& list) {
     execute_latest(kPlace, params);
 }
 
+// After ended heads, under the turns. Where the head made at once still
+// holds, live events between the ended head's place and it (a redriven
+// event that waited behind the ended head) move to its place, next after
+// it; where none was made or it no longer holds, the key's first live event
+// from that place becomes the head.
 void check_ended(const int* which, int count, Micros now) {
-    const text** topics = static_cast<const text**>(palloc(sizeof(text*) * (count + 1)));
-    const text** keys = static_cast<const text**>(palloc(sizeof(text*) * (count + 1)));
-    auto* places = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (count + 1)));
-    auto* made = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (count + 1)));
+    constexpr int kLook = 16;
+    KeyEvent events[kLook];
+    IdList heads = id_list(count);
+    IdList moves = id_list(count * kLook);
     for (int i = 0; i < count; ++i) {
         const Record& r = records[which[i]];
-        topics[i] = r.topic;
-        keys[i] = r.key;
-        places[i] = r.place;
-        made[i] = r.id;
-    }
-    Params params;
-    params.add(text_array_of(topics, count)).add(text_array_of(keys, count));
-    params.add(int8_array_of(places, count)).add(int8_array_of(made, count));
-    const std::uint64_t rows = execute_latest(kCheckEnded, params);
-    IdList heads = id_list(count);
-    int gap_total = 0;
-    for (std::uint64_t row = 0; row < rows; ++row) {
-        bool isnull = false;
-        Datum* gap = nullptr;
-        gap_total += int8_elements(column(4, &isnull, row), &gap);
-    }
-    IdList moves = id_list(gap_total);
-    for (std::uint64_t row = 0; row < rows; ++row) {
-        bool isnull = false;
-        const bool made_holds = DatumGetBool(column(2, &isnull, row));
-        if (made_holds) {
-            const std::int64_t head_place = DatumGetInt64(column(3, &isnull, row));
-            Datum* gap = nullptr;
-            const int n = int8_elements(column(4, &isnull, row), &gap);
-            for (int i = 0; i < n; ++i) {
-                moves.ids[moves.count] = DatumGetInt64(gap[i]);
-                moves.places[moves.count++] = head_place;
+        bool made_holds = false;
+        int gap = 0;
+        if (r.id != 0) {
+            // The events from the ended head's place up to the head made.
+            std::int64_t from = r.place;
+            std::int64_t after = 0;
+            for (bool more = true; more && !made_holds;) {
+                const int n = key_events_from(r.topic, r.key, from, after, events, kLook);
+                more = n == kLook;
+                for (int e = 0; e < n; ++e) {
+                    if (events[e].id == r.id) {
+                        made_holds = events[e].ready;
+                        more = false;
+                        break;
+                    }
+                    if (events[e].place > r.made_place) {  // gone from the key's live events
+                        more = false;
+                        break;
+                    }
+                    if (events[e].place != r.made_place && moves.count + gap < count * kLook) {
+                        moves.ids[moves.count + gap] = events[e].id;
+                        moves.places[moves.count + gap] = r.made_place;
+                        ++gap;
+                    }
+                    from = events[e].place;
+                    after = events[e].id;
+                }
             }
+        }
+        if (made_holds) {
+            moves.count += gap;
             continue;
         }
-        const Datum first = column(5, &isnull, row);
-        if (isnull) continue;  // nothing left of the key
-        if (!DatumGetBool(column(6, &isnull, row))) heads.ids[heads.count++] = DatumGetInt64(first);
+        const KeyEvent first = first_event_from(r.topic, r.key, r.place);
+        if (first.found && !first.ready) heads.ids[heads.count++] = first.id;
     }
     place(moves);
-    make_heads(heads, now);
+    make_heads(heads, now, true);
 }
 
+// A redriven event waits behind the head its key has (next after it), or
+// becomes the head when its key has none. The head is looked for from
+// `from`, the lowest place of the key's events this transaction redrove:
+// every live event of the key is there or later (they died as heads).
 void check_redriven(const Record& r, std::int64_t from, bool latest, Micros now) {
     Params params;
-    params.add_int8(r.id).add_int8(from);
-    const std::uint64_t rows = latest ? execute_latest(kCheckRedriven, params)
-                                      : execute(kCheckRedriven, params);
+    params.add_int8(r.id);
+    const std::uint64_t rows =
+        latest ? execute_latest(kRedrivenNow, params) : execute(kRedrivenNow, params);
     if (rows == 0) return;
     bool isnull = false;
     if (!DatumGetBool(column(1, &isnull))) return;  // handed out, acked or dead again since
     const bool is_head = DatumGetBool(column(2, &isnull));
     const std::int64_t own_place = DatumGetInt64(column(3, &isnull));
-    (void)column(4, &isnull);
-    const bool other_head = !isnull;
-    const std::int64_t head_place = other_head ? DatumGetInt64(column(5, &isnull)) : 0;
+    constexpr int kLook = 64;
+    KeyEvent events[kLook];
+    bool other_head = false;
+    std::int64_t head_place = 0;
+    std::int64_t at = from;
+    std::int64_t after = 0;
+    for (bool more = true; more && !other_head;) {
+        const int n = key_events_from(r.topic, r.key, at, after, events, kLook);
+        more = n == kLook;
+        for (int e = 0; e < n && !other_head; ++e) {
+            if (events[e].id != r.id && events[e].ready) {
+                other_head = true;
+                head_place = events[e].place;
+            }
+            at = events[e].place;
+            after = events[e].id;
+        }
+    }
     Params set;
     set.add_int8(r.id);
     if (other_head) {
-        // It waits behind the head its key has, next after it.
         if (!is_head && own_place == head_place) return;
         set.add_null().add_int8(head_place);
     } else {
@@ -325,39 +300,31 @@ struct KeyGroup {
     int to;
 };
 
+// This transaction's events of each key, under the turns: another
+// transaction's live event of the key with a later place committed first,
+// so this transaction's events go after it, in order; else, one with an
+// earlier place means the key has its head; else this transaction's first
+// event of the key is the head.
 void check_enqueued(const KeyGroup* groups, int count, Micros now) {
     int events = 0;
     for (int g = 0; g < count; ++g) events += groups[g].to - groups[g].from;
-    auto* mine = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (events + 1)));
-    const text** topics = static_cast<const text**>(palloc(sizeof(text*) * (count + 1)));
-    const text** keys = static_cast<const text**>(palloc(sizeof(text*) * (count + 1)));
-    auto* firsts = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (count + 1)));
-    int n = 0;
-    for (int g = 0; g < count; ++g) {
-        topics[g] = records[groups[g].from].topic;
-        keys[g] = records[groups[g].from].key;
-        firsts[g] = records[groups[g].from].id;
-        for (int i = groups[g].from; i < groups[g].to; ++i) mine[n++] = records[i].id;
-    }
-    Params params;
-    params.add(int8_array_of(mine, n)).add(text_array_of(topics, count));
-    params.add(text_array_of(keys, count)).add(int8_array_of(firsts, count));
-    const std::uint64_t rows = execute_latest(kCheckEnqueued, params);
-
+    auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (events + 1)));
+    for (int i = 0, n = 0; i < count; ++i)
+        for (int r = groups[i].from; r < groups[i].to; ++r) ids[n++] = records[r].id;
     IdList heads = id_list(count);
     IdList unmade = id_list(events);
     auto* later = static_cast<bool*>(palloc0(sizeof(bool) * (count + 1)));
     int to_place = 0;
-    for (std::uint64_t row = 0; row < rows; ++row) {
-        bool isnull = false;
-        const int g = DatumGetInt32(column(1, &isnull, row)) - 1;
-        later[g] = DatumGetBool(column(2, &isnull, row));
-        const bool earlier = DatumGetBool(column(3, &isnull, row));
+    for (int g = 0, offset = 0; g < count; offset += groups[g].to - groups[g].from, ++g) {
         const KeyGroup& group = groups[g];
+        const Record& first = records[group.from];
+        const int mine = group.to - group.from;
+        later[g] = first_event_from(first.topic, first.key, first.id + 1, ids + offset, mine).found;
         if (later[g]) {
-            to_place += group.to - group.from;
+            to_place += mine;
             continue;
         }
+        const bool earlier = last_event_before(first.topic, first.key, first.id).found;
         for (int i = group.from; i < group.to; ++i) {
             const bool should_head = !earlier && i == group.from;
             if (records[i].head && !should_head) unmade.ids[unmade.count++] = records[i].id;
@@ -365,10 +332,8 @@ void check_enqueued(const KeyGroup* groups, int count, Micros now) {
         }
     }
     unmake_heads(unmade);
-    make_heads(heads, now);
+    make_heads(heads, now, true);
     if (to_place == 0) return;
-    // Another transaction's event of the key committed first with a later
-    // place: this transaction's events of the key go after it, in order.
     Params next;
     next.add(ObjectIdGetDatum(extension_objects().outbox)).add_int4(to_place);
     execute(kNewPlaces, next);
@@ -376,8 +341,7 @@ void check_enqueued(const KeyGroup* groups, int count, Micros now) {
     for (int g = 0; g < count; ++g) {
         if (!later[g]) continue;
         for (int i = groups[g].from; i < groups[g].to; ++i) {
-            bool isnull = false;
-            placed.places[placed.count] = DatumGetInt64(column(1, &isnull, placed.count));
+            placed.places[placed.count] = *column_int8(1, placed.count);
             placed.ids[placed.count++] = records[i].id;
         }
     }
@@ -474,20 +438,31 @@ void enqueued_keyed(const text* topic, const text* key, std::int64_t id, bool he
 
 void heads_ended(const EndedHeads& ended, Micros now) {
     if (ended.count == 0) return;
-    auto* made = static_cast<std::int64_t*>(palloc0(sizeof(std::int64_t) * (ended.count + 1)));
-    Params params;
-    params.add(text_array_of(ended.topics, ended.count));
-    params.add(text_array_of(ended.keys, ended.count));
-    params.add(int8_array_of(ended.places, ended.count)).add_timestamp(now);
-    const std::uint64_t rows = execute(kPromoteNext, params);
-    for (std::uint64_t row = 0; row < rows; ++row) {
-        bool isnull = false;
-        const int i = DatumGetInt32(column(1, &isnull, row)) - 1;
-        made[i] = DatumGetInt64(column(2, &isnull, row));
+    // The next live event of each key from the ended head's place (a
+    // redriven event waiting in that place comes first) becomes its head.
+    IdList next = id_list(ended.count);
+    auto* next_place = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (ended.count + 1)));
+    auto* of = static_cast<int*>(palloc(sizeof(int) * (ended.count + 1)));
+    for (int i = 0; i < ended.count; ++i) {
+        const KeyEvent event = first_event_from(ended.topics[i], ended.keys[i], ended.places[i]);
+        if (!event.found || event.ready) continue;
+        next_place[next.count] = event.place;
+        of[next.count] = i;
+        next.ids[next.count++] = event.id;
     }
-    if (rows > 0) note_ready_written(now);
+    auto* made = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (next.count + 1)));
+    const int made_count = make_heads(next, now, false, made);
+    const int base = record_count;
     for (int i = 0; i < ended.count; ++i)
-        add(Kind::Ended, ended.topics[i], ended.keys[i], made[i], ended.places[i], false);
+        add(Kind::Ended, ended.topics[i], ended.keys[i], 0, ended.places[i], false);
+    // Each head made is recorded with its ended head.
+    for (int n = 0; n < next.count; ++n) {
+        bool was_made = false;
+        for (int m = 0; m < made_count && !was_made; ++m) was_made = made[m] == next.ids[n];
+        if (!was_made) continue;
+        records[base + of[n]].id = next.ids[n];
+        records[base + of[n]].made_place = next_place[n];
+    }
 }
 
 void redriven_keyed(std::int64_t id, const text* topic, const text* key, std::int64_t place,

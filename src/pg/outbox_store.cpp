@@ -4,6 +4,7 @@
 
 #include "pg/extension_objects.hpp"
 #include "pg/outbox_heads.hpp"
+#include "pg/outbox_index.hpp"
 #include "pg/outbox_layout.hpp"
 #include "pg/outbox_ready_floor.hpp"
 #include "pg/producer_turn.hpp"
@@ -25,26 +26,24 @@ namespace {
     IF_READY_ELSE(", topic, CASE WHEN " cond " THEN key END, " PLACE,               \
                   ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8")
 
-// A new event is its key's head when its key has no live event (the newest
-// one is looked for: it is live whenever any is); an event without a key
-// always is. Due from deliver_at, or now.
+// $8: whether the new event is its key's head (always for an event without
+// a key); due from deliver_at, or now.
 #define INSERT_EVENT                                                                         \
     "INSERT INTO" OUTBOX "(topic, key, payload, headers, dedup_key, enqueued_at, available_at, " \
     "updated_at" IF_READY(", ready_at") ") VALUES ($1, $2, $3, $4, $5, $6, $7, $6"                \
-    IF_READY(", CASE WHEN $2::pg_catalog.text IS NULL OR (SELECT l.id FROM" OUTBOX "l "             \
-             "WHERE l.topic = $1 AND l.key = $2 AND l.state IN ('pending', 'in_flight') "          \
-             "ORDER BY COALESCE(l.key_seq, l.id) DESC, l.id DESC LIMIT 1) IS NULL "                \
-             "THEN GREATEST($7, $6) END") ") "
+    IF_READY(", CASE WHEN $8 THEN GREATEST($7, $6) END") ") "
 #define RETURNING_EVENT " RETURNING id, " IF_READY_ELSE("ready_at IS NOT NULL", "false")
 
 Statement kInsert = {
     INSERT_EVENT RETURNING_EVENT,
-    7, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+    8, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, BOOLOID},
+    nullptr};
 
 Statement kInsertDeduplicated = {
     INSERT_EVENT "ON CONFLICT (topic, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
     RETURNING_EVENT,
-    7, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
+    8, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, BOOLOID},
+    nullptr};
 
 Statement kFindDeduplicated = {
     "SELECT id FROM" OUTBOX "WHERE topic = $1 AND dedup_key = $2", 2, {TEXTOID, TEXTOID},
@@ -165,6 +164,11 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
     params.add_text(event.topic).add_text(event.key).add(event.payload);
     params.add_datum(event.headers, event.has_headers).add_text(event.dedup_key);
     params.add_timestamp(now).add_timestamp(event.available_at);
+    // A keyed event is its key's head when its key has no live event (the
+    // newest is looked for: it is live whenever any is); the check before
+    // the commit corrects what a concurrent commit changes.
+    params.add(BoolGetDatum(!ready_queue || event.key == nullptr ||
+                            !last_event_before(event.topic, event.key, PG_INT64_MAX).found));
     if (event.dedup_key == nullptr) {
         execute(kInsert, params);
         *inserted = true;
