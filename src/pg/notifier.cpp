@@ -3,7 +3,8 @@
 // the outbox NOTIFYs of that database's committed enqueues. Each time it
 // wakes it takes the topics waiting in its slot and sends one NOTIFY per
 // topic in one short transaction of its own, however many commits published
-// them. It leaves after idling for idempotency.launcher_naptime, on SIGTERM,
+// them, and one with the payload "*" (any topic) for commits whose topics
+// did not fit in the slot. It leaves after idling for idempotency.launcher_naptime, on SIGTERM,
 // when the workers are disabled, and when a command needs the database to
 // itself (DROP DATABASE): first it stops taking pins, then it sends what the
 // pinned committers publish, and only then does it exit.
@@ -40,11 +41,12 @@ constexpr long kRoundGapMs = 1;
 
 TopicList batch;  // large: kept out of the stack
 
-void send_notifies(const TopicList& topics) {
+void send_notifies(const TopicList& topics, bool any_topic) {
     SetCurrentStatementStartTimestamp();
     StartTransactionCommand();
     pgstat_report_activity(STATE_RUNNING, "idempotency: outbox notifications");
     for (int i = 0; i < topics.count; ++i) Async_Notify(kOutboxChannel, topics.names[i]);
+    if (any_topic) Async_Notify(kOutboxChannel, kAnyTopic);
     CommitTransactionCommand();
     pgstat_report_activity(STATE_IDLE, nullptr);
 }
@@ -89,9 +91,10 @@ void notifier_loop() {
             stop_accepting(slot);
             leaving_since = now;
         }
-        if (take_topics(slot, &batch) > 0) {
-            send_notifies(batch);
-            topics_sent(slot, batch.count);
+        std::uint64_t overflow_marks = 0;
+        if (take_topics(slot, &batch, &overflow_marks) > 0) {
+            send_notifies(batch, overflow_marks != 0);
+            topics_sent(slot, batch.count, overflow_marks);
             last_activity = now;
             (void)WaitLatch(MyLatch, WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, kRoundGapMs, PG_WAIT_EXTENSION);
             continue;

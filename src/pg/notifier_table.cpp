@@ -1,5 +1,6 @@
 #include "pg/notifier_table.hpp"
 
+#include <cstdint>
 #include <cstring>
 
 extern "C" {
@@ -27,6 +28,10 @@ struct NotifierSlot {
     Latch* latch;    // the attached notifier's
     int pins;        // committers between their pre-commit and their publish
     int reserved;    // topic entries promised to them
+    // Commits whose topics did not fit mark the slot; the marks up to
+    // `overflow_sent` were notified as kAnyTopic.
+    std::uint64_t overflow_marks;
+    std::uint64_t overflow_sent;
     int count;
     Topic topics[kNotifierTopics];
 };
@@ -109,18 +114,20 @@ void install_notifier_table_hooks() {
     shmem_startup_hook = start_table;
 }
 
-int pin_notifier(Oid database, int topics) {
+int pin_notifier(Oid database, int topics, bool overflowed, bool* overflow) {
+    *overflow = false;
     if (table == nullptr) return -1;
     int pinned = -1;
     bool wake_launcher = false;
     LWLockAcquire(table->lock, LW_EXCLUSIVE);
     if (NotifierSlot* slot = slot_for(database)) {
         if (slot->attached && slot->accepting) {
-            if (slot->count + slot->reserved + topics <= kNotifierTopics) {
-                ++slot->pins;
+            ++slot->pins;
+            if (!overflowed && slot->count + slot->reserved + topics <= kNotifierTopics)
                 slot->reserved += topics;
-                pinned = static_cast<int>(slot - table->slots);
-            }
+            else
+                *overflow = true;
+            pinned = static_cast<int>(slot - table->slots);
         } else if (!slot->wanted) {
             // None attached, or the one attached is leaving: a successor.
             slot->wanted = true;
@@ -133,18 +140,23 @@ int pin_notifier(Oid database, int topics) {
     return pinned;
 }
 
-void publish_and_unpin(int index, int reserved, const TopicList* topics) {
+void publish_and_unpin(int index, int reserved, const TopicList* topics, bool overflow) {
     NotifierSlot* slot = slot_at(index);
     if (slot == nullptr) return;
     LWLockAcquire(table->lock, LW_EXCLUSIVE);
-    slot->reserved -= reserved;
+    if (!overflow) slot->reserved -= reserved;
     --slot->pins;
     // An abort wakes the notifier too: a leaving one waits for the pins.
     bool wake = topics == nullptr || !slot->accepting;
-    if (topics != nullptr)
+    if (topics != nullptr && overflow) {
+        wake |= slot->overflow_marks == slot->overflow_sent;  // else woken for the last mark
+        ++slot->overflow_marks;
+    } else if (topics != nullptr) {
         for (int i = 0; i < topics->count; ++i) wake |= add_topic(slot, topics->names[i]);
+    }
     // The notifier died after the pin: its successor sends the topics.
-    const bool orphaned = !slot->attached && slot->count > 0;
+    const bool orphaned =
+        !slot->attached && (slot->count > 0 || slot->overflow_marks != slot->overflow_sent);
     if (orphaned) slot->wanted = true;
     Latch* latch = orphaned ? table->launcher_latch : slot->latch;
     LWLockRelease(table->lock);
@@ -166,24 +178,28 @@ bool attach_notifier(int index, Oid database) {
     return ok;
 }
 
-int take_topics(int index, TopicList* out) {
+int take_topics(int index, TopicList* out, std::uint64_t* overflow_marks) {
     NotifierSlot* slot = slot_at(index);
     out->count = 0;
+    *overflow_marks = 0;
     if (slot == nullptr) return 0;
     LWLockAcquire(table->lock, LW_EXCLUSIVE);
+    // Overflow marks not yet notified count as one more topic: kAnyTopic.
+    if (slot->overflow_marks != slot->overflow_sent) *overflow_marks = slot->overflow_marks;
     for (int i = 0; i < slot->count; ++i) {
         slot->topics[i].again = false;
         std::memcpy(out->names[i], slot->topics[i].name, kTopicBytes);
     }
     out->count = slot->count;
     LWLockRelease(table->lock);
-    return out->count;
+    return out->count + (*overflow_marks != 0 ? 1 : 0);
 }
 
-void topics_sent(int index, int count) {
+void topics_sent(int index, int count, std::uint64_t overflow_marks) {
     NotifierSlot* slot = slot_at(index);
     if (slot == nullptr) return;
     LWLockAcquire(table->lock, LW_EXCLUSIVE);
+    if (overflow_marks != 0) slot->overflow_sent = overflow_marks;
     int kept = 0;
     for (int i = 0; i < slot->count; ++i)
         if (i >= count || slot->topics[i].again) slot->topics[kept++] = slot->topics[i];
@@ -203,7 +219,8 @@ bool try_detach(int index) {
     NotifierSlot* slot = slot_at(index);
     if (slot == nullptr) return true;
     LWLockAcquire(table->lock, LW_EXCLUSIVE);
-    const bool idle = slot->pins == 0 && slot->count == 0;
+    const bool idle = slot->pins == 0 && slot->count == 0 &&
+                      slot->overflow_marks == slot->overflow_sent;
     const bool successor = idle && slot->wanted;
     if (idle) {
         slot->attached = false;
@@ -226,7 +243,8 @@ void detach_on_exit(int, Datum index) {
         slot->attached = false;
         slot->accepting = false;
         slot->latch = nullptr;
-        successor = slot->pins > 0 || slot->count > 0 || slot->wanted;
+        successor = slot->pins > 0 || slot->count > 0 ||
+                    slot->overflow_marks != slot->overflow_sent || slot->wanted;
         if (successor)
             slot->wanted = true;
         else

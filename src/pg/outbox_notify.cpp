@@ -17,7 +17,9 @@ namespace {
 // The current transaction's topics for the notifier, and its pinned slot
 // (between the pre-commit and the end of the transaction).
 TopicList deferred;
+bool deferred_overflow = false;  // more distinct topics than a slot holds
 int pinned_slot = -1;
+bool pinned_overflow = false;    // the commit marks the slot overflowed
 
 bool deferring_possible() {
     return notifier_table_available() && settings::worker_enabled && !IsInParallelMode();
@@ -32,29 +34,35 @@ bool already_deferred(const char* name, std::size_t bytes) {
 
 void notify_deferred_now() {
     for (int i = 0; i < deferred.count; ++i) Async_Notify(kOutboxChannel, deferred.names[i]);
+    if (deferred_overflow) Async_Notify(kOutboxChannel, kAnyTopic);
     deferred.count = 0;
+    deferred_overflow = false;
 }
 
 void forget_transaction() {
     deferred.count = 0;
+    deferred_overflow = false;
     pinned_slot = -1;
+    pinned_overflow = false;
 }
 
 void on_transaction_event(XactEvent event, void*) {
-    if (deferred.count == 0 && pinned_slot < 0) return;
+    if (deferred.count == 0 && !deferred_overflow && pinned_slot < 0) return;
     switch (event) {
     case XACT_EVENT_PRE_COMMIT:
         // Still inside the transaction: either a notifier is pinned to send
         // the topics after the commit, or the commit sends them itself.
-        pinned_slot = pin_notifier(MyDatabaseId, deferred.count);
+        pinned_slot = pin_notifier(MyDatabaseId, deferred.count, deferred_overflow, &pinned_overflow);
         if (pinned_slot < 0) notify_deferred_now();
         break;
     case XACT_EVENT_COMMIT:
-        if (pinned_slot >= 0) publish_and_unpin(pinned_slot, deferred.count, &deferred);
+        if (pinned_slot >= 0)
+            publish_and_unpin(pinned_slot, deferred.count, &deferred, pinned_overflow);
         forget_transaction();
         break;
     case XACT_EVENT_ABORT:
-        if (pinned_slot >= 0) publish_and_unpin(pinned_slot, deferred.count, nullptr);
+        if (pinned_slot >= 0)
+            publish_and_unpin(pinned_slot, deferred.count, nullptr, pinned_overflow);
         forget_transaction();
         break;
     case XACT_EVENT_PRE_PREPARE:
@@ -85,10 +93,10 @@ void notify_outbox_on_commit(const text* topic) {
         Async_Notify(kOutboxChannel, text_to_cstring(topic));
         return;
     }
-    if (already_deferred(name, bytes)) return;
-    // More distinct topics than a slot holds: no notifier could take them all.
+    if (deferred_overflow || already_deferred(name, bytes)) return;
+    // More distinct topics than a slot holds: the notifier sends "*".
     if (deferred.count == kNotifierTopics) {
-        Async_Notify(kOutboxChannel, text_to_cstring(topic));
+        deferred_overflow = true;
         return;
     }
     std::memcpy(deferred.names[deferred.count], name, bytes);

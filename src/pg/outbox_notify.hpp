@@ -4,9 +4,11 @@
 // through the commit's WAL flush). So, when the library is preloaded and the
 // workers are enabled, an enqueuing transaction does not NOTIFY itself: it
 // hands its topics, after its commit, to the database's notifier
-// (pg/notifier.cpp), which sends them in a transaction of its own. When no
-// notifier can take them (none running yet, leaving, its slot full) the
-// transaction notifies in its own commit, as without preload.
+// (pg/notifier.cpp), which sends them in a transaction of its own. Topics
+// that do not fit in the notifier's slot become one notification with the
+// payload "*" (any topic). When no notifier can take them (none running
+// yet, leaving) the transaction notifies in its own commit, as without
+// preload.
 #pragma once
 
 #include "pg/postgres.hpp"

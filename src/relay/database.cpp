@@ -237,7 +237,8 @@ void Database::collect_notifications() {
         if (strcmp(notify->relname, kChannel) == 0) {
             ++notifications_;
             const char* topic = notify->extra != nullptr ? notify->extra : "";
-            if (options_.topics.empty() ||
+            // "*": events of topics the notifier could not name one by one.
+            if (options_.topics.empty() || strcmp(topic, "*") == 0 ||
                 std::find(options_.topics.begin(), options_.topics.end(), topic) !=
                     options_.topics.end())
                 notified_ = true;

@@ -8,7 +8,7 @@
 #   for a notifier; later ones are announced by the notifier, after the
 #   commit, never before it, never for a rollback;
 # - more distinct topics than a notifier slot holds, in one transaction and
-#   from concurrent producers;
+#   from concurrent producers: the others announced as "*" by the notifier;
 # - the notifier leaving after idling, on SIGTERM, and killed with kill -9
 #   (crash restart): no commit after it goes unannounced;
 # - PREPARE TRANSACTION is refused while outbox_notify is on;
@@ -117,23 +117,36 @@ is($node->safe_psql('postgres', "SELECT count(*) FROM idempotency.outbox WHERE t
 	'0', 'and left no event');
 
 # --- many distinct topics ---------------------------------------------------
+# A slot holds 64 topics; a commit with more is announced as "*" (any
+# topic), by the notifier: a commit never notifies itself, however many
+# topics it has.
 my @wide = map { "wide-$_" } 1 .. 100;
+ok(barrier($node, $l), 'barrier heard before the wide transaction');
+$notifier = notifier_pid($node);
+delete $l->{heard}{'*'};
 $producer->query_safe('BEGIN');
 $producer->query_safe(enqueue_sql($_)) for @wide;
 $producer->query_safe('COMMIT');
-ok(hear_all($l, @wide), 'one transaction with 100 distinct topics: every topic announced');
+is(hear($l, '*'), $notifier, 'one transaction with 100 distinct topics: "*" announced by the notifier');
+is(scalar(grep { exists $l->{heard}{$_} && $l->{heard}{$_} ne $notifier } @wide), 0,
+	'nothing of it announced by the committing session');
 
 # Concurrent producers, 300 distinct topics: more than a slot holds at once.
 my $script = $node->basedir . '/many_topics.sql';
 append_to_file($script,
 	"\\set t random(1, 300)\nSELECT idempotency.outbox_enqueue('many-' || :t, '{}');\n");
+delete $l->{heard}{'*'};
 $node->command_ok(
 	[ 'pgbench', '-n', '-c', '8', '-j', '2', '-t', '150', '-f', $script,
 	  '-h', $node->host, '-p', $node->port, 'postgres' ],
 	'8 producers enqueue on 300 topics');
 my @many = split /\n/, $node->safe_psql('postgres',
 	"SELECT DISTINCT topic FROM idempotency.outbox WHERE topic LIKE 'many-%'");
-ok(hear_all($l, @many), scalar(@many) . ' distinct topics of concurrent commits: every topic announced');
+# Each topic by name, or "*" after it.
+ok(barrier($node, $l), 'barrier heard after the 300-topic run');
+my @unheard = grep { !exists $l->{heard}{$_} } @many;
+ok(@unheard == 0 || exists $l->{heard}{'*'},
+	scalar(@many) . ' distinct topics of concurrent commits: every topic announced, by name or as "*"');
 
 # --- the notifier leaves after idling (launcher_naptime, 1 s here) ----------
 ok(poll_until(30, sub { backend_pid($node, 'idempotency notifier') eq '' }),
