@@ -45,10 +45,10 @@ CREATE FUNCTION pg_temp.fresh() RETURNS void LANGUAGE sql AS $f$
     SELECT pg_temp.enq(4) $f$;
 
 -- Claimed and acked in one transaction: each event is written once, as
--- delivered, with the claim's attempt and relay; the ack of 1 also makes 2,
--- the next event of key a, its key's head (one more write). Until then the
--- claiming transaction itself sees them pending (other sessions see them
--- locked).
+-- delivered, with the claim's attempt and relay (the next event of key a
+-- becomes its key's head at the commit, one more write then). Until then
+-- the claiming transaction itself sees them pending (other sessions see
+-- them locked).
 SELECT pg_temp.fresh();
 BEGIN;
 SELECT pg_temp.written() AS before \gset

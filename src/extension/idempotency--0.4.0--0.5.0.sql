@@ -48,9 +48,12 @@ CREATE INDEX outbox_ready ON idempotency.outbox (topic, ready_at, id)
 -- ... and of every topic.
 CREATE INDEX outbox_ready_all ON idempotency.outbox (ready_at, id)
     WHERE ready_at IS NOT NULL;
--- Each key's live events in its order: the next head after an ack.
+-- Each key's live events in its order: the next head after an ack. Keys
+-- by a 64-bit hash of (topic, key), which readers recheck: eight bytes to
+-- compare instead of two texts, on every insert and read.
 CREATE INDEX outbox_key_order ON idempotency.outbox
-    (topic, key, (COALESCE(key_seq, id)), id)
+    (pg_catalog.hashtextextended(key, pg_catalog.hashtextextended(topic, 0)),
+     (COALESCE(key_seq, id)), id)
     WHERE state IN ('pending', 'in_flight') AND key IS NOT NULL;
 -- The lease-expiry sweep, in lease order.
 DROP INDEX idempotency.outbox_in_flight;

@@ -6,6 +6,7 @@
 #include "pg/outbox_held.hpp"
 #include "pg/outbox_notify.hpp"
 #include "pg/outbox_ready_floor.hpp"
+#include "pg/producer_turn.hpp"
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
 #include "pg/statement_guard.hpp"
@@ -40,5 +41,6 @@ extern "C" void _PG_init(void) {
     idem::pg::install_shared_state_hooks();
     idem::pg::install_notifier_table_hooks();
     idem::pg::install_ready_floor_hooks();
+    idem::pg::install_producer_turn_hooks();
     idem::pg::register_launcher();
 }

@@ -5,6 +5,7 @@
 
 #include "pg/arrays.hpp"
 #include "pg/outbox_claim_walk.hpp"
+#include "pg/outbox_heads.hpp"
 #include "pg/outbox_held.hpp"
 #include "pg/outbox_index.hpp"
 #include "pg/outbox_layout.hpp"
@@ -48,7 +49,9 @@ namespace {
 // Locks up to $4 of the candidates (the row versions read) that are still
 // ready and due, oldest first, and hands them out; none this transaction
 // holds ($5). The last column: whether the event was in flight with an
-// expired lease.
+// expired lease. Always a generic plan (a TID scan): a custom plan would
+// estimate ready_at <= $2 from the ready index's live end, walking the dead
+// entries there on every call.
 Statement kHandOut = {
     "SELECT o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts + 1,"
     "       o.enqueued_at, o.state = 'in_flight' FROM" OUTBOX "o"
@@ -57,7 +60,8 @@ Statement kHandOut = {
     "        AND o.attempts < COALESCE(o.max_attempts, $3)))"
     "   AND o.id <> ALL ($5)"
     " ORDER BY o.ready_at, o.id LIMIT $4 FOR NO KEY UPDATE OF o SKIP LOCKED",
-    5, {TIDARRAYOID, TIMESTAMPTZOID, INT4OID, INT4OID, INT8ARRAYOID}, nullptr};
+    5, {TIDARRAYOID, TIMESTAMPTZOID, INT4OID, INT4OID, INT8ARRAYOID}, nullptr, 0,
+    CURSOR_OPT_GENERIC_PLAN};
 
 constexpr long kMaxWindow = 8192;
 
@@ -173,6 +177,8 @@ Source* sources_of(const ClaimRequest& request, int* count) {
 
 std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sink,
                           void* context) {
+    // Heads this transaction ended: their next events are ready for it too.
+    promote_ended_heads(now);
     MemoryContext const caller_memory = CurrentMemoryContext;
     MemoryContext const claim_memory =
         AllocSetContextCreate(caller_memory, "idempotency outbox claim", ALLOCSET_DEFAULT_SIZES);

@@ -68,12 +68,14 @@ enum class Kind : std::uint8_t { Enqueued, Ended, Redriven };
 struct Record {
     Kind kind;
     bool head;           // Enqueued: made its key's head at once
+    bool tried;          // Ended: the next head was looked for before the commit step
     std::int64_t id;     // Enqueued, Redriven: the event; Ended: the head made at once, or 0
     std::int64_t place;  // Ended: the ended head's place; Redriven: the event's, when redriven
     std::int64_t made_place;  // Ended: the place of the head made at once
     const text* topic;
     const text* key;
     std::uint32_t turn;
+    std::uint64_t seen;  // Enqueued: the turn's commit count before the key was looked at
     SubTransactionId made_in;
 };
 
@@ -81,7 +83,11 @@ struct Record {
 Record* records = nullptr;
 int record_count = 0;
 int record_capacity = 0;
+bool untried = false;     // ended heads whose next head was not looked for yet
 Oid writer = InvalidOid;  // the functions' owner does the checks
+// The turns taken before the commit: counted once it is visible.
+std::uint32_t* taken = nullptr;
+int taken_count = 0;
 
 int compare_text(const text* a, const text* b) {
     const std::size_t la = VARSIZE_ANY_EXHDR(a);
@@ -97,7 +103,7 @@ const text* copy_text(const text* value) {
 }
 
 void add(Kind kind, const text* topic, const text* key, std::int64_t id, std::int64_t place,
-         bool head) {
+         bool head, std::uint64_t seen = kNoCount) {
     MemoryContext const old = MemoryContextSwitchTo(TopTransactionContext);
     if (record_count == record_capacity) {
         record_capacity = record_capacity == 0 ? 16 : record_capacity * 2;
@@ -110,9 +116,9 @@ void add(Kind kind, const text* topic, const text* key, std::int64_t id, std::in
     const bool same = last != nullptr && compare_text(last->topic, topic) == 0 &&
                       compare_text(last->key, key) == 0;
     records[record_count++] =
-        Record{kind, head, id, place, 0, same ? last->topic : copy_text(topic),
+        Record{kind, head, false, id, place, 0, same ? last->topic : copy_text(topic),
                same ? last->key : copy_text(key), same ? last->turn : producer_turn_of(topic, key),
-               GetCurrentSubTransactionId()};
+               seen, GetCurrentSubTransactionId()};
     MemoryContextSwitchTo(old);
     writer = GetUserId();
 }
@@ -120,7 +126,10 @@ void add(Kind kind, const text* topic, const text* key, std::int64_t id, std::in
 void forget_all() {
     records = nullptr;
     record_count = record_capacity = 0;
+    untried = false;
     writer = InvalidOid;
+    taken = nullptr;
+    taken_count = 0;
 }
 
 bool same_key(const Record& a, const Record& b) {
@@ -137,11 +146,15 @@ bool record_before(const Record& a, const Record& b) {
 }
 
 void take_turns() {
+    taken = static_cast<std::uint32_t*>(
+        MemoryContextAlloc(TopTransactionContext, sizeof(std::uint32_t) * (record_count + 1)));
+    taken_count = 0;
     std::uint32_t last = kProducerTurns;
     for (int i = 0; i < record_count; ++i) {
         if (records[i].turn == last) continue;
         last = records[i].turn;
         take_producer_turn(last);
+        taken[taken_count++] = last;
     }
 }
 
@@ -204,6 +217,7 @@ void check_ended(const int* which, int count, Micros now) {
     KeyEvent events[kLook];
     IdList heads = id_list(count);
     IdList moves = id_list(count * kLook);
+    KeyOrderReader reader = open_key_order();
     for (int i = 0; i < count; ++i) {
         const Record& r = records[which[i]];
         bool made_holds = false;
@@ -213,7 +227,8 @@ void check_ended(const int* which, int count, Micros now) {
             std::int64_t from = r.place;
             std::int64_t after = 0;
             for (bool more = true; more && !made_holds;) {
-                const int n = key_events_from(r.topic, r.key, from, after, events, kLook);
+                const int n = key_events_from(&reader, r.topic, r.key, from, after, r.made_place,
+                                              events, kLook);
                 more = n == kLook;
                 for (int e = 0; e < n; ++e) {
                     if (events[e].id == r.id) {
@@ -239,9 +254,10 @@ void check_ended(const int* which, int count, Micros now) {
             moves.count += gap;
             continue;
         }
-        const KeyEvent first = first_event_from(r.topic, r.key, r.place);
+        const KeyEvent first = first_event_from(&reader, r.topic, r.key, r.place);
         if (first.found && !first.ready) heads.ids[heads.count++] = first.id;
     }
+    close_key_order(&reader);
     place(moves);
     make_heads(heads, now, true);
 }
@@ -266,8 +282,9 @@ void check_redriven(const Record& r, std::int64_t from, bool latest, Micros now)
     std::int64_t head_place = 0;
     std::int64_t at = from;
     std::int64_t after = 0;
+    KeyOrderReader reader = open_key_order();
     for (bool more = true; more && !other_head;) {
-        const int n = key_events_from(r.topic, r.key, at, after, events, kLook);
+        const int n = key_events_from(&reader, r.topic, r.key, at, after, PG_INT64_MAX, events, kLook);
         more = n == kLook;
         for (int e = 0; e < n && !other_head; ++e) {
             if (events[e].id != r.id && events[e].ready) {
@@ -278,6 +295,7 @@ void check_redriven(const Record& r, std::int64_t from, bool latest, Micros now)
             after = events[e].id;
         }
     }
+    close_key_order(&reader);
     Params set;
     set.add_int8(r.id);
     if (other_head) {
@@ -294,10 +312,12 @@ void check_redriven(const Record& r, std::int64_t from, bool latest, Micros now)
         execute(kSetRedriven, set);
 }
 
-// The enqueued events of one key: records [from, to), in id order.
+// The enqueued events of one key: records [from, to), in id order; alone:
+// the transaction did nothing else to the key.
 struct KeyGroup {
     int from;
     int to;
+    bool alone;
 };
 
 // This transaction's events of each key, under the turns: another
@@ -315,22 +335,28 @@ void check_enqueued(const KeyGroup* groups, int count, Micros now) {
     IdList unmade = id_list(events);
     auto* later = static_cast<bool*>(palloc0(sizeof(bool) * (count + 1)));
     int to_place = 0;
+    KeyOrderReader reader = open_key_order();
     for (int g = 0, offset = 0; g < count; offset += groups[g].to - groups[g].from, ++g) {
         const KeyGroup& group = groups[g];
         const Record& first = records[group.from];
         const int mine = group.to - group.from;
-        later[g] = first_event_from(first.topic, first.key, first.id + 1, ids + offset, mine).found;
+        // Nothing committed on the key's turn since it was looked at: what
+        // the enqueue decided holds.
+        if (group.alone && turn_unchanged(first.turn, first.seen)) continue;
+        later[g] =
+            first_event_from(&reader, first.topic, first.key, first.id + 1, ids + offset, mine).found;
         if (later[g]) {
             to_place += mine;
             continue;
         }
-        const bool earlier = last_event_before(first.topic, first.key, first.id).found;
+        const bool earlier = last_event_before(&reader, first.topic, first.key, first.id).found;
         for (int i = group.from; i < group.to; ++i) {
             const bool should_head = !earlier && i == group.from;
             if (records[i].head && !should_head) unmade.ids[unmade.count++] = records[i].id;
             if (!records[i].head && should_head) heads.ids[heads.count++] = records[i].id;
         }
     }
+    close_key_order(&reader);
     unmake_heads(unmade);
     make_heads(heads, now, true);
     if (to_place == 0) return;
@@ -362,7 +388,13 @@ void check_all() {
         if (group_count > 0 && same_key(records[groups[group_count - 1].from], records[i]))
             groups[group_count - 1].to = i + 1;
         else
-            groups[group_count++] = KeyGroup{i, i + 1};
+            groups[group_count++] = KeyGroup{i, i + 1, true};
+    }
+    // Records of one key are adjacent, enqueued ones first.
+    for (int g = 0; g < group_count; ++g) {
+        const int next = groups[g].to;
+        if (next < record_count && same_key(records[next], records[groups[g].from]))
+            groups[g].alone = false;
     }
     // Ended heads first (their successors), then redriven events (behind
     // whatever head that left), then this transaction's own events.
@@ -399,11 +431,20 @@ void on_transaction_event(XactEvent event, void*) {
     if (records == nullptr) return;
     switch (event) {
     case XACT_EVENT_PRE_COMMIT:
-    case XACT_EVENT_PRE_PREPARE:
         before_commit();
         record_count = 0;
         break;
+    case XACT_EVENT_PRE_PREPARE:
+        before_commit();
+        record_count = 0;
+        // COMMIT PREPARED may run anywhere: the turns stay marked.
+        turns_prepared(taken, taken_count);
+        break;
     case XACT_EVENT_COMMIT:
+        // Visible now, and the turns are still held.
+        turns_committed(taken, taken_count);
+        forget_all();
+        break;
     case XACT_EVENT_ABORT:
     case XACT_EVENT_PREPARE:
         forget_all();
@@ -432,36 +473,46 @@ void on_subtransaction_event(SubXactEvent event, SubTransactionId mine, SubTrans
 
 }  // namespace
 
-void enqueued_keyed(const text* topic, const text* key, std::int64_t id, bool head) {
-    add(Kind::Enqueued, topic, key, id, 0, head);
+void enqueued_keyed(const text* topic, const text* key, std::int64_t id, bool head,
+                    std::uint64_t seen) {
+    add(Kind::Enqueued, topic, key, id, 0, head, seen);
 }
 
-void heads_ended(const EndedHeads& ended, Micros now) {
-    if (ended.count == 0) return;
+void heads_ended(const EndedHeads& ended, Micros) {
+    for (int i = 0; i < ended.count; ++i)
+        add(Kind::Ended, ended.topics[i], ended.keys[i], 0, ended.places[i], false);
+    untried |= ended.count > 0;
+}
+
+void promote_ended_heads(Micros now) {
+    if (!untried) return;
+    untried = false;
     // The next live event of each key from the ended head's place (a
     // redriven event waiting in that place comes first) becomes its head.
-    IdList next = id_list(ended.count);
-    auto* next_place = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (ended.count + 1)));
-    auto* of = static_cast<int*>(palloc(sizeof(int) * (ended.count + 1)));
-    for (int i = 0; i < ended.count; ++i) {
-        const KeyEvent event = first_event_from(ended.topics[i], ended.keys[i], ended.places[i]);
+    IdList next = id_list(record_count);
+    auto* next_place = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (record_count + 1)));
+    auto* of = static_cast<int*>(palloc(sizeof(int) * (record_count + 1)));
+    KeyOrderReader reader = open_key_order();
+    for (int i = 0; i < record_count; ++i) {
+        Record& r = records[i];
+        if (r.kind != Kind::Ended || r.tried) continue;
+        r.tried = true;
+        const KeyEvent event = first_event_from(&reader, r.topic, r.key, r.place);
         if (!event.found || event.ready) continue;
         next_place[next.count] = event.place;
         of[next.count] = i;
         next.ids[next.count++] = event.id;
     }
+    close_key_order(&reader);
     auto* made = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (next.count + 1)));
     const int made_count = make_heads(next, now, false, made);
-    const int base = record_count;
-    for (int i = 0; i < ended.count; ++i)
-        add(Kind::Ended, ended.topics[i], ended.keys[i], 0, ended.places[i], false);
     // Each head made is recorded with its ended head.
     for (int n = 0; n < next.count; ++n) {
         bool was_made = false;
         for (int m = 0; m < made_count && !was_made; ++m) was_made = made[m] == next.ids[n];
         if (!was_made) continue;
-        records[base + of[n]].id = next.ids[n];
-        records[base + of[n]].made_place = next_place[n];
+        records[of[n]].id = next.ids[n];
+        records[of[n]].made_place = next_place[n];
     }
 }
 

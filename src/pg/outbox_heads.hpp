@@ -28,12 +28,16 @@
 
 namespace idem::pg {
 
-// This transaction enqueued `id` for (topic, key); `head`: as its key's head.
-void enqueued_keyed(const text* topic, const text* key, std::int64_t id, bool head);
+// This transaction enqueued `id` for (topic, key); `head`: as its key's
+// head, decided after reading `seen`, the key's turn count
+// (pg/producer_turn.hpp).
+void enqueued_keyed(const text* topic, const text* key, std::int64_t id, bool head,
+                    std::uint64_t seen);
 
 // The heads of these keys ended (acked or dead) at these places in their
-// keys' order: the next event of each key becomes its head. Values are
-// copied.
+// keys' order: the next event of each key becomes its head, in the step
+// before the commit, or before a claim of the same transaction
+// (promote_ended_heads) so that it sees them. Values are copied.
 struct EndedHeads {
     const text** topics;
     const text** keys;
@@ -41,6 +45,7 @@ struct EndedHeads {
     int count;
 };
 void heads_ended(const EndedHeads& ended, Micros now);
+void promote_ended_heads(Micros now);
 
 // This transaction redrove the dead keyed event `id`, at `place` in its
 // key's order: it becomes its key's head, or waits behind the head its key

@@ -1,6 +1,7 @@
 #include "pg/outbox_index.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "pg/extension_objects.hpp"
 #include "pg/outbox_store.hpp"
@@ -10,6 +11,7 @@ extern "C" {
 #include "access/skey.h"
 #include "access/table.h"
 #include "catalog/index.h"
+#include "commands/sequence.h"
 #include "executor/tuptable.h"
 #include "utils/fmgroids.h"
 #include "utils/rel.h"
@@ -26,9 +28,11 @@ struct Layout {
     std::uint64_t generation;
     Oid ready;      // (topic, ready_at, id) WHERE ready_at IS NOT NULL
     Oid ready_all;  // (ready_at, id) WHERE ready_at IS NOT NULL
-    Oid key_order;  // (topic, key, COALESCE(key_seq, id), id) WHERE live AND key IS NOT NULL
-    AttrNumber id, ready_at, state, attempts, max_attempts, key_seq;
+    Oid key_order;  // (hash of topic and key, COALESCE(key_seq, id), id) WHERE live AND keyed
+    AttrNumber id, ready_at, state, attempts, max_attempts, key_seq, topic, key;
+    Oid key_collation;  // of the topic and key columns: the index expression's
     Datum pending, in_flight;
+    Oid id_sequence;
 };
 
 Layout known{};
@@ -61,14 +65,24 @@ const Layout& layout() {
     found.attempts = outbox_column(objects, "attempts");
     found.max_attempts = outbox_column(objects, "max_attempts");
     found.key_seq = outbox_column(objects, "key_seq");
+    found.topic = outbox_column(objects, "topic");
+    found.key = outbox_column(objects, "key");
+    Oid type = InvalidOid;
+    int32 typmod = 0;
+    get_atttypetypmodcoll(objects.outbox, found.key, &type, &typmod, &found.key_collation);
     found.pending = outbox_state_value("pending");
     found.in_flight = outbox_state_value("in_flight");
+    const Datum sequence = DirectFunctionCall2(
+        pg_get_serial_sequence,
+        CStringGetTextDatum(qualified_table_name(objects.outbox)), CStringGetTextDatum("id"));
+    found.id_sequence = DatumGetObjectId(
+        DirectFunctionCall1(regclassin, CStringGetDatum(TextDatumGetCString(sequence))));
     found.generation = objects.generation;
     known = found;
     return known;
 }
 
-void key(ScanKeyData* out, Relation index, AttrNumber column, StrategyNumber strategy,
+void scan_key(ScanKeyData* out, Relation index, AttrNumber column, StrategyNumber strategy,
          RegProcedure procedure, Datum value) {
     ScanKeyEntryInitialize(out, 0, column, strategy, InvalidOid,
                            index->rd_indcollation[column - 1], procedure, value);
@@ -109,26 +123,11 @@ void ready_keys(ScanKeyData* out, Relation index, void* context) {
     int n = 0;
     AttrNumber column = 1;
     if (k->topic != nullptr)
-        key(&out[n++], index, column++, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(k->topic));
-    key(&out[n++], index, column, BTGreaterEqualStrategyNumber, F_TIMESTAMPTZ_GE,
+        scan_key(&out[n++], index, column++, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(k->topic));
+    scan_key(&out[n++], index, column, BTGreaterEqualStrategyNumber, F_TIMESTAMPTZ_GE,
         TimestampTzGetDatum(k->from));
-    key(&out[n], index, column, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
+    scan_key(&out[n], index, column, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
         TimestampTzGetDatum(k->now));
-}
-
-struct KeyOrderKeys {
-    const text* topic;
-    const text* key;
-    std::int64_t place;
-    StrategyNumber strategy;
-    RegProcedure procedure;
-};
-
-void key_order_keys(ScanKeyData* out, Relation index, void* context) {
-    const KeyOrderKeys* k = static_cast<const KeyOrderKeys*>(context);
-    key(&out[0], index, 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(k->topic));
-    key(&out[1], index, 2, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(k->key));
-    key(&out[2], index, 3, k->strategy, k->procedure, Int64GetDatum(k->place));
 }
 
 Datum attribute(TupleTableSlot* slot, AttrNumber column, bool* isnull) {
@@ -215,49 +214,121 @@ int read_ready(const text* topic, Micros from, Micros after_at, std::int64_t aft
     return count;
 }
 
-KeyEvent first_event_from(const text* topic, const text* key, std::int64_t place,
-                          const std::int64_t* skip, int skip_count) {
+std::int64_t next_event_id() { return nextval_internal(layout().id_sequence, false); }
+
+KeyOrderReader open_key_order() {
     const Layout& l = layout();
-    KeyOrderKeys keys{topic, key, place, BTGreaterEqualStrategyNumber, F_INT8GE};
-    KeyEvent found{};
-    scan(l.key_order, ForwardScanDirection, 3, key_order_keys, &keys, [&](TupleTableSlot* slot) {
-        bool pending = false;
-        if (!is_live(l, slot, &pending)) return true;
-        const KeyEvent event = key_event(l, slot, pending);
-        if (skip_count > 0 && skipped(event.id, skip, skip_count)) return true;
-        found = event;
-        return false;
-    });
-    return found;
+    KeyOrderReader reader{};
+    reader.heap = table_open(extension_objects().outbox, AccessShareLock);
+    reader.index = index_open(l.key_order, AccessShareLock);
+    reader.snapshot = RegisterSnapshot(GetLatestSnapshot());
+    reader.scan = begin_index_scan(reader.heap, reader.index, reader.snapshot, 3);
+    reader.slot = table_slot_create(reader.heap, nullptr);
+    return reader;
 }
 
-int key_events_from(const text* topic, const text* key, std::int64_t place, std::int64_t after_id,
-                    KeyEvent* out, int limit) {
+void close_key_order(KeyOrderReader* reader) {
+    ExecDropSingleTupleTableSlot(reader->slot);
+    index_endscan(reader->scan);
+    UnregisterSnapshot(reader->snapshot);
+    index_close(reader->index, AccessShareLock);
+    table_close(reader->heap, AccessShareLock);
+}
+
+namespace {
+
+// The key-order index's first column: the index expression
+// hashtextextended(key, hashtextextended(topic, 0)), computed alike.
+std::int64_t key_hash(const text* topic, const text* key) {
     const Layout& l = layout();
-    KeyOrderKeys keys{topic, key, place, BTGreaterEqualStrategyNumber, F_INT8GE};
-    int count = 0;
-    scan(l.key_order, ForwardScanDirection, 3, key_order_keys, &keys, [&](TupleTableSlot* slot) {
+    const Datum seed = DirectFunctionCall2Coll(hashtextextended, l.key_collation,
+                                               PointerGetDatum(topic), Int64GetDatum(0));
+    return DatumGetInt64(
+        DirectFunctionCall2Coll(hashtextextended, l.key_collation, PointerGetDatum(key), seed));
+}
+
+bool same_text(Datum a, const text* b) {
+    const text* x = DatumGetTextPP(a);
+    return VARSIZE_ANY_EXHDR(x) == VARSIZE_ANY_EXHDR(b) &&
+           std::memcmp(VARDATA_ANY(x), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b)) == 0;
+}
+
+// Positions the reader on the live events of (topic, key) with
+// low <= place <= high.
+void key_range(KeyOrderReader* reader, const text* topic, const text* key, std::int64_t low,
+               std::int64_t high) {
+    ScanKeyData keys[3];
+    scan_key(&keys[0], reader->index, 1, BTEqualStrategyNumber, F_INT8EQ,
+             Int64GetDatum(key_hash(topic, key)));
+    scan_key(&keys[1], reader->index, 2, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(low));
+    scan_key(&keys[2], reader->index, 2, BTLessEqualStrategyNumber, F_INT8LE, Int64GetDatum(high));
+    index_rescan(reader->scan, keys, 3, nullptr, 0);
+    reader->topic = topic;
+    reader->key = key;
+}
+
+// The next visible live event of the reader's key in `direction` (rows of
+// other keys with the same hash are passed over).
+bool next_live(KeyOrderReader* reader, ScanDirection direction, KeyEvent* out) {
+    const Layout& l = layout();
+    while (index_getnext_slot(reader->scan, direction, reader->slot)) {
         bool pending = false;
-        if (!is_live(l, slot, &pending)) return true;
-        const KeyEvent event = key_event(l, slot, pending);
-        if (event.place == place && event.id <= after_id) return true;
-        out[count++] = event;
-        return count < limit;
-    });
+        if (!is_live(l, reader->slot, &pending)) continue;
+        bool isnull = false;
+        if (!same_text(slot_getattr(reader->slot, l.topic, &isnull), reader->topic)) continue;
+        const Datum key = slot_getattr(reader->slot, l.key, &isnull);
+        if (isnull || !same_text(key, reader->key)) continue;
+        *out = key_event(l, reader->slot, pending);
+        return true;
+    }
+    return false;
+}
+
+// Keys are read in a window of places first: a btree scan reads every
+// matching entry of the leaf page it starts on, and most next events are
+// close to the place looked from.
+constexpr std::int64_t kWindow = 8192;
+
+std::int64_t plus(std::int64_t a, std::int64_t b) { return a > PG_INT64_MAX - b ? PG_INT64_MAX : a + b; }
+std::int64_t minus(std::int64_t a, std::int64_t b) { return a < PG_INT64_MIN + b ? PG_INT64_MIN : a - b; }
+
+}  // namespace
+
+KeyEvent first_event_from(KeyOrderReader* reader, const text* topic, const text* key,
+                          std::int64_t place, const std::int64_t* skip, int skip_count) {
+    KeyEvent event{};
+    const std::int64_t near = plus(place, kWindow);
+    for (int pass = 0; pass < 2; ++pass) {
+        key_range(reader, topic, key, pass == 0 ? place : plus(near, 1),
+                  pass == 0 ? near : PG_INT64_MAX);
+        while (next_live(reader, ForwardScanDirection, &event))
+            if (skip_count == 0 || !skipped(event.id, skip, skip_count)) return event;
+        if (near == PG_INT64_MAX) break;
+    }
+    return KeyEvent{};
+}
+
+int key_events_from(KeyOrderReader* reader, const text* topic, const text* key, std::int64_t place,
+                    std::int64_t after_id, std::int64_t upto, KeyEvent* out, int limit) {
+    key_range(reader, topic, key, place, upto);
+    int count = 0;
+    KeyEvent event{};
+    while (count < limit && next_live(reader, ForwardScanDirection, &event))
+        if (!(event.place == place && event.id <= after_id)) out[count++] = event;
     return count;
 }
 
-KeyEvent last_event_before(const text* topic, const text* key, std::int64_t place) {
-    const Layout& l = layout();
-    KeyOrderKeys keys{topic, key, place, BTLessStrategyNumber, F_INT8LT};
-    KeyEvent found{};
-    scan(l.key_order, BackwardScanDirection, 3, key_order_keys, &keys, [&](TupleTableSlot* slot) {
-        bool pending = false;
-        if (!is_live(l, slot, &pending)) return true;
-        found = key_event(l, slot, pending);
-        return false;
-    });
-    return found;
+KeyEvent last_event_before(KeyOrderReader* reader, const text* topic, const text* key,
+                           std::int64_t place) {
+    KeyEvent event{};
+    const std::int64_t near = minus(place, kWindow);
+    for (int pass = 0; pass < 2; ++pass) {
+        key_range(reader, topic, key, pass == 0 ? near : PG_INT64_MIN,
+                  pass == 0 ? minus(place, 1) : minus(near, 1));
+        if (next_live(reader, BackwardScanDirection, &event)) return event;
+        if (near == PG_INT64_MIN) break;
+    }
+    return KeyEvent{};
 }
 
 }  // namespace idem::pg

@@ -42,16 +42,37 @@ struct KeyEvent {
     bool pending;
 };
 
+// The next id of the outbox's sequence (an enqueue takes it first, so that
+// its look at its key's events can start from it).
+std::int64_t next_event_id();
+
+// A reader of the key-order index, with a snapshot taken when it opens:
+// open, read as many keys as needed, close (no SQL in between). Trivially
+// destructible; an error releases what it holds.
+struct KeyOrderReader {
+    Relation heap;
+    Relation index;
+    Snapshot snapshot;
+    IndexScanDesc scan;
+    TupleTableSlot* slot;
+    const text* topic;  // the key being read
+    const text* key;
+};
+KeyOrderReader open_key_order();
+void close_key_order(KeyOrderReader* reader);
+
 // The first live event of (topic, key) at or after `place`, in key order,
-// whose id is not among the sorted `skip` ids.
-KeyEvent first_event_from(const text* topic, const text* key, std::int64_t place,
-                          const std::int64_t* skip = nullptr, int skip_count = 0);
+// whose id is not among the sorted `skip` ids (none found: found false).
+KeyEvent first_event_from(KeyOrderReader* reader, const text* topic, const text* key,
+                          std::int64_t place, const std::int64_t* skip = nullptr,
+                          int skip_count = 0);
 // Up to `limit` live events of (topic, key) after (place, after_id) in key
-// order, from `place` on.
-int key_events_from(const text* topic, const text* key, std::int64_t place, std::int64_t after_id,
-                    KeyEvent* out, int limit);
+// order, with places from `place` to `upto`.
+int key_events_from(KeyOrderReader* reader, const text* topic, const text* key, std::int64_t place,
+                    std::int64_t after_id, std::int64_t upto, KeyEvent* out, int limit);
 // The last live event of (topic, key) before `place` (the newest one when
 // `place` is INT64_MAX).
-KeyEvent last_event_before(const text* topic, const text* key, std::int64_t place);
+KeyEvent last_event_before(KeyOrderReader* reader, const text* topic, const text* key,
+                           std::int64_t place);
 
 }  // namespace idem::pg

@@ -27,22 +27,26 @@ namespace {
                   ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8")
 
 // $8: whether the new event is its key's head (always for an event without
-// a key); due from deliver_at, or now.
-#define INSERT_EVENT                                                                         \
-    "INSERT INTO" OUTBOX "(topic, key, payload, headers, dedup_key, enqueued_at, available_at, " \
-    "updated_at" IF_READY(", ready_at") ") VALUES ($1, $2, $3, $4, $5, $6, $7, $6"                \
+// a key); due from deliver_at, or now. $9: its id, taken from the sequence
+// first (with the ready queue).
+#define INSERT_EVENT                                                                            \
+    "INSERT INTO" OUTBOX "(" IF_READY("id, ") "topic, key, payload, headers, dedup_key, "             \
+    "enqueued_at, available_at, updated_at" IF_READY(", ready_at") ") "                              \
+    IF_READY("OVERRIDING SYSTEM VALUE ") "VALUES (" IF_READY("$9, ") "$1, $2, $3, $4, $5, $6, $7, $6" \
     IF_READY(", CASE WHEN $8 THEN GREATEST($7, $6) END") ") "
 #define RETURNING_EVENT " RETURNING id, " IF_READY_ELSE("ready_at IS NOT NULL", "false")
 
 Statement kInsert = {
     INSERT_EVENT RETURNING_EVENT,
-    8, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, BOOLOID},
+    9, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, BOOLOID,
+        INT8OID},
     nullptr};
 
 Statement kInsertDeduplicated = {
     INSERT_EVENT "ON CONFLICT (topic, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
     RETURNING_EVENT,
-    8, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, BOOLOID},
+    9, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, BOOLOID,
+        INT8OID},
     nullptr};
 
 Statement kFindDeduplicated = {
@@ -138,12 +142,13 @@ namespace {
 
 // The new event's id; with the ready queue, records a keyed event for the
 // check before the commit (pg/outbox_heads.hpp).
-std::int64_t inserted_event(const NewEvent& event, Micros now, bool ready_queue) {
+std::int64_t inserted_event(const NewEvent& event, Micros now, bool ready_queue,
+                            std::uint64_t seen) {
     const std::int64_t id = *column_int8(1);
     bool isnull = false;
     const bool head = DatumGetBool(column(2, &isnull));
     if (head) note_ready_written(std::max(now, event.available_at));
-    if (ready_queue && event.key != nullptr) enqueued_keyed(event.topic, event.key, id, head);
+    if (ready_queue && event.key != nullptr) enqueued_keyed(event.topic, event.key, id, head, seen);
     return id;
 }
 
@@ -167,12 +172,22 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
     // A keyed event is its key's head when its key has no live event (the
     // newest is looked for: it is live whenever any is); the check before
     // the commit corrects what a concurrent commit changes.
-    params.add(BoolGetDatum(!ready_queue || event.key == nullptr ||
-                            !last_event_before(event.topic, event.key, PG_INT64_MAX).found));
+    bool head = !ready_queue || event.key == nullptr;
+    const std::int64_t id = ready_queue ? next_event_id() : 0;
+    // Read before the key is looked at (pg/producer_turn.hpp).
+    const std::uint64_t seen =
+        event.key != nullptr && ready_queue ? turn_count(producer_turn_of(event.topic, event.key))
+                                            : kNoCount;
+    if (!head) {
+        KeyOrderReader reader = open_key_order();
+        head = !last_event_before(&reader, event.topic, event.key, id).found;
+        close_key_order(&reader);
+    }
+    params.add(BoolGetDatum(head)).add_int8(id);
     if (event.dedup_key == nullptr) {
         execute(kInsert, params);
         *inserted = true;
-        return inserted_event(event, now, ready_queue);
+        return inserted_event(event, now, ready_queue, seen);
     }
     // A concurrent enqueue of the same dedup_key: ON CONFLICT waits for its
     // transaction; then its row is visible (or gone after a rollback, or
@@ -182,7 +197,7 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
     for (;;) {
         if (execute(kInsertDeduplicated, params) > 0) {
             *inserted = true;
-            return inserted_event(event, now, ready_queue);
+            return inserted_event(event, now, ready_queue, seen);
         }
         if (execute(kFindDeduplicated, lookup, 1) > 0) {
             *inserted = false;

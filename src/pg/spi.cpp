@@ -161,8 +161,9 @@ void without_statement_text(Run run) {
 
 std::uint64_t execute(Statement& statement, const Params& params, long limit) {
     without_statement_text([&] {
-        const int rc = SPI_execute_plan(prepared(statement, 0), const_cast<Datum*>(params.values),
-                                        params.nulls, false, limit);
+        const int rc = SPI_execute_plan(prepared(statement, statement.options),
+                                        const_cast<Datum*>(params.values), params.nulls, false,
+                                        limit);
         if (rc < 0) elog(ERROR, "idempotency: statement failed: %s", SPI_result_code_string(rc));
     });
     return SPI_processed;
@@ -170,7 +171,8 @@ std::uint64_t execute(Statement& statement, const Params& params, long limit) {
 
 std::uint64_t execute_latest(Statement& statement, const Params& params) {
     without_statement_text([&] {
-        const int rc = SPI_execute_snapshot(prepared(statement, 0), const_cast<Datum*>(params.values),
+        const int rc = SPI_execute_snapshot(prepared(statement, statement.options),
+                                            const_cast<Datum*>(params.values),
                                             params.nulls, GetLatestSnapshot(), InvalidSnapshot,
                                             false, true, 0);
         if (rc < 0) elog(ERROR, "idempotency: statement failed: %s", SPI_result_code_string(rc));

@@ -27,6 +27,9 @@ struct Statement {
     Oid argtypes[10];
     SPIPlanPtr plan = nullptr;      // prepared on first use, kept while the objects stay
     std::uint64_t generation = 0;   // of the objects it was planned for
+    // CURSOR_OPT_* planner options: CURSOR_OPT_GENERIC_PLAN for a statement
+    // whose custom plans would cost more to make than to run.
+    int options = 0;
 };
 
 // Parameters of one execution. Trivially destructible.

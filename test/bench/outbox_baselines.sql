@@ -9,9 +9,11 @@
 --   bench.outbox_pk  the same columns and fillfactor, only the primary key:
 --                    the cheapest possible INSERT, labelled as such.
 --
--- The hand-written relay (scripts/relay_plain.sql) claims the oldest pending
--- events with FOR UPDATE SKIP LOCKED and marks them delivered; it keeps no
--- per-key order and ignores deliver_at, which the extension's claim honours.
+-- The hand-written relay (scripts/relay_plain.sql) claims the oldest ready
+-- events with FOR UPDATE SKIP LOCKED and marks them delivered; the plain
+-- INSERT makes every event ready (there is no per-key order), so it keeps
+-- no per-key order and ignores deliver_at, which the extension's claim
+-- honours.
 
 SET client_min_messages = warning;
 
@@ -32,14 +34,21 @@ CREATE TABLE bench.outbox (
     relay        text,
     last_error   text,
     delivered_at timestamptz,
-    updated_at   timestamptz NOT NULL
+    updated_at   timestamptz NOT NULL,
+    max_attempts int,
+    ready_at     timestamptz,
+    key_seq      bigint
 ) WITH (fillfactor = 80);
 
-CREATE INDEX outbox_live ON bench.outbox (id)
-    WHERE state IN ('pending', 'in_flight');
-CREATE INDEX outbox_key_chain ON bench.outbox (topic, key, id)
+CREATE INDEX outbox_ready ON bench.outbox (topic, ready_at, id)
+    WHERE ready_at IS NOT NULL;
+CREATE INDEX outbox_ready_all ON bench.outbox (ready_at, id)
+    WHERE ready_at IS NOT NULL;
+CREATE INDEX outbox_key_order ON bench.outbox
+    (pg_catalog.hashtextextended(key, pg_catalog.hashtextextended(topic, 0)),
+     (COALESCE(key_seq, id)), id)
     WHERE state IN ('pending', 'in_flight') AND key IS NOT NULL;
-CREATE INDEX outbox_in_flight ON bench.outbox (topic, key, lease_until)
+CREATE INDEX outbox_in_flight ON bench.outbox (lease_until)
     WHERE state = 'in_flight';
 CREATE UNIQUE INDEX outbox_dedup ON bench.outbox (topic, dedup_key)
     WHERE dedup_key IS NOT NULL;
@@ -61,7 +70,10 @@ CREATE TABLE bench.outbox_pk (
     relay        text,
     last_error   text,
     delivered_at timestamptz,
-    updated_at   timestamptz NOT NULL
+    updated_at   timestamptz NOT NULL,
+    max_attempts int,
+    ready_at     timestamptz,
+    key_seq      bigint
 ) WITH (fillfactor = 80);
 
 -- Index definitions of a table with the schema names taken out, one per
@@ -80,19 +92,33 @@ $$;
 -- outbox_enqueue writes them: topic 'orders', keys spread pseudo-randomly
 -- over 1000 values (the same sequence in both tables), a small payload, due
 -- now.
+-- now. In idempotency.outbox the first event of each key is its head
+-- (ready_at, 0.5.0 on); in bench.outbox every event is ready.
 CREATE FUNCTION bench.outbox_prefill(n int, target text) RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    INSERT INTO idempotency.outbox (topic, key, payload, enqueued_at, available_at, updated_at)
-    SELECT 'orders', (1 + abs(hashint4(i)) % 1000)::text,
-           jsonb_build_object('order', i, 'amount', 1999, 'currency', 'EUR'),
-           clock_timestamp(), clock_timestamp(), clock_timestamp()
-      FROM generate_series(1, n) AS i
-     WHERE target = 'extension';
-    INSERT INTO bench.outbox (topic, key, payload, enqueued_at, available_at, updated_at)
-    SELECT 'orders', (1 + abs(hashint4(i)) % 1000)::text,
-           jsonb_build_object('order', i, 'amount', 1999, 'currency', 'EUR'),
-           clock_timestamp(), clock_timestamp(), clock_timestamp()
-      FROM generate_series(1, n) AS i
-     WHERE target = 'plain';
-$$;
+BEGIN
+    IF target = 'plain' THEN
+        INSERT INTO bench.outbox (topic, key, payload, enqueued_at, available_at, updated_at, ready_at)
+        SELECT 'orders', (1 + abs(hashint4(i)) % 1000)::text,
+               jsonb_build_object('order', i, 'amount', 1999, 'currency', 'EUR'),
+               clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp()
+          FROM generate_series(1, n) AS i;
+    ELSIF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'idempotency.outbox'::regclass
+                     AND attname = 'ready_at' AND NOT attisdropped) THEN
+        EXECUTE 'INSERT INTO idempotency.outbox (topic, key, payload, enqueued_at, available_at,
+                                                 updated_at, ready_at)
+                 SELECT ''orders'', k, jsonb_build_object(''order'', i, ''amount'', 1999, ''currency'', ''EUR''),
+                        clock_timestamp(), clock_timestamp(), clock_timestamp(),
+                        CASE WHEN row_number() OVER (PARTITION BY k ORDER BY i) = 1
+                             THEN clock_timestamp() END
+                   FROM (SELECT i, (1 + abs(hashint4(i)) % 1000)::text AS k
+                           FROM generate_series(1, $1) AS i) e ORDER BY i' USING n;
+    ELSE
+        INSERT INTO idempotency.outbox (topic, key, payload, enqueued_at, available_at, updated_at)
+        SELECT 'orders', (1 + abs(hashint4(i)) % 1000)::text,
+               jsonb_build_object('order', i, 'amount', 1999, 'currency', 'EUR'),
+               clock_timestamp(), clock_timestamp(), clock_timestamp()
+          FROM generate_series(1, n) AS i;
+    END IF;
+END $$;

@@ -19,6 +19,11 @@
 #              ack them in one transaction per batch, while producers enqueue,
 #              with a pre-filled backlog: outbox_claim + outbox_ack against a
 #              hand-written SKIP LOCKED loop on bench.outbox
+#   queue      blocked heads, other topics' backlogs, dead index entries and
+#              100,000 keys: claim latency and relay throughput (queue.sh)
+#   producers  deadlocks of crossing and disjoint key orders, producers
+#              beside an open bulk transaction, enqueue at 30 and 10,000
+#              topics with notifications on and off (queue.sh)
 #   size       cost growth with table size: one_txn, two_txn and duplicate
 #              (extension) at 16 clients on idempotency_keys holding only the
 #              10000 preloaded keys, then the same with BENCH_SIZE_KEYS
@@ -41,7 +46,9 @@
 # or noisy machine single runs vary by 20% and more); BENCH_OUTBOX_ROUNDS
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
 # (docs/benchmarks.md, see below) for the Markdown tables,
-# BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay size churn idem_relay idle purge"),
+# BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay queue producers size churn
+# idem_relay idle purge"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
+# BENCH_QUEUE_RELAYS (2) relays per queue case,
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
 # enqueue in all (the same load for both variants; 0: as fast as they can),
@@ -70,7 +77,7 @@ case "$bench_dir" in /*) ;; *) bench_dir="$PWD/$bench_dir" ;; esac
 mkdir -p "$(dirname "$out")" "$bench_dir" || exit 1
 # The plots as the document links them: relative to the document's folder.
 plot_link=$(realpath -m --relative-to="$(dirname "$out")" "$bench_dir")
-sections=${BENCH_SECTIONS:-"claim enqueue relay size churn idem_relay idle purge"}
+sections=${BENCH_SECTIONS:-"claim enqueue relay queue producers size churn idem_relay idle purge"}
 size_keys=${BENCH_SIZE_KEYS:-5000000}
 size_clients=16
 bench_note=${BENCH_NOTE:-}
@@ -91,7 +98,7 @@ relay_target=1.00    # relays deliver at least as fast as the hand-written loop
 
 for section in $sections; do
     case "$section" in
-    claim | enqueue | relay | size | churn | idem_relay | idle | purge) ;;
+    claim | enqueue | relay | queue | producers | size | churn | idem_relay | idle | purge) ;;
     *) echo "bench: unknown section '$section' in BENCH_SECTIONS" >&2; exit 1 ;;
     esac
 done
@@ -119,7 +126,8 @@ fi
 
 # The scripts must be readable by the OS user that runs pgbench.
 mkdir -p "$dir/scripts"
-cp "$here"/scripts/*.sql "$here/baselines.sql" "$here/outbox_baselines.sql" "$dir/scripts/"
+cp "$here"/scripts/*.sql "$here/baselines.sql" "$here/outbox_baselines.sql" "$here/queue.sql" \
+    "$dir/scripts/"
 chown -R "$IDEM_OS_USER" "$dir/scripts"
 
 psql_bench() {
@@ -131,6 +139,7 @@ as_pg "$bindir/createdb" -h "$dir" -p "$port" -U postgres bench || exit 1
 psql_bench -c "CREATE EXTENSION idempotency" || exit 1
 psql_bench -f "$dir/scripts/baselines.sql" || exit 1
 psql_bench -f "$dir/scripts/outbox_baselines.sql" || exit 1
+psql_bench -f "$dir/scripts/queue.sql" || exit 1
 version=$(psql_bench -c "SHOW server_version")
 
 # pgbench_run LABEL LOGFILE CLIENTS SECONDS SCRIPT [pgbench options]: prints
@@ -618,6 +627,9 @@ EOF
         echo "$relay_plot"
     } >>"$out"
 fi
+
+# ------------------------------------------------------------------ queue, producers
+. "$here/queue.sh"
 
 # ------------------------------------------------------------------ size
 
