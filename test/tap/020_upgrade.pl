@@ -121,6 +121,18 @@ foreach my $version (@older)
 				  eq 'FAILED_RETRYABLE';
 			}),
 		"$version: the workers expire leases before the update");
+	# The outbox at the old version, served by this library: one key's
+	# events in order, the first left in flight across the update.
+	my $has_outbox = $node->safe_psql($db,
+		"SELECT to_regclass('idempotency.outbox') IS NOT NULL") eq 't';
+	if ($has_outbox)
+	{
+		$node->safe_psql($db,
+			"SELECT idempotency.outbox_enqueue('up', jsonb_build_object('n', n), 'k') FROM generate_series(1, 3) n");
+		is($node->safe_psql($db,
+				"SELECT string_agg(payload->>'n', ',') FROM idempotency.outbox_claim('r', 10, '1 hour', '{up}')"),
+			'1', "$version: the old outbox hands out a key's first event only");
+	}
 	my $tasks = $node->safe_psql($db,
 		'SELECT string_agg(task, \',\' ORDER BY task) FROM idempotency.idem_maintenance()');
 	unlike($tasks, qr/outbox/, "$version: idem_maintenance skips tasks of objects it lacks")
@@ -151,6 +163,17 @@ foreach my $version (@older)
 	ok($node->safe_psql($db,
 			"SELECT idempotency.outbox_enqueue('t', '{}') > 0"),
 		"$version: the new objects work after the update");
+	if ($has_outbox)
+	{
+		# The event in flight is its key's head: the next waits for its ack.
+		my $claim = "SELECT coalesce(string_agg(payload->>'n', ','), 'none') FROM idempotency.outbox_claim('r', 10, '1 hour', '{up}')";
+		my $ack = "SELECT idempotency.outbox_ack(ARRAY(SELECT id FROM idempotency.outbox WHERE topic = 'up' AND state = 'in_flight'))";
+		is($node->safe_psql($db, $claim), 'none', "$version: after the update, the key waits behind its event in flight");
+		$node->safe_psql($db, $ack);
+		is($node->safe_psql($db, $claim), '2', "$version: after its ack, the next event");
+		$node->safe_psql($db, $ack);
+		is($node->safe_psql($db, $claim), '3', "$version: then the last one");
+	}
 	is($node->safe_psql($db, $describe), $fresh,
 		"$version: the updated catalog equals a fresh install of $default");
 
