@@ -163,7 +163,7 @@ CALL bench.enqueue_keys('a', $n, false);
             -f "$dir/scripts/producers_$kind.sql" bench >"$dir/producers.$kind.log" 2>&1
         failed=$(pgbench_failed "$dir/producers.$kind.log")
         aborted=$(grep -c 'deadlock detected' "$dir/producers.$kind.log")
-        prow+=("deadlocks|$kind: 2 transactions, $n keys each|${failed:-?} failed, $aborted deadlock errors of 40|0")
+        prow+=("deadlocks|$kind: 2 clients x 20 transactions, $n keys each|${failed:-?} of 40 transactions failed, $aborted deadlock errors|0")
     done
     # Producers beside an open bulk transaction.
     printf '%s\n' "\\set k random(1, 10000)" \
