@@ -7,6 +7,7 @@
 #include "pg/outbox_claim_walk.hpp"
 #include "pg/outbox_heads.hpp"
 #include "pg/outbox_held.hpp"
+#include "pg/outbox_holders.hpp"
 #include "pg/outbox_index.hpp"
 #include "pg/outbox_layout.hpp"
 #include "pg/outbox_ready_floor.hpp"
@@ -101,24 +102,6 @@ bool before(const ReadyRow& a, const ReadyRow& b) {
     return a.ready_at < b.ready_at || (a.ready_at == b.ready_at && a.id < b.id);
 }
 
-// Whether another transaction that is still running holds the row: it
-// locked or changed the version read (xmax), and only conflicting locks
-// are taken on ready events (claims, nacks, acks, the sweep), so the lock
-// would skip it. Consecutive rows usually share their holder.
-struct Holders {
-    TransactionId last;
-    bool last_running;
-};
-
-bool held_by_other(Holders* holders, TransactionId xmax) {
-    if (!TransactionIdIsNormal(xmax)) return false;
-    if (xmax != holders->last) {
-        holders->last = xmax;
-        holders->last_running =
-            !TransactionIdIsCurrentTransactionId(xmax) && TransactionIdIsInProgress(xmax);
-    }
-    return holders->last_running;
-}
 
 // Locks and hands out up to `wanted` of the candidates; returns how many.
 std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions, int count,
@@ -200,7 +183,7 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
     }
     Datum* versions = static_cast<Datum*>(palloc(sizeof(Datum) * (batch + 1)));
     auto* tids = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (batch + 1)));
-    Holders holders{InvalidTransactionId, false};
+    Holders holders;
     int handed = 0;
     while (handed < batch) {
         // Every source with nothing left to merge reads its next window.

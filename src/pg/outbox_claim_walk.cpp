@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "pg/outbox_held.hpp"
+#include "pg/outbox_holders.hpp"
 #include "pg/outbox_key_set.hpp"
 #include "pg/spi.hpp"
 
@@ -111,26 +112,6 @@ long first_window(int batch) {
     return std::min<long>(kMaxWindow, static_cast<long>(rows));
 }
 
-// Whether another transaction that is still running holds the row: it
-// locked or changed the version the walk read (xmax), and only conflicting
-// locks are taken on live events (the claim's, nack's, the sweep's), so the
-// lock would skip it. Asking the procarray once per holder is far cheaper
-// than trying the lock; the lock still decides for every other row.
-// Consecutive rows usually share their holder (one relay's batch).
-struct Holders {
-    TransactionId last;
-    bool last_running;
-};
-
-bool held_by_other(Holders* holders, TransactionId xmax) {
-    if (!TransactionIdIsNormal(xmax)) return false;
-    if (xmax != holders->last) {
-        holders->last = xmax;
-        holders->last_running =
-            !TransactionIdIsCurrentTransactionId(xmax) && TransactionIdIsInProgress(xmax);
-    }
-    return holders->last_running;
-}
 
 // Whether the walked row `row` may be handed out, as far as the live events
 // before it tell; records its pair.
@@ -200,7 +181,7 @@ std::uint64_t claim_by_walking(const ClaimRequest& request, Micros now, HandedOu
     Portal walk = open_cursor(kWalkLive, walk_params);
     std::uint64_t handed = 0;
     std::uint64_t walked = 0;
-    Holders holders{InvalidTransactionId, false};
+    Holders holders;
     for (long window = first_window(request.batch);; window = std::min(window * 2, kMaxWindow)) {
         MemoryContextReset(window_memory);
         const std::uint64_t rows = fetch(walk, window);

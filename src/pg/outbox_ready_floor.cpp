@@ -77,6 +77,16 @@ void publish_late(Micros from) {
     SpinLockRelease(&floor_state->mutex);
 }
 
+// A prepared transaction's lowest ready_at, published once it ends. Mutex held.
+void record_prepared(const PreparedEntry& prepared) {
+    for (auto& entry : floor_state->prepared) {
+        if (entry.database != InvalidOid) continue;
+        entry = prepared;
+        return;
+    }
+    floor_state->prepared_overflow = true;
+}
+
 // --- the transaction's own writes ---------------------------------------------
 
 constexpr Micros kNone = DT_NOEND;
@@ -93,15 +103,8 @@ void on_transaction_event(XactEvent event, void*) {
         break;
     case XACT_EVENT_PRE_PREPARE:
         if (floor_state != nullptr) {
-            const TransactionId xid = GetTopTransactionIdIfAny();
             SpinLockAcquire(&floor_state->mutex);
-            PreparedEntry* free_entry = nullptr;
-            for (auto& entry : floor_state->prepared)
-                if (entry.database == InvalidOid) free_entry = &entry;
-            if (free_entry != nullptr)
-                *free_entry = PreparedEntry{MyDatabaseId, xid, earliest_written};
-            else
-                floor_state->prepared_overflow = true;
+            record_prepared(PreparedEntry{MyDatabaseId, GetTopTransactionIdIfAny(), earliest_written});
             SpinLockRelease(&floor_state->mutex);
         }
         break;
@@ -133,13 +136,7 @@ void record_surviving_prepared() {
         bool isnull = false;
         const TransactionId xid = DatumGetTransactionId(column(1, &isnull, row));
         const Oid database = DatumGetObjectId(column(2, &isnull, row));
-        PreparedEntry* free_entry = nullptr;
-        for (auto& entry : floor_state->prepared)
-            if (entry.database == InvalidOid) free_entry = &entry;
-        if (free_entry != nullptr)
-            *free_entry = PreparedEntry{database, xid, DT_NOBEGIN};
-        else
-            floor_state->prepared_overflow = true;
+        record_prepared(PreparedEntry{database, xid, DT_NOBEGIN});
     }
     SpinLockRelease(&floor_state->mutex);
 }

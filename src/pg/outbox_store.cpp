@@ -173,11 +173,13 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
     // newest is looked for: it is live whenever any is); the check before
     // the commit corrects what a concurrent commit changes.
     bool head = !ready_queue || event.key == nullptr;
-    const std::int64_t id = ready_queue ? next_event_id() : 0;
-    // Read before the key is looked at (pg/producer_turn.hpp).
+    // The turn's count is read before the id is taken and the key looked
+    // at: a commit it does not count took its places before this id, and
+    // the look back from this id sees them (pg/producer_turn.hpp).
     const std::uint64_t seen =
         event.key != nullptr && ready_queue ? turn_count(producer_turn_of(event.topic, event.key))
                                             : kNoCount;
+    const std::int64_t id = ready_queue ? next_event_id() : 0;
     if (!head) {
         KeyOrderReader reader = open_key_order();
         head = !last_event_before(&reader, event.topic, event.key, id).found;

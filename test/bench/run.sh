@@ -474,7 +474,7 @@ EOF
     echo "outbox enqueue: outbox_enqueue('orders', payload, key) against an INSERT of the same row" \
         "(keys from 1000 values, small jsonb payload, one event per transaction);" \
         "${seconds}s per run, $outbox_rounds round(s) (median), pgbench -M prepared"
-    echo "  plain INSERT: bench.outbox, the same columns, fillfactor and 6 indexes as idempotency.outbox"
+    echo "  plain INSERT: bench.outbox, the same columns, fillfactor and indexes as idempotency.outbox"
     echo "  INSERT, PK only: bench.outbox_pk, the same columns, only the primary key (not usable by a relay)"
     echo "  outbox_notify = off: the producers' sessions skip the NOTIFY on commit (relays then poll)"
     [ -z "$quiet" ] && echo "  (this version has no idempotency.outbox_notify: no notify-off column)"
@@ -597,8 +597,8 @@ EOF
         "and acking them in one transaction per batch, while $producing;" \
         "$backlog pending events before every run; ${seconds}s per run, $outbox_rounds round(s) (median)"
     echo "  extension: outbox_claim('bench-relay', 100) + outbox_ack(ids), per-key order and leases"
-    echo "  hand-written: SELECT ... WHERE state = 'pending' ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED," \
-        "UPDATE to in_flight, UPDATE to delivered (no per-key order) on bench.outbox"
+    echo "  hand-written: SELECT ... WHERE ready_at <= now ORDER BY ready_at, id LIMIT 100 FOR UPDATE SKIP LOCKED," \
+        "UPDATE to in_flight, UPDATE to delivered (every event ready: no per-key order) on bench.outbox"
     [ -n "$baseline_note" ] && echo "  $baseline_note"
     [ -n "$starved" ] && echo "  warning: the backlog ran low (raise BENCH_BACKLOG):$starved"
     table_rows "$header" "${rows[@]}"
@@ -614,9 +614,9 @@ EOF
         echo
         echo "- extension: \`outbox_claim('bench-relay', 100)\` + \`outbox_ack(ids)\`: per-key order," \
             "leases, attempts; producers call \`outbox_enqueue\`"
-        echo "- hand-written: \`WITH c AS (SELECT id FROM bench.outbox WHERE state = 'pending' ORDER BY id" \
+        echo "- hand-written: \`WITH c AS (SELECT id FROM bench.outbox WHERE ready_at <= now() ORDER BY ready_at, id" \
             "LIMIT 100 FOR UPDATE SKIP LOCKED) UPDATE ... SET state = 'in_flight' ... RETURNING\`, then" \
-            "\`UPDATE ... SET state = 'delivered' WHERE id = ANY (ids)\`; no per-key order;" \
+            "\`UPDATE ... SET state = 'delivered' WHERE id = ANY (ids)\`; every event is ready, so no per-key order;" \
             "producers INSERT into \`bench.outbox\`"
         echo
         echo "Target: relay throughput at least that of the hand-written loop."
