@@ -204,8 +204,12 @@ SELECT * FROM pg_temp.claim('relay-b');
 SELECT pg_sleep(0.6);
 -- ... until it is handed out again (attempt 2).
 SELECT * FROM pg_temp.claim('relay-b');
--- A dead event does not block its key.
+-- A dead event holds the later events of its key back, however long, until
+-- it is redriven or discarded (outbox_discard deletes it; the next event of
+-- its key becomes the head).
 SELECT idempotency.outbox_nack(pg_temp.id('e2'), 'bad', false);
+SELECT * FROM pg_temp.claim('relay-b');
+SELECT idempotency.outbox_discard(pg_temp.ids('e2')) AS discarded;
 SELECT * FROM pg_temp.claim('relay-b');
 -- retry_in 0: due at once, and still before the next event of the key;
 -- attempt grows with each hand-out.
@@ -370,7 +374,8 @@ SELECT * FROM pg_temp.claim('relay-b', topics => '{ob.lease}');
 SELECT idempotency.outbox_ack(pg_temp.ids('x2')) AS acked;
 -- Once its attempts reach idempotency.outbox_max_attempts it is not handed
 -- out again (nor are the later events of its key): idem_maintenance()
--- buries it as dead, with last_error 'lease expired'.
+-- buries it as dead, with last_error 'lease expired', and the dead event
+-- still holds y2 back until it is discarded.
 SET idempotency.outbox_max_attempts = 2;
 SELECT pg_temp.enq('y1', 'ob.lease', '{"n": 1}', key => 'lk2');
 SELECT pg_temp.enq('y2', 'ob.lease', '{"n": 2}', key => 'lk2');
@@ -382,24 +387,28 @@ SELECT * FROM pg_temp.claim('relay-a', topics => '{ob.lease}');
 SELECT rows FROM idempotency.idem_maintenance() WHERE task = 'expire_outbox_leases';
 SELECT * FROM pg_temp.events('ob.lease');
 SELECT * FROM pg_temp.claim('relay-a', topics => '{ob.lease}');
+SELECT idempotency.outbox_discard(pg_temp.ids('y1')) AS discarded;
+SELECT * FROM pg_temp.claim('relay-a', topics => '{ob.lease}');
 RESET idempotency.outbox_max_attempts;
 SELECT idempotency.outbox_ack(pg_temp.ids('y2')) AS acked;
--- A dead event redriven while a later event of its key is in flight waits
--- for it; when that one's lease runs out, it is that one (still the key's
--- event in flight) that is handed out again, then the redriven one.
+-- A dead head holds its key's later events back; redriven, it is handed
+-- out again first (its attempts start again at 1), and the next event only
+-- after its ack. A key's events that were enqueued after its head died wait
+-- behind it too.
 SELECT pg_temp.enq('z1', 'ob.lease', '{"n": 1}', key => 'lk3');
 SELECT pg_temp.enq('z2', 'ob.lease', '{"n": 2}', key => 'lk3');
 SELECT * FROM pg_temp.claim('relay-a', topics => '{ob.lease}');
 SELECT idempotency.outbox_nack(pg_temp.id('z1'), 'fatal', false);
+SELECT pg_temp.enq('z3', 'ob.lease', '{"n": 3}', key => 'lk3');
 SELECT * FROM pg_temp.claim('relay-a', lease => '0.5s', topics => '{ob.lease}');
 SELECT idempotency.outbox_redrive(pg_temp.ids('z1')) AS redriven;
 SELECT * FROM pg_temp.claim('relay-a', topics => '{ob.lease}');
-SELECT pg_sleep(0.6);
 SELECT * FROM pg_temp.claim('relay-b', topics => '{ob.lease}');
+SELECT idempotency.outbox_ack(pg_temp.ids('z1')) AS acked;
 SELECT * FROM pg_temp.claim('relay-b', topics => '{ob.lease}');
 SELECT idempotency.outbox_ack(pg_temp.ids('z2')) AS acked;
 SELECT * FROM pg_temp.claim('relay-b', topics => '{ob.lease}');
-SELECT idempotency.outbox_ack(pg_temp.ids('z1')) AS acked;
+SELECT idempotency.outbox_ack(pg_temp.ids('z3')) AS acked;
 SELECT * FROM pg_temp.events('ob.lease');
 
 -- ---------------------------------------------------------------- redrive

@@ -135,6 +135,7 @@ SELECT n, pg_temp.try(call) AS result FROM (VALUES
     (4, format($$SELECT idempotency.outbox_release(ARRAY[%s::bigint], 'relay-a')$$, pg_temp.v('b1'))),
     (5, $c$SELECT idempotency.outbox_redrive(topic => 'priv.b')$c$),
     (6, format('SELECT idempotency.outbox_redrive(ARRAY[%s::bigint])', pg_temp.v('b1'))),
+    (11, format('SELECT idempotency.outbox_discard(ARRAY[%s::bigint])', pg_temp.v('b1'))),
     (7, $c$SELECT idempotency.idem_claim('relay-key')$c$),
     (8, $c$SELECT idempotency.outbox_enqueue('priv.a', '{}')$c$),
     (9, $c$SELECT * FROM idempotency.idem_stats$c$),

@@ -48,13 +48,15 @@ CREATE INDEX outbox_ready ON idempotency.outbox (topic, ready_at, id)
 -- ... and of every topic.
 CREATE INDEX outbox_ready_all ON idempotency.outbox (ready_at, id)
     WHERE ready_at IS NOT NULL;
--- Each key's live events in its order: the next head after an ack. Keys
+-- Each key's events in its order, dead ones too (a dead event holds its
+-- key's later events back until it is redriven or discarded): the next
+-- head after an ack, and whether an enqueued event is its key's head. Keys
 -- by a 64-bit hash of (topic, key), which readers recheck: eight bytes to
 -- compare instead of two texts, on every insert and read.
 CREATE INDEX outbox_key_order ON idempotency.outbox
     (pg_catalog.hashtextextended(key, pg_catalog.hashtextextended(topic, 0)),
      (COALESCE(key_seq, id)), id)
-    WHERE state IN ('pending', 'in_flight') AND key IS NOT NULL;
+    WHERE state IN ('pending', 'in_flight', 'dead') AND key IS NOT NULL;
 -- The lease-expiry sweep, in lease order.
 DROP INDEX idempotency.outbox_in_flight;
 CREATE INDEX outbox_in_flight ON idempotency.outbox (lease_until)
@@ -62,3 +64,63 @@ CREATE INDEX outbox_in_flight ON idempotency.outbox (lease_until)
 -- Claims no longer walk the live queue in id order.
 DROP INDEX idempotency.outbox_live;
 DROP INDEX idempotency.outbox_key_chain;
+
+-- ---------------------------------------------------------------- dead heads
+
+-- Dead events an operator gives up on: deleted, and the next event of each
+-- key they held back becomes its head.
+CREATE FUNCTION idempotency.outbox_discard(ids pg_catalog.int8[])
+RETURNS pg_catalog.int8
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'outbox_discard';
+REVOKE ALL ON FUNCTION idempotency.outbox_discard(pg_catalog.int8[]) FROM PUBLIC;
+
+-- Relay roles may discard their own topics' dead letters, like redrive them.
+CREATE OR REPLACE FUNCTION idempotency.role_rights(kind pg_catalog.text,
+    OUT functions pg_catalog.text[], OUT views pg_catalog.text[])
+LANGUAGE sql IMMUTABLE
+AS $$
+SELECT CASE kind
+         WHEN 'application' THEN ARRAY[
+           'idem_register(text,jsonb,text,text)', 'idem_claim(text,jsonb,interval,text,interval)',
+           'idem_complete(text,bigint,jsonb,text,interval)', 'idem_fail(text,bigint,text,boolean,interval,text)',
+           'idem_heartbeat(text,bigint,interval,text)', 'idem_release(text,bigint,text)',
+           'idem_get(text,text)', 'idem_assert_owner(text,bigint,text)',
+           'inbox_receive(text,text,jsonb)', 'idem_lock(text,interval,text,interval)',
+           'idem_lock_renew(text,bigint,interval)', 'idem_unlock(text,bigint)',
+           'idem_lock_assert(text,bigint)',
+           'outbox_enqueue(text,jsonb,text,jsonb,text,timestamp with time zone)']
+         WHEN 'relay' THEN ARRAY[
+           'outbox_claim(text,integer,interval,text[])', 'outbox_ack(bigint[])',
+           'outbox_nack(bigint,text,boolean,interval)', 'outbox_release(bigint[],text)',
+           'outbox_redrive(bigint[],text)', 'outbox_discard(bigint[])', 'stuck_after()']
+         WHEN 'monitoring' THEN ARRAY['idem_metrics_row()', 'stuck_after()']
+         WHEN 'admin' THEN ARRAY['idem_maintenance()', 'idem_metrics_reset()']
+       END,
+       CASE kind
+         WHEN 'relay' THEN ARRAY['outbox_lag']
+         WHEN 'monitoring' THEN ARRAY['idem_stats', 'idem_stuck', 'outbox_lag',
+                                      'outbox_dead_letters', 'idem_metrics']
+         ELSE ARRAY[]::pg_catalog.text[]
+       END
+$$;
+REVOKE ALL ON FUNCTION idempotency.role_rights(pg_catalog.text) FROM PUBLIC;
+
+-- Roles given the relay's rights before this version get the new one too.
+DO $grant$
+DECLARE
+    grantee pg_catalog.regrole;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole
+          FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid OPERATOR(pg_catalog.=)
+               'idempotency.outbox_redrive(pg_catalog.int8[], pg_catalog.text)'::pg_catalog.regprocedure
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+           AND a.grantee OPERATOR(pg_catalog.<>) 0
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION idempotency.outbox_discard(pg_catalog.int8[]) TO %s', grantee);
+    END LOOP;
+END
+$grant$;

@@ -241,6 +241,19 @@ Datum redrive_body(FunctionCallInfo fcinfo) {
     PG_RETURN_INT64(static_cast<int64>(changed));
 }
 
+// Gives up on dead events: they are deleted, and each key they held back
+// goes on with its next event. A relay role discards only its own topics'.
+Datum discard_body(FunctionCallInfo fcinfo) {
+    const Datum ids = ids_arg(fcinfo, 0, "ids");
+    connect_spi();
+    const RelayScope scope = relay_scope();
+    check_event_topics(scope, ids, "discard");
+    const std::uint64_t discarded =
+        discard_events(ids, scope.topics, !scope.every_topic, GetCurrentTimestamp());
+    finish_spi();
+    PG_RETURN_INT64(static_cast<int64>(discarded));
+}
+
 // Gives back events the relay claimed and will not deliver in time: they
 // are pending again at once and their attempt does not count. Events this
 // transaction holds were never written as claimed, so forgetting the hold
@@ -280,3 +293,4 @@ IDEM_SQL_FUNCTION(outbox_ack, idem::pg::ack_body)
 IDEM_SQL_FUNCTION(outbox_nack, idem::pg::nack_body)
 IDEM_SQL_FUNCTION(outbox_redrive, idem::pg::redrive_body)
 IDEM_SQL_FUNCTION(outbox_release, idem::pg::release_body)
+IDEM_SQL_FUNCTION(outbox_discard, idem::pg::discard_body)

@@ -28,10 +28,10 @@ struct Layout {
     std::uint64_t generation;
     Oid ready;      // (topic, ready_at, id) WHERE ready_at IS NOT NULL
     Oid ready_all;  // (ready_at, id) WHERE ready_at IS NOT NULL
-    Oid key_order;  // (hash of topic and key, COALESCE(key_seq, id), id) WHERE live AND keyed
+    Oid key_order;  // (hash of topic and key, COALESCE(key_seq, id), id) WHERE not delivered AND keyed
     AttrNumber id, ready_at, state, attempts, max_attempts, key_seq, topic, key;
     Oid key_collation;  // of the topic and key columns: the index expression's
-    Datum pending, in_flight;
+    Datum pending, in_flight, dead;
     Oid id_sequence;
 };
 
@@ -72,6 +72,7 @@ const Layout& layout() {
     get_atttypetypmodcoll(objects.outbox, found.key, &type, &typmod, &found.key_collation);
     found.pending = outbox_state_value("pending");
     found.in_flight = outbox_state_value("in_flight");
+    found.dead = outbox_state_value("dead");
     const Datum sequence = DirectFunctionCall2(
         pg_get_serial_sequence,
         CStringGetTextDatum(qualified_table_name(objects.outbox)), CStringGetTextDatum("id"));
@@ -151,6 +152,15 @@ bool is_live(const Layout& l, TupleTableSlot* slot, bool* pending) {
     const Datum state = attribute(slot, l.state, &isnull);
     *pending = state == l.pending;
     return state == l.pending || state == l.in_flight;
+}
+
+// Pending, in flight, or dead: a dead event holds its key's later events
+// back until it is redriven or discarded.
+bool in_key_order(const Layout& l, TupleTableSlot* slot, bool* pending) {
+    bool isnull = false;
+    const Datum state = attribute(slot, l.state, &isnull);
+    *pending = state == l.pending;
+    return state == l.pending || state == l.in_flight || state == l.dead;
 }
 
 bool skipped(std::int64_t id, const std::int64_t* skip, int count) {
@@ -273,7 +283,7 @@ bool next_live(KeyOrderReader* reader, ScanDirection direction, KeyEvent* out) {
     const Layout& l = layout();
     while (index_getnext_slot(reader->scan, direction, reader->slot)) {
         bool pending = false;
-        if (!is_live(l, reader->slot, &pending)) continue;
+        if (!in_key_order(l, reader->slot, &pending)) continue;
         bool isnull = false;
         if (!same_text(slot_getattr(reader->slot, l.topic, &isnull), reader->topic)) continue;
         const Datum key = slot_getattr(reader->slot, l.key, &isnull);

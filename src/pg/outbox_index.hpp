@@ -33,7 +33,8 @@ struct ReadyRow {
 int read_ready(const text* topic, Micros from, Micros after_at, std::int64_t after_id, Micros now,
                int max_attempts, int limit, ReadyRow* out, Micros* seen_at, std::int64_t* seen_id);
 
-// A live event of a key, read from the key-order index.
+// An event of a key in its key's order, read from the key-order index:
+// pending, in flight, or dead (a dead event holds the later ones back).
 struct KeyEvent {
     bool found;
     std::int64_t id;

@@ -90,7 +90,7 @@ Statement kRetryOrBury = {
     "UPDATE" OUTBOX "SET state = $2, last_error = $3, available_at = $4, lease_until = NULL, "
     "updated_at = $5, attempts = $6, relay = COALESCE($7, relay)"
     IF_READY(", ready_at = CASE WHEN $2 = 'dead' THEN NULL ELSE $4 END")
-    " WHERE id = $1 RETURNING id" ENDED_HEADS("state = 'dead'"),
+    " WHERE id = $1 RETURNING id" ENDED_HEADS("false"),
     7, {INT8OID, kOutboxStateType, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID, TEXTOID},
     nullptr};
 
@@ -121,9 +121,22 @@ Statement kExpireLeases = {
     IF_READY(", ready_at = CASE WHEN o.attempts >= COALESCE(o.max_attempts, $3) "
              "THEN NULL ELSE $1 END")
     " FROM due WHERE o.id = due.id AND o.state = 'in_flight' RETURNING o.state = 'dead'"
-    IF_READY_ELSE(", o.topic, CASE WHEN o.state = 'dead' THEN o.key END, COALESCE(o.key_seq, o.id)",
+    IF_READY_ELSE(", o.topic, NULL::pg_catalog.text, COALESCE(o.key_seq, o.id)",
                   ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8"),
     5, {TIMESTAMPTZOID, INT4OID, INT4OID, kOutboxStateType, kOutboxStateType}, nullptr};
+
+// Dead events an operator gives up on: deleted; the next event of a key
+// whose first event (in its order) was the discarded one becomes its head.
+Statement kDiscard = {
+    "DELETE FROM" OUTBOX "o WHERE o.id = ANY ($1) AND o.state = 'dead' "
+    "AND ($2::pg_catalog.text[] IS NULL OR o.topic = ANY ($2)) RETURNING o.id"
+    IF_READY_ELSE(", o.topic, CASE WHEN o.key IS NOT NULL AND NOT EXISTS (SELECT FROM" OUTBOX "e "
+                  "  WHERE e.topic = o.topic AND e.key = o.key AND e.id <> o.id "
+                  "    AND e.state IN ('pending', 'in_flight', 'dead') "
+                  "    AND COALESCE(e.key_seq, e.id) < COALESCE(o.key_seq, o.id)) THEN o.key END, "
+                  "COALESCE(o.key_seq, o.id)",
+                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8"),
+    2, {INT8ARRAYOID, TEXTARRAYOID}, nullptr};
 
 Statement kPurgeDelivered = {
     "DELETE FROM" OUTBOX "WHERE id = ANY (ARRAY("
@@ -207,6 +220,14 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
         }
         CHECK_FOR_INTERRUPTS();
     }
+}
+
+std::uint64_t discard_events(Datum ids, Datum topics, bool has_topics, Micros now) {
+    Params params;
+    params.add(ids).add_datum(topics, has_topics);
+    const std::uint64_t discarded = execute(kDiscard, params);
+    end_heads_in_result(2, now);
+    return discarded;
 }
 
 std::uint64_t ack_events(Datum ids, Micros now) {

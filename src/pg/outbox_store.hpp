@@ -66,6 +66,11 @@ void retry_or_bury(std::int64_t id, const Failure& failure, Micros now);
 std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros now,
                              Datum topics, bool has_topics);
 
+// Deletes the dead events of `ids` (of `topics` when has_topics): an
+// operator gives up on them, and the next event of each key they held back
+// becomes its head. Returns how many.
+std::uint64_t discard_events(Datum ids, Datum topics, bool has_topics, Micros now);
+
 // In-flight events of `ids` that `relay` claimed back to pending, their
 // attempt given back; returns how many.
 std::uint64_t release_events(Datum ids, const text* relay, Micros now);
