@@ -431,6 +431,44 @@ bad=[e for e in map(json.loads, open('$dir/receiver.jsonl')) if e['topic']=='s_s
 sys.exit(1 if bad else 0)"
 
 # ---------------------------------------------------------------- refused
+# ---------------------------------------------------------------- a dead head
+# A dead event holds its key's later events back: a --once run delivers
+# neither the dead head (it is dead) nor the event behind it; the relay's
+# role may redrive (the head is delivered again first) or discard it (the
+# next event goes out).
+log "a dead head"
+# (Events that succeed come first: a sink whose first deliveries all fail
+# alike would stop the relay as misconfigured.)
+sql >/dev/null <<'SQL'
+SELECT idempotency.outbox_enqueue('s_dead', jsonb_build_object('name', 'fine' || n, 'script', '["200"]'::jsonb))
+  FROM generate_series(1, 2) n;
+SELECT idempotency.outbox_enqueue('s_dead', '{"name": "poison", "script": ["400"]}', 'blocked');
+SELECT idempotency.outbox_enqueue('s_dead', '{"name": "behind", "script": ["200"]}', 'blocked');
+SQL
+dead_run() { once "$1" 30 --dsn "$dsn" --sink "$sink" --topics s_dead --lease 5s; }
+dead_run dead1
+check "dead head: the poison head went dead" \
+    sql_is "SELECT state FROM idempotency.outbox WHERE payload->>'name' = 'poison'" dead
+behind=$(sql -c "SELECT id || ' ' || attempts || ' ' || state FROM idempotency.outbox WHERE payload->>'name' = 'behind'")
+check "dead head: the event behind it was never handed out, and never sent ($behind)" \
+    $python -c "
+import json, sys
+id, attempts, state = '$behind'.split()
+sent = [e for e in map(json.loads, open('$dir/receiver.jsonl')) if str(e['id']) == id]
+sys.exit(0 if attempts == '0' and state == 'pending' and not sent else 1)"
+relay_sql() { as_pg "$bindir/psql" -X -q -At -h "$dir" -p "$port" -U relay_app -d "$db" -v ON_ERROR_STOP=1 -c "$1"; }
+sql -c "SELECT idempotency.outbox_enqueue('s_dead', '{\"name\": \"fine3\", \"script\": [\"200\"]}')" >/dev/null
+check "dead head: the relay's role redrives its topic's dead letter" \
+    test "$(relay_sql "SELECT idempotency.outbox_redrive(topic => 's_dead')")" = 1
+dead_run dead2
+check "dead head: redriven, the head was sent again first and went dead again; the event behind still waits" \
+    test "$(states s_dead)" = "dead=1 delivered=3 pending=1"
+check "dead head: the relay's role discards the dead letter" \
+    test "$(relay_sql "SELECT idempotency.outbox_discard(ARRAY(SELECT id FROM idempotency.outbox_dead_letters WHERE topic = 's_dead'))" 2>&1)" = 1
+dead_run dead3
+check "dead head: discarded, the event behind it is delivered" \
+    test "$(states s_dead)" = "delivered=4"
+
 log "connection refused"
 closed_port=$($python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 sql -c "SELECT idempotency.outbox_enqueue('s_refused', jsonb_build_object('seq', g)) FROM generate_series(1, 5) g" >/dev/null
