@@ -95,7 +95,7 @@ SELECT CASE kind
            'outbox_nack(bigint,text,boolean,interval)', 'outbox_release(bigint[],text)',
            'outbox_redrive(bigint[],text)', 'outbox_discard(bigint[])', 'stuck_after()']
          WHEN 'monitoring' THEN ARRAY['idem_metrics_row()', 'stuck_after()']
-         WHEN 'admin' THEN ARRAY['idem_maintenance()', 'idem_metrics_reset()']
+         WHEN 'admin' THEN ARRAY['idem_maintenance()', 'idem_metrics_reset()', 'request_sweep()']
        END,
        CASE kind
          WHEN 'relay' THEN ARRAY['outbox_lag']
@@ -106,21 +106,39 @@ SELECT CASE kind
 $$;
 REVOKE ALL ON FUNCTION idempotency.role_rights(pg_catalog.text) FROM PUBLIC;
 
--- Roles given the relay's rights before this version get the new one too.
+
+-- ---------------------------------------------------------------- sweeps on request
+
+-- Asks the background workers (library preloaded) to sweep this database
+-- soon, whatever its due times say: after rows were written to the
+-- extension's tables other than through its functions (a restore, a manual
+-- UPDATE). Admin only.
+CREATE FUNCTION idempotency.request_sweep()
+RETURNS void
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_request_sweep';
+REVOKE ALL ON FUNCTION idempotency.request_sweep() FROM PUBLIC;
+
+
+-- Roles given a kind's rights before this version get its new functions:
+-- the relays outbox_discard, the admins request_sweep.
 DO $grant$
 DECLARE
-    grantee pg_catalog.regrole;
+    granted record;
 BEGIN
-    FOR grantee IN
-        SELECT DISTINCT a.grantee::pg_catalog.regrole
-          FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
-         WHERE p.oid OPERATOR(pg_catalog.=)
-               'idempotency.outbox_redrive(pg_catalog.int8[], pg_catalog.text)'::pg_catalog.regprocedure
+    FOR granted IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole AS role, n.function
+          FROM (VALUES ('idempotency.outbox_redrive(pg_catalog.int8[], pg_catalog.text)',
+                        'idempotency.outbox_discard(pg_catalog.int8[])'),
+                       ('idempotency.idem_maintenance()', 'idempotency.request_sweep()'))
+               AS n(had, function),
+               pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid OPERATOR(pg_catalog.=) n.had::pg_catalog.regprocedure
            AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
            AND a.grantee OPERATOR(pg_catalog.<>) 0
            AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
     LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION idempotency.outbox_discard(pg_catalog.int8[]) TO %s', grantee);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', granted.function, granted.role);
     END LOOP;
 END
 $grant$;

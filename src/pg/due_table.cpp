@@ -252,6 +252,14 @@ void want_sweep(int slot, Oid database) {
     SpinLockRelease(&entry->mutex);
 }
 
+bool request_sweep(Oid database) {
+    const int slot = due_slot_for(database);
+    if (slot < 0) return false;
+    want_sweep(slot, database);
+    if (Latch* latch = table->launcher_latch) SetLatch(latch);
+    return true;
+}
+
 int due_slots_used(int* capacity) {
     *capacity = table != nullptr ? table->capacity : 0;
     if (table == nullptr) return 0;

@@ -89,6 +89,9 @@ void mark_worker_started(int slot, Oid database);
 void mark_worker_failed(int slot, Oid database, Micros retry_at);
 // Asks for a full sweep of the database.
 void want_sweep(int slot, Oid database);
+// The same for a session (idempotency.request_sweep()), waking the
+// launcher; false when there is no due table (not preloaded) or no room.
+bool request_sweep(Oid database);
 // Entries in use and the table's size.
 int due_slots_used(int* capacity);
 

@@ -4,7 +4,10 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "core/error.hpp"
+#include "pg/due_table.hpp"
 #include "pg/guard.hpp"
+#include "pg/shared_state.hpp"
 #include "pg/extension_objects.hpp"
 #include "pg/metrics.hpp"
 #include "pg/outbox_store.hpp"
@@ -267,6 +270,16 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
     return 0;
 }
 
+// idempotency.request_sweep(): a worker sweeps this database soon, whatever
+// the due times say (after rows were written behind the functions' back).
+Datum request_sweep_body(FunctionCallInfo) {
+    (void)require_shared_state("idempotency.request_sweep()");
+    if (!request_sweep(MyDatabaseId))
+        throw Error("53000",
+                    "the launcher's table of databases is full (idempotency.max_databases)");
+    PG_RETURN_VOID();
+}
+
 }  // namespace
 
 Oid task_table(const MaintenanceTask& task) {
@@ -316,3 +329,4 @@ const MaintenanceTask* maintenance_tasks(int* count) {
 }  // namespace idem::pg
 
 IDEM_SQL_FUNCTION(idem_maintenance, idem::pg::maintenance_body)
+IDEM_SQL_FUNCTION(idem_request_sweep, idem::pg::request_sweep_body)

@@ -115,6 +115,23 @@ my %sampled_dbs = map { (split /:/)[0] => 1 } @{ $lease_sampled // [] };
 is_deeply([ grep { $_ ne $db } sort keys %sampled_dbs ],
 	[], 'pg_stat_activity showed workers in no other database');
 
+# A lease ended by a write behind the functions: idempotency.request_sweep()
+# has the database swept at once (no due time says so).
+my $other = 'idle_2';
+like($node->safe_psql($other, claim_sql('behind', '1 hour')), qr/^claimed/, "$other: a 1 h lease claimed");
+$node->safe_psql($other,
+	q{UPDATE idempotency.idempotency_keys SET lease_until = now() - interval '1 second' WHERE key = 'behind'});
+$offset = -s $node->logfile;
+$node->safe_psql($other, 'SELECT idempotency.request_sweep()');
+ok( poll_until(
+		5,
+		sub {
+			my $row = key_row($node, $other, 'behind');
+			$row && $row->{status} eq 'FAILED_RETRYABLE';
+		}),
+	"$other: request_sweep() had the lease written behind the functions expired");
+ok((starts_since($offset)->{$other} // 0) >= 1, "$other: the sweep was a worker of its own");
+
 my $log = slurp_file($node->logfile);
 unlike($log, qr/background worker "idempotency \w+" \(PID \d+\) exited with exit code [1-9]/,
 	'no worker or launcher error logged');
