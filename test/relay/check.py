@@ -6,10 +6,11 @@ Each command prints what it found, and exits 1 when a property does not hold.
 
   check.py order LOG [TOPIC...]        per (topic, key): arrivals never go back in seq
   check.py dups LOG [TOPIC...]         every request of an event had one Idempotency-Key
-  check.py complete LOG DUMP [TOPIC...]
+  check.py complete LOG DUMP [--discarded ID,...] [TOPIC...]
       every event in the dump is delivered (or dead when its payload expects
       it), each delivered one was accepted by the receiver, every event the
-      receiver saw exists, and no rolled-back event ever arrived
+      receiver saw exists (or was discarded as a dead letter), and no
+      rolled-back event ever arrived
   check.py stdout FILE                 the stdout sink's lines (see run.sh)
 """
 import json
@@ -87,6 +88,10 @@ def cmd_dups(args):
 
 
 def cmd_complete(args):
+    discarded = set()
+    if len(args) > 3 and args[2] == "--discarded":
+        discarded = {int(i) for i in args[3].split(",") if i}
+        args = args[:2] + args[4:]
     topics = set(args[2:])
     entries = load_log(args[0], topics)
     rows = load_dump(args[1], topics)
@@ -103,7 +108,7 @@ def cmd_complete(args):
     for e in entries:
         if e.get("rolled_back"):
             problem("rolled-back event %s arrived (seq %s)" % (e["id"], e.get("seq")))
-    for i in sorted(seen - set(rows)):
+    for i in sorted(seen - set(rows) - discarded):
         problem("event %d arrived but is not in the outbox" % i)
     dead = 0
     for i, row in sorted(rows.items()):

@@ -105,13 +105,17 @@ foreach my $version (@older)
 	$node->safe_psql($db, "SELECT idempotency.inbox_receive('m-1', 'orders')");
 	$node->safe_psql($db, "SELECT idempotency.idem_lock('resource-1', '1 hour')");
 	# A key whose lease ends after the update, and a role that had what the
-	# old versions asked for: USAGE on the schema.
+	# old version asked for: USAGE on the schema before 0.4.0, the rights of
+	# grant_application since.
+	my $had_grants = $version ge '0.4.0';
 	$node->safe_psql($db,
 		"SELECT idempotency.idem_claim('order-4', NULL, '1 hour')");
-	$node->safe_psql($db, "GRANT USAGE ON SCHEMA idempotency TO old_app");
+	$node->safe_psql($db, $had_grants
+		? "SELECT idempotency.grant_application('old_app')"
+		: "GRANT USAGE ON SCHEMA idempotency TO old_app");
 	my ($rc, $out, $err) = $node->psql($db, "SELECT outcome FROM idempotency.idem_claim('by-old-app')",
 		extra_params => [ '-U', 'old_app' ]);
-	is($out, 'claimed', "$version: a role with USAGE claims before the update") or diag($err);
+	is($out, 'claimed', "$version: the application role claims before the update") or diag($err);
 	# A lease that runs out: the workers must expire it on the old schema.
 	$node->safe_psql($db,
 		"SELECT idempotency.idem_claim('order-3', NULL, '100 milliseconds')");
@@ -139,6 +143,15 @@ foreach my $version (@older)
 	  if $version eq '0.1.0';
 
 	$node->safe_psql($db, 'ALTER EXTENSION idempotency UPDATE');
+	if ($had_grants)
+	{
+		# Its rights survive the update; taken back, it is refused.
+		($rc, $out, $err) = $node->psql($db, "SELECT outcome FROM idempotency.idem_claim('by-old-app-1')",
+			extra_params => [ '-U', 'old_app' ]);
+		is($out, 'claimed', "$version: after the update the application role still claims") or diag($err);
+		$node->safe_psql($db, "SELECT idempotency.revoke_role('old_app')");
+		$node->safe_psql($db, "GRANT USAGE ON SCHEMA idempotency TO old_app");
+	}
 	# Since 0.4.0 no function is executable by PUBLIC: USAGE is not enough,
 	# the role is given its rights with grant_application (below, once the
 	# catalog is compared).
