@@ -7,8 +7,8 @@
 # extension must already be installed (make install); nothing is built here.
 #
 #   example_start NAME PORT DB [postgresql.conf line ...]
-#       starts the cluster and creates role `app` (LOGIN, USAGE on schema
-#       idempotency only) and database DB owned by it, with the extension;
+#       starts the cluster and creates role `app` (LOGIN, with the rights of
+#       grant_application and grant_relay only) and database DB owned by it, with the extension;
 #       exports PGHOST, PGPORT, PGDATABASE and PGUSER=app for the clients.
 #   example_psql ARGS...     psql as the application role on DB
 #   example_sql ARGS...      psql as the superuser on DB (for setup and checks)
