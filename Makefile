@@ -12,8 +12,18 @@ MODULE_big = idempotency
 OBJS = $(patsubst %.cpp,%.o,$(sort $(wildcard src/core/*.cpp) $(wildcard src/pg/*.cpp)))
 DATA = $(wildcard src/extension/*.sql)
 
-# The newest installed PostgreSQL unless told otherwise.
-PG_CONFIG ?= $(lastword $(sort $(wildcard /usr/lib/postgresql/*/bin/pg_config)) pg_config)
+# `make installcheck`: the regression tests (sql/, setup first) and the race
+# tests (test/isolation/) against a running server whose configuration has
+# test/regress.conf's settings; `make test` runs them so on a throwaway one.
+REGRESS = setup $(filter-out setup,$(sort $(basename $(notdir $(wildcard sql/*.sql)))))
+ISOLATION = $(sort $(basename $(notdir $(wildcard test/isolation/specs/*.spec))))
+ISOLATION_OPTS = --inputdir=test/isolation --outputdir=output_iso
+
+# The newest installed PostgreSQL (by version, not by text) unless told
+# otherwise; the one on PATH when none is under /usr/lib/postgresql.
+ifeq ($(origin PG_CONFIG),undefined)
+PG_CONFIG := $(or $(shell ls -d /usr/lib/postgresql/*/bin/pg_config 2>/dev/null | sort -V | tail -n 1),pg_config)
+endif
 # The extension's version, named in the module's magic block (PostgreSQL 18 on).
 IDEM_VERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" idempotency.control)
 PG_CPPFLAGS = -Isrc -isystem $(shell $(PG_CONFIG) --includedir-server 2>/dev/null) \

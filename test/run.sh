@@ -2,7 +2,7 @@
 # `make test`: installs what is missing, builds and installs the extension,
 # then runs every suite against throwaway clusters as the `postgres` OS user:
 # unit tests (ctest), regression (pg_regress), races (isolation tester),
-# TAP tests against real clusters, and the harnesses (stress, chaos, relay,
+# TAP tests against real clusters, and the harnesses (the doc test, stress, chaos, relay,
 # the client libraries' tests, examples); IDEM_SUITES names a subset. Ends
 # with the line "N passed, N failed"; the exit status is non-zero on any
 # failure.
@@ -55,36 +55,37 @@ run_unit() {
     count unit $((total - bad)) "$bad"
 }
 
-run_regress() {
-    local tests
-    tests=$(cd "$stage/sql" 2>/dev/null && ls *.sql 2>/dev/null | sed 's/\.sql$//' |
-        sort | awk '$0=="setup"{print; next} {rest=rest" "$0} END{print rest}')
-    [ -n "$tests" ] || return 0
-    log "regression tests (pg_regress)"
-    local out=$stage/regress.log
-    (cd "$stage" && as_pg "$pgxs_dir/src/test/regress/pg_regress" --bindir="$bindir" \
-        --inputdir=. --outputdir=. --temp-instance=./tmp_regress \
-        --temp-config=test/regress.conf --dbname=contrib_regression $tests) >"$out" 2>&1
+# The regression and race tests run as `make installcheck` does for a user
+# (the lists are the Makefile's), against one throwaway server with the
+# settings of test/regress.conf. IDEM_CHECK_PORT (54460).
+check_dir=
+start_check_server() {
+    [ -n "$check_dir" ] && return 0
+    check_dir=$stage/tmp_check_server
+    start_cluster "$check_dir" "${IDEM_CHECK_PORT:-54460}" \
+        "$(grep -v -e '^#' -e '^shared_preload_libraries' "$stage/test/regress.conf")" ||
+        { cat "$check_dir/server.log" >&2; check_dir=; return 1; }
+}
+installcheck() {  # installcheck SUITE OUTPUT DIFFS MAKE-ARGS...
+    local suite=$1 out=$2 diffs=$3; shift 3
+    start_check_server || { count "$suite" 0 1; return; }
+    (cd "$stage" && as_pg make -s installcheck PG_CONFIG="$(pg_config_path)" \
+        PGHOST="$check_dir" PGPORT="${IDEM_CHECK_PORT:-54460}" "$@") >"$out" 2>&1
     local status=$?
     cat "$out"
-    [ "$status" -ne 0 ] && [ -f "$stage/regression.diffs" ] && cat "$stage/regression.diffs"
-    count_regress_output regress "$out" "$status"
+    [ "$status" -ne 0 ] && [ -f "$diffs" ] && cat "$diffs"
+    count_regress_output "$suite" "$out" "$status"
+}
+trap '[ -n "$check_dir" ] && stop_cluster "$check_dir"' EXIT
+
+run_regress() {
+    log "regression tests (pg_regress, make installcheck)"
+    installcheck regress "$stage/regress.log" "$stage/regression.diffs" ISOLATION=
 }
 
 run_isolation() {
-    local specs
-    specs=$(cd "$stage/test/isolation/specs" 2>/dev/null && ls *.spec 2>/dev/null | sed 's/\.spec$//' | sort)
-    [ -n "$specs" ] || return 0
-    log "race tests (isolation tester)"
-    local out=$stage/isolation.log
-    (cd "$stage" && as_pg "$pgxs_dir/src/test/isolation/pg_isolation_regress" --bindir="$bindir" \
-        --inputdir=test/isolation --outputdir=output_iso --temp-instance=./tmp_isolation \
-        --temp-config=test/regress.conf --dbname=isolation_regression $specs) >"$out" 2>&1
-    local status=$?
-    cat "$out"
-    [ "$status" -ne 0 ] && [ -f "$stage/output_iso/regression.diffs" ] &&
-        cat "$stage/output_iso/regression.diffs"
-    count_regress_output isolation "$out" "$status"
+    log "race tests (isolation tester, make installcheck)"
+    installcheck isolation "$stage/isolation.log" "$stage/output_iso/regression.diffs" REGRESS=
 }
 
 # IDEM_TAP_FILES: the TAP files to run, relative to the tree (the matrix
@@ -109,7 +110,7 @@ run_tap() {
 # Harnesses that run real processes: each script is one test.
 run_harnesses() {
     local script
-    for script in "$stage"/test/stress/*.sh "$stage"/test/relay/run.sh \
+    for script in "$stage"/test/matrix/versions_agree.sh "$stage"/test/docs/run.sh "$stage"/test/stress/*.sh "$stage"/test/relay/run.sh \
         "$stage"/test/chaos/run.sh "$stage"/test/clients/*.sh "$stage"/examples/run-all.sh; do
         [ -x "$script" ] || continue
         log "harness ${script#$stage/}"
@@ -129,6 +130,8 @@ for suite in $IDEM_SUITES; do
     esac
 done
 
+[ -n "$check_dir" ] && stop_cluster "$check_dir"
+check_dir=
 if [ "$failed" -eq 0 ]; then
     rm -rf "$stage"
 else

@@ -2,7 +2,9 @@
 # The doc test: every ```sql and ```sh block of README.md and docs/*.md that
 # is not marked with a line `<!-- illustrative -->` before it runs, in the
 # order of its page, against a throwaway cluster with the library preloaded,
-# one fresh database per page, and must succeed. SQL blocks run in psql as
+# one fresh database per page, and must succeed. README.md starts from an
+# empty database (it creates the extension itself); every page of docs/ from
+# one where the extension exists, as the README's install leaves it. SQL blocks run in psql as
 # the postgres superuser (ON_ERROR_STOP); shell blocks run in bash -e as the
 # postgres OS user, with PGHOST, PGPORT and PGDATABASE set for the page's
 # database and the PostgreSQL binaries (idem-relay among them) on PATH.
@@ -13,7 +15,7 @@ root=$(cd "$here/../.." && pwd)
 . "$root/test/lib/common.sh"
 
 port=${DOCS_PORT:-54470}
-dir=$(mktemp -d /tmp/idempotency-docs.XXXXXX)
+dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-docs.XXXXXX")
 chmod 755 "$dir"
 bindir=$(pg_bindir)
 trap 'stop_cluster "$dir"; [ "$failed" -eq 0 ] && rm -rf "$dir"' EXIT
@@ -57,6 +59,10 @@ for page in "$root"/README.md "$root"/docs/*.md; do
     [ -n "$list" ] || continue
     chmod -R a+rX "$dir/blocks"
     as_pg "$bindir/createdb" -h "$dir" -p "$port" -U postgres "$db" || { failed=$((failed + 1)); continue; }
+    if [ "$name" != README ]; then
+        as_pg "$bindir/psql" -X -q -h "$dir" -p "$port" -U postgres -d "$db" \
+            -c 'CREATE EXTENSION idempotency' || { failed=$((failed + 1)); continue; }
+    fi
     while IFS=$'\t' read -r file line; do
         run_block "${page#$root/}" "$db" "$file" "$line"
     done <<<"$list"
