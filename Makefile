@@ -9,7 +9,7 @@
 
 EXTENSION = idempotency
 MODULE_big = idempotency
-OBJS = $(patsubst %.cpp,%.o,$(sort $(wildcard src/core/*.cpp) $(wildcard src/pg/*.cpp)))
+OBJS = $(patsubst %.cpp,%.o,$(sort $(wildcard src/core/*.cpp src/pg/*.cpp src/pg/*/*.cpp)))
 DATA = $(wildcard src/extension/*.sql)
 
 # `make installcheck`: the regression tests (sql/, setup first) and the race

@@ -1,0 +1,349 @@
+// SQL entry points that create or claim keys: idem_register, idem_claim,
+// and idem_get. The decisions are the core's; the SQL is key_store's.
+#include <algorithm>
+
+#include "core/claim_decision.hpp"
+#include "core/error.hpp"
+#include "pg/boundary/args.hpp"
+#include "pg/shmem/due_table.hpp"
+#include "pg/keys/fingerprint.hpp"
+#include "pg/boundary/guard.hpp"
+#include "pg/keys/key_insert.hpp"
+#include "pg/keys/key_store.hpp"
+#include "pg/shmem/metrics.hpp"
+#include "pg/keys/outcome.hpp"
+#include "pg/boundary/settings.hpp"
+#include "pg/boundary/spi.hpp"
+#include "pg/keys/transition_log.hpp"
+#include "pg/shmem/wakeup.hpp"
+
+namespace idem::pg {
+
+namespace {
+
+// A claim or register re-reads after losing a race to a concurrent insert,
+// delete or row lock. Under READ COMMITTED each round sees the winner's
+// commit, so a few rounds suffice; the bound only stops a pathological
+// livelock.
+constexpr int kMaxRaceRounds = 100;
+
+struct Request {
+    Datum fingerprint;
+    bool has_fingerprint;
+    Datum body;  // the jsonb request
+};
+
+Request request_arg(FunctionCallInfo fcinfo, int n) {
+    const Datum request = optional_jsonb_arg(fcinfo, n, "request");
+    if (PG_ARGISNULL(n)) return Request{0, false, 0};
+    return Request{fingerprint_of(request), true, request};
+}
+
+bool fingerprint_conflict(const StoredKey& stored, const Request& request) {
+    return stored.has_fingerprint && request.has_fingerprint &&
+           fingerprint_differs(stored.fingerprint, request.fingerprint, request.body);
+}
+
+// The answer that reports a stored key as it is.
+void describe(const StoredKey& stored, const ClaimDecision& decision, OutcomeFields* out) {
+    out->outcome = decision.outcome;
+    out->status = stored.state.status;
+    out->has_status = true;
+    out->token.reset();
+    out->attempt = stored.state.attempts;
+    out->retry_after = decision.retry_after;
+    out->job_ref = stored.job_ref;
+    out->has_job_ref = stored.has_job_ref;
+    out->has_result = decision.outcome == Outcome::Completed && stored.has_result;
+    out->result = stored.result;
+    out->has_error = decision.outcome == Outcome::Failed && stored.has_last_error;
+    out->error = stored.last_error;
+}
+
+// Answers are counted once per call, whatever the caller then does.
+void count_answer_of(Outcome outcome) {
+    switch (outcome) {
+        case Outcome::Completed: count_answer(Counter::Replays); break;
+        case Outcome::InProgress:
+        case Outcome::RetryLater: count_answer(Counter::InProgress); break;
+        case Outcome::Mismatch: count_answer(Counter::Mismatches); break;
+        default: break;
+    }
+}
+
+[[noreturn]] void raise_race_lost() {
+    throw Error("40001", "could not settle the key against concurrent changes; retry the call");
+}
+
+struct ClaimArgs {
+    KeyId id;
+    Request request;
+    Micros lease;
+    Micros deadline;  // how long the call may wait for other transactions (now: not at all)
+};
+
+[[noreturn]] void raise_read_only(const char* call) {
+    ereport(ERROR,
+            (errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+             errmsg("idempotency: %s would change the key, which a read-only transaction cannot",
+                    call),
+             errhint("A duplicate of finished work is answered anywhere, also on a hot standby; "
+                     "a call that creates or claims a key needs a read-write transaction on the "
+                     "primary.")));
+    pg_unreachable();
+}
+
+bool read_only_transaction() { return XactReadOnly || RecoveryInProgress(); }
+
+// Another transaction that has not ended is creating, changing or deleting
+// the key: nothing committed tells what it will be. `known` is the key's
+// committed state when there is one.
+void answer_busy(const StoredKey* known, OutcomeFields* out) {
+    *out = OutcomeFields{};
+    out->outcome = Outcome::InProgress;
+    out->has_status = known != nullptr;
+    if (known != nullptr) {
+        out->status = known->state.status;
+        out->attempt = known->state.attempts;
+        out->job_ref = known->job_ref;
+        out->has_job_ref = known->has_job_ref;
+    }
+}
+
+// Whether this backend's last claim created its key. A claim first tries
+// what the last one needed: the insert of a new key (one step when the key
+// is new, as it mostly is for a worker draining a queue), or the read of an
+// existing one (one statement for a duplicate). A wrong guess costs a probe
+// of the primary key that changes nothing (a sequence value at most).
+bool last_claim_created_key = true;
+
+// A new key, PROCESSING under a new token. Returns what the insert found.
+KeyInsertResult create_claimed(const ClaimArgs& args, OutcomeFields* out) {
+    const Micros now = GetCurrentTimestamp();
+    NewKey key{};
+    key.scope = args.id.scope;
+    key.key = args.id.key;
+    key.status = Status::Processing;
+    key.fingerprint = args.request.fingerprint;
+    key.has_fingerprint = args.request.has_fingerprint;
+    key.now = now;
+    key.lease_until = now + args.lease;
+    key.max_attempts = settings::max_attempts;
+    key.retention = settings::seconds(settings::retention_s);
+    const KeyInsertResult inserted = insert_key(key);
+    if (inserted.outcome != KeyInsert::Inserted) return inserted;
+    *out = OutcomeFields{};
+    out->outcome = Outcome::Claimed;
+    out->status = Status::Processing;
+    out->token = inserted.token;
+    out->attempt = 1;
+    count_on_commit(Counter::Claims);
+    note_due_on_commit(DueKind::KeyLease, key.lease_until);
+    log_transition(args.id.scope, args.id.key, std::nullopt, Status::Processing, inserted.token, 1);
+    return inserted;
+}
+
+// What a round of a claim found: an answer, or another transaction to wait for.
+enum class Round { Answered, Retry };
+
+// Another transaction is busy with the key: answer at once when the call
+// may not wait (any more), or wait for that transaction within the bound.
+Round when_busy(const ClaimArgs& args, TransactionId other, const StoredKey* known,
+                OutcomeFields* out) {
+    if (GetCurrentTimestamp() >= args.deadline || !wait_for_end(other, args.deadline)) {
+        answer_busy(known, out);
+        return Round::Answered;
+    }
+    return Round::Retry;
+}
+
+// The row of an existing key is locked by another transaction changing it.
+Round when_locked(const ClaimArgs& args, const StoredKey& known, OutcomeFields* out) {
+    const Micros left = args.deadline - GetCurrentTimestamp();
+    if (left <= 0 || !wait_for_key_lockers(args.id, left)) {
+        answer_busy(&known, out);
+        return Round::Answered;
+    }
+    return Round::Retry;
+}
+
+// One claim, never waiting past args.deadline. A claim that only answers
+// (in_progress, completed) keeps no lock that would hold back the key's
+// holder until the caller's transaction ends.
+void claim_once(const ClaimArgs& args, OutcomeFields* out) {
+    const bool read_only = read_only_transaction();
+    // An insert that finds the key busy reads it below: a committed key that
+    // another transaction is changing answers with its committed state, and
+    // only a key no transaction has committed yet answers without one.
+    if (last_claim_created_key && !read_only &&
+        create_claimed(args, out).outcome == KeyInsert::Inserted)
+        return;
+    for (int round = 0; round < kMaxRaceRounds; ++round) {
+        StoredKey stored;
+        const bool found = read_key(args.id, RowLock::None, &stored);
+        last_claim_created_key = !found;
+        if (!found) {
+            if (read_only) raise_read_only("idem_claim");
+            const KeyInsertResult inserted = create_claimed(args, out);
+            if (inserted.outcome == KeyInsert::Inserted) return;
+            if (inserted.outcome == KeyInsert::Busy &&
+                when_busy(args, inserted.busy_with, nullptr, out) == Round::Answered)
+                return;
+            continue;  // created or deleted meanwhile: read again
+        }
+        // The clock is read after the row: a row changed just before the
+        // read (a retry due now) must not look due in the future.
+        Micros now = GetCurrentTimestamp();
+        const int max_attempts = settings::max_attempts;
+        ClaimDecision decision =
+            decide_claim(stored.state, fingerprint_conflict(stored, args.request), now, max_attempts);
+        if (claim_may_change(decision)) {
+            if (read_only) raise_read_only("idem_claim");
+            // Lock the row and decide again on what is there now. A row that
+            // another transaction has locked is waited for (within the
+            // bound) without taking the lock, then read afresh.
+            StoredKey locked;
+            if (!read_key(args.id, RowLock::ForUpdateIfFree, &locked)) {
+                if (when_locked(args, stored, out) == Round::Answered) return;
+                continue;
+            }
+            stored = locked;
+            now = GetCurrentTimestamp();
+            decision = decide_claim(stored.state, fingerprint_conflict(stored, args.request), now,
+                                    max_attempts);
+        }
+        describe(stored, decision, out);
+        switch (decision.action) {
+            case ClaimAction::Answer:
+                return;
+            case ClaimAction::Grant: {
+                const Grant grant{now + args.lease, args.request.fingerprint,
+                                  args.request.has_fingerprint, decision.takeover,
+                                  settings::max_attempts, settings::seconds(settings::retention_s)};
+                grant_claim(args.id, grant, now, &out->token.emplace(), &out->attempt);
+                out->status = Status::Processing;
+                count_on_commit(Counter::Claims);
+                note_due_on_commit(DueKind::KeyLease, grant.lease_until);
+                if (decision.takeover) count_on_commit(Counter::LeaseExpirations);
+                log_transition(args.id.scope, args.id.key, stored.state.status, Status::Processing,
+                               out->token, out->attempt,
+                               decision.takeover ? "lease expired" : nullptr);
+                return;
+            }
+            case ClaimAction::ExpireToFinal:
+                // The retention the expired claim decided, when it recorded one.
+                expire_lease(args.id, Status::FailedFinal, now,
+                             now + stored.retention.value_or(settings::seconds(settings::retention_s)));
+                out->status = Status::FailedFinal;
+                out->has_error = true;
+                out->error = CStringGetTextDatum("lease expired");
+                count_on_commit(Counter::LeaseExpirations);
+                log_transition(args.id.scope, args.id.key, Status::Processing, Status::FailedFinal,
+                               stored.state.token, stored.state.attempts,
+                               "lease expired, attempts exhausted");
+                return;
+        }
+    }
+    raise_race_lost();
+}
+
+Datum claim_body(FunctionCallInfo fcinfo) {
+    ClaimArgs args;
+    args.id.key = name_arg(fcinfo, 0, "key");
+    args.id.scope = scope_arg(fcinfo, 3);
+    args.request = request_arg(fcinfo, 1);
+    args.lease = lease_arg(fcinfo, 2, "lease");
+    const std::optional<Micros> wait = wait_arg(fcinfo, 4);
+    args.deadline = GetCurrentTimestamp() + wait.value_or(0);
+
+    // A waiting claim sleeps until the holder's transaction commits a change
+    // of the key (or its lease runs out, or the wait ends), then asks again.
+    const std::uint32_t channel = wake_channel(WaitTopic::Key, args.id.scope, args.id.key);
+    OutcomeFields out;
+    connect_spi();
+    for (int round = 0;; ++round) {
+        if (wait) prepare_to_wait(channel);
+        claim_once(args, &out);
+        const Micros now = GetCurrentTimestamp();
+        if (out.outcome != Outcome::InProgress || now >= args.deadline) break;
+        // A busy answer has no lease to wait for: the transaction it waited
+        // for is still running, or the bound is reached.
+        const Micros lease_end = now + out.retry_after.value_or(0) + kMillisecond;
+        wait_for_wakeup(channel, std::min(args.deadline, lease_end), round);
+        CHECK_FOR_INTERRUPTS();
+    }
+    if (wait) stop_waiting();
+    finish_spi();
+    count_answer_of(out.outcome);
+    return outcome_datum(fcinfo, out);
+}
+
+Datum register_body(FunctionCallInfo fcinfo) {
+    KeyId id;
+    id.key = name_arg(fcinfo, 0, "key");
+    id.scope = scope_arg(fcinfo, 3);
+    const Request request = request_arg(fcinfo, 1);
+    const text* job_ref = optional_name_arg(fcinfo, 2, "job_ref");
+
+    OutcomeFields out;
+    connect_spi();
+    for (int round = 0;; ++round) {
+        if (round == kMaxRaceRounds) raise_race_lost();
+        const Micros now = GetCurrentTimestamp();
+        StoredKey stored;
+        if (read_key(id, RowLock::None, &stored)) {
+            describe(stored,
+                     decide_register(stored.state, fingerprint_conflict(stored, request), now),
+                     &out);
+            break;
+        }
+        if (read_only_transaction()) raise_read_only("idem_register");
+        NewKey key{};
+        key.scope = id.scope;
+        key.key = id.key;
+        key.status = Status::Received;
+        key.fingerprint = request.fingerprint;
+        key.has_fingerprint = request.has_fingerprint;
+        key.now = now;
+        key.job_ref = job_ref;
+        const KeyInsertResult inserted = insert_key(key);
+        if (inserted.outcome == KeyInsert::Inserted) {
+            log_transition(id.scope, id.key, std::nullopt, Status::Received, std::nullopt, 0);
+            out.outcome = Outcome::Registered;
+            out.status = Status::Received;
+            out.attempt = 0;
+            out.has_job_ref = job_ref != nullptr;
+            out.job_ref = PointerGetDatum(job_ref);
+            break;
+        }
+        // Another request with the key has not committed yet: in progress,
+        // answered at once (register never waits).
+        if (inserted.outcome == KeyInsert::Busy) {
+            answer_busy(nullptr, &out);
+            break;
+        }
+    }
+    finish_spi();
+    count_answer_of(out.outcome);
+    return outcome_datum(fcinfo, out);
+}
+
+Datum get_body(FunctionCallInfo fcinfo) {
+    KeyId id;
+    id.key = name_arg(fcinfo, 0, "key");
+    id.scope = scope_arg(fcinfo, 1);
+    Datum row = 0;
+    connect_spi();
+    const bool found = key_row(id, &row);
+    finish_spi();
+    if (!found) PG_RETURN_NULL();
+    return row;
+}
+
+}  // namespace
+
+}  // namespace idem::pg
+
+IDEM_SQL_FUNCTION(idem_register, idem::pg::register_body)
+IDEM_SQL_FUNCTION(idem_claim, idem::pg::claim_body)
+IDEM_SQL_FUNCTION(idem_get, idem::pg::get_body)

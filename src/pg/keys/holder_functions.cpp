@@ -1,0 +1,221 @@
+// SQL entry points for the holder of a claim: idem_complete, idem_fail,
+// idem_heartbeat, idem_release and idem_assert_owner. Each checks the token
+// with the core's fencing rules and raises IK001/IK002/IK003 otherwise.
+#include "core/error.hpp"
+#include "core/fence.hpp"
+#include "core/retry.hpp"
+#include "pg/boundary/args.hpp"
+#include "pg/shmem/due_table.hpp"
+#include "pg/boundary/guard.hpp"
+#include "pg/keys/key_store.hpp"
+#include "pg/shmem/metrics.hpp"
+#include "pg/keys/outcome.hpp"
+#include "pg/boundary/settings.hpp"
+#include "pg/boundary/spi.hpp"
+#include "pg/boundary/status_enum.hpp"
+#include "pg/keys/transition_log.hpp"
+#include "pg/shmem/wakeup.hpp"
+
+extern "C" {
+#include "common/pg_prng.h"
+}
+
+namespace idem::pg {
+
+namespace {
+
+const char* call_name(HolderCall call) {
+    switch (call) {
+        case HolderCall::Complete: return "complete";
+        case HolderCall::Fail: return "fail";
+        case HolderCall::Heartbeat: return "heartbeat";
+        case HolderCall::Release: return "release";
+        case HolderCall::AssertOwner: return "assert_owner";
+    }
+    return "call";
+}
+
+[[noreturn]] void raise_no_such_key(const KeyId& id) {
+    throw_error(sqlstate::no_such_key, "idempotency key \"%s\" does not exist in scope \"%s\"",
+                text_to_cstring(id.key), text_to_cstring(id.scope));
+}
+
+[[noreturn]] void raise_refused(FenceVerdict verdict, HolderCall call, const KeyId& id,
+                                std::int64_t token, Status status) {
+    const char* key = text_to_cstring(id.key);
+    const char* scope = text_to_cstring(id.scope);
+    if (call == HolderCall::AssertOwner)
+        throw_error(fence_sqlstate(verdict),
+                    "token %lld does not own key \"%s\" in scope \"%s\" (the key is %s%s)",
+                    static_cast<long long>(token), key, scope, status_label(status),
+                    status == Status::Processing ? " under another token" : "");
+    if (verdict == FenceVerdict::StaleToken)
+        throw_error(fence_sqlstate(verdict),
+                    "stale token %lld for key \"%s\" in scope \"%s\": the key was claimed "
+                    "again, released, or never had this token",
+                    static_cast<long long>(token), key, scope);
+    throw_error(fence_sqlstate(verdict), "key \"%s\" in scope \"%s\" is %s: %s is not allowed",
+                key, scope, status_label(status), call_name(call));
+}
+
+// Locks the key's row and checks the holder's token. Returns the verdict
+// when it lets the call go on (Proceed, or AlreadyCompleted for complete).
+FenceVerdict lock_as_holder(HolderCall call, const KeyId& id, std::int64_t token,
+                            StoredKey* stored) {
+    if (!read_key(id, RowLock::ForUpdate, stored)) raise_no_such_key(id);
+    const FenceVerdict verdict = check_fence(call, stored->state, token);
+    if (verdict == FenceVerdict::StaleToken || verdict == FenceVerdict::WrongState) {
+        if (verdict == FenceVerdict::StaleToken) count_answer(Counter::StaleTokens);
+        raise_refused(verdict, call, id, token, stored->state.status);
+    }
+    return verdict;
+}
+
+KeyId key_id(FunctionCallInfo fcinfo, int key_arg, int scope_arg_index) {
+    KeyId id;
+    id.key = name_arg(fcinfo, key_arg, "key");
+    id.scope = scope_arg(fcinfo, scope_arg_index);
+    return id;
+}
+
+Datum complete_body(FunctionCallInfo fcinfo) {
+    const KeyId id = key_id(fcinfo, 0, 3);
+    const std::int64_t token = token_arg(fcinfo, 1);
+    const Datum result = optional_jsonb_arg(fcinfo, 2, "result");
+    const bool has_result = !PG_ARGISNULL(2);
+    const Micros retain =
+        span_arg(fcinfo, 4, "retain").value_or(settings::seconds(settings::retention_s));
+
+    connect_spi();
+    // Logging a transition needs the state it leaves: read it first then.
+    std::optional<Status> from;
+    StoredKey stored;
+    if (settings::log_transitions) {
+        lock_as_holder(HolderCall::Complete, id, token, &stored);
+        from = stored.state.status;
+    }
+    const Micros now = GetCurrentTimestamp();
+    std::optional<Micros> claimed_at;
+    if (complete_by_holder(id, token, result, has_result, now, now + retain, &stored, &claimed_at)) {
+        count_on_commit(Counter::Completions);
+        note_due_on_commit(DueKind::Retention, now + retain);
+        // No lease_until: the sweep expired the lease and settled it.
+        if (!stored.state.lease_until || *stored.state.lease_until < now)
+            count_on_commit(Counter::LateCompletions);
+        if (claimed_at) observe_processing_on_commit(now - *claimed_at);
+        wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
+        log_transition(id.scope, id.key, from.value_or(Status::Processing), Status::Completed,
+                       token, stored.state.attempts);
+    } else {
+        // Not completed now: a replay of an earlier complete, or a refusal.
+        if (lock_as_holder(HolderCall::Complete, id, token, &stored) == FenceVerdict::Proceed)
+            elog(ERROR, "idempotency: complete of key with token %lld found no row to change",
+                 static_cast<long long>(token));
+        count_answer(Counter::Replays);
+    }
+    finish_spi();
+
+    OutcomeFields out;
+    out.outcome = Outcome::Completed;
+    out.status = Status::Completed;
+    out.token = token;
+    out.attempt = stored.state.attempts;
+    out.result = stored.result;
+    out.has_result = stored.has_result;
+    out.job_ref = stored.job_ref;
+    out.has_job_ref = stored.has_job_ref;
+    return outcome_datum(fcinfo, out);
+}
+
+Datum fail_body(FunctionCallInfo fcinfo) {
+    const KeyId id = key_id(fcinfo, 0, 5);
+    const std::int64_t token = token_arg(fcinfo, 1);
+    const text* error = value_text_arg(fcinfo, 2, "error");
+    if (PG_ARGISNULL(3)) throw_null_argument("retryable");
+    const bool retryable = PG_GETARG_BOOL(3);
+    const std::optional<Micros> retry_in = span_arg(fcinfo, 4, "retry_in");
+    connect_spi();
+    StoredKey stored;
+    lock_as_holder(HolderCall::Fail, id, token, &stored);
+    // The attempt cap and retention its claim decided, when it recorded them.
+    const RetryPolicy policy{stored.state.max_attempts.value_or(settings::max_attempts),
+                             settings::ms(settings::retry_base_delay_ms),
+                             settings::ms(settings::retry_max_delay_ms)};
+    const Micros retention = stored.retention.value_or(settings::seconds(settings::retention_s));
+    const Micros now = GetCurrentTimestamp();
+    const FailDecision decision = decide_fail(stored.state.attempts, retryable, retry_in, policy,
+                                              pg_prng_double(&pg_global_prng_state));
+    std::optional<Micros> next_attempt_at;
+    std::optional<Micros> expires_at;
+    if (decision.delay) next_attempt_at = now + *decision.delay;
+    if (decision.next == Status::FailedFinal) expires_at = now + retention;
+    record_failure(id, decision.next, error, now, next_attempt_at, expires_at);
+    if (expires_at) note_due_on_commit(DueKind::Retention, *expires_at);
+    finish_spi();
+    const bool final = decision.next == Status::FailedFinal;
+    count_on_commit(final ? Counter::FailuresFinal : Counter::FailuresRetryable);
+    wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
+    log_transition(id.scope, id.key, stored.state.status, decision.next, token,
+                   stored.state.attempts,
+                   !retryable ? "not retryable" : final ? "attempts exhausted" : "retryable");
+
+    return status_datum(get_fn_expr_rettype(fcinfo->flinfo), decision.next);
+}
+
+Datum heartbeat_body(FunctionCallInfo fcinfo) {
+    const KeyId id = key_id(fcinfo, 0, 3);
+    const std::int64_t token = token_arg(fcinfo, 1);
+    const Micros extend = lease_arg(fcinfo, 2, "extend");
+
+    connect_spi();
+    StoredKey stored;
+    lock_as_holder(HolderCall::Heartbeat, id, token, &stored);
+    const Micros now = GetCurrentTimestamp();
+    renew_lease(id, now + extend);
+    note_due_on_commit(DueKind::KeyLease, now + extend);
+    finish_spi();
+    PG_RETURN_TIMESTAMPTZ(now + extend);
+}
+
+Datum release_body(FunctionCallInfo fcinfo) {
+    const KeyId id = key_id(fcinfo, 0, 2);
+    const std::int64_t token = token_arg(fcinfo, 1);
+
+    connect_spi();
+    StoredKey stored;
+    lock_as_holder(HolderCall::Release, id, token, &stored);
+    const Micros now = GetCurrentTimestamp();
+    const ReleaseAction action = decide_release(stored.state);
+    switch (action) {
+        case ReleaseAction::BackToReceived: release_to(id, Status::Received, now); break;
+        case ReleaseAction::Delete: delete_key(id); break;
+    }
+    finish_spi();
+    wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
+    log_transition(id.scope, id.key, stored.state.status,
+                   action == ReleaseAction::BackToReceived ? std::optional<Status>(Status::Received)
+                                                           : std::nullopt,
+                   token, stored.state.attempts - 1, "released");
+    PG_RETURN_VOID();
+}
+
+Datum assert_owner_body(FunctionCallInfo fcinfo) {
+    const KeyId id = key_id(fcinfo, 0, 2);
+    const std::int64_t token = token_arg(fcinfo, 1);
+
+    connect_spi();
+    StoredKey stored;
+    lock_as_holder(HolderCall::AssertOwner, id, token, &stored);
+    finish_spi();
+    PG_RETURN_VOID();
+}
+
+}  // namespace
+
+}  // namespace idem::pg
+
+IDEM_SQL_FUNCTION(idem_complete, idem::pg::complete_body)
+IDEM_SQL_FUNCTION(idem_fail, idem::pg::fail_body)
+IDEM_SQL_FUNCTION(idem_heartbeat, idem::pg::heartbeat_body)
+IDEM_SQL_FUNCTION(idem_release, idem::pg::release_body)
+IDEM_SQL_FUNCTION(idem_assert_owner, idem::pg::assert_owner_body)

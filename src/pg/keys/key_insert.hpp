@@ -1,0 +1,51 @@
+// The insert of a new key, done directly on the table and its indexes
+// (found by OID) instead of through SQL, so that it never waits for another
+// transaction: where INSERT ... ON CONFLICT would wait for a transaction
+// that is creating or deleting the same key, this answers Busy at once and
+// the caller decides how long to wait (see wait_for_end). The insert is
+// speculative, as PostgreSQL's own ON CONFLICT is: a concurrent insert of
+// the same key that slips in between is seen by the unique index, and ours
+// is taken back. Triggers on the table fire as for an INSERT.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/status.hpp"
+#include "pg/boundary/postgres.hpp"
+
+namespace idem::pg {
+
+struct NewKey {
+    const text* scope;
+    const text* key;
+    Status status;  // Processing (a claim) or Received (a register)
+    Datum fingerprint;
+    bool has_fingerprint;
+    Micros now;
+    // A claim: its lease, attempt cap and retention (the claim's settings).
+    Micros lease_until;
+    std::int32_t max_attempts;
+    Micros retention;
+    // A register.
+    const text* job_ref;
+};
+
+enum class KeyInsert {
+    Inserted,  // *token holds the new key's token (a claim)
+    Exists,    // the key exists, committed (or made by this transaction)
+    Busy,      // another transaction that has not ended is creating or deleting it
+};
+
+struct KeyInsertResult {
+    KeyInsert outcome;
+    std::int64_t token;
+    TransactionId busy_with;  // for Busy
+};
+
+KeyInsertResult insert_key(const NewKey& key);
+
+// Waits until transaction `xid` ends or `deadline` passes (then false).
+bool wait_for_end(TransactionId xid, Micros deadline);
+
+}  // namespace idem::pg

@@ -1,0 +1,47 @@
+#include "pg/keys/outcome.hpp"
+
+#include "pg/boundary/status_enum.hpp"
+
+namespace idem::pg {
+
+namespace {
+
+enum Column { kOutcome, kStatus, kToken, kAttempt, kResult, kError, kRetryAfter, kJobRef, kColumns };
+
+Datum interval_datum(Micros value) {
+    Interval* interval = static_cast<Interval*>(palloc(sizeof(Interval)));
+    interval->time = value;
+    interval->day = 0;
+    interval->month = 0;
+    return IntervalPGetDatum(interval);
+}
+
+}  // namespace
+
+Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields) {
+    TupleDesc desc = nullptr;
+    if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE || desc->natts != kColumns)
+        elog(ERROR, "idempotency: function must return idem_outcome");
+
+    Datum values[kColumns];
+    bool nulls[kColumns] = {};
+    values[kOutcome] = CStringGetTextDatum(outcome_label(fields.outcome));
+    values[kStatus] = fields.has_status
+                          ? status_datum(TupleDescAttr(desc, kStatus)->atttypid, fields.status)
+                          : 0;
+    nulls[kStatus] = !fields.has_status;
+    values[kToken] = fields.token ? Int64GetDatum(*fields.token) : 0;
+    nulls[kToken] = !fields.token;
+    values[kAttempt] = Int32GetDatum(fields.attempt);
+    values[kResult] = fields.result;
+    nulls[kResult] = !fields.has_result;
+    values[kError] = fields.error;
+    nulls[kError] = !fields.has_error;
+    values[kRetryAfter] = fields.retry_after ? interval_datum(*fields.retry_after) : 0;
+    nulls[kRetryAfter] = !fields.retry_after;
+    values[kJobRef] = fields.job_ref;
+    nulls[kJobRef] = !fields.has_job_ref;
+    return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+}
+
+}  // namespace idem::pg

@@ -1,0 +1,29 @@
+// Builds the idem_outcome composite that register, claim and complete return.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/status.hpp"
+#include "pg/boundary/postgres.hpp"
+
+namespace idem::pg {
+
+struct OutcomeFields {
+    Outcome outcome = Outcome::Failed;
+    Status status = Status::Received;
+    bool has_status = true;  // false: no committed state to report (status NULL)
+    std::optional<std::int64_t> token;
+    std::int32_t attempt = 0;
+    Datum result = 0;  // jsonb, when has_result
+    bool has_result = false;
+    Datum error = 0;   // text, when has_error
+    bool has_error = false;
+    std::optional<Micros> retry_after;
+    Datum job_ref = 0;  // text, when has_job_ref
+    bool has_job_ref = false;
+};
+
+Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields);
+
+}  // namespace idem::pg

@@ -1,0 +1,56 @@
+#include "pg/keys/transition_log.hpp"
+
+#include "pg/boundary/settings.hpp"
+
+extern "C" {
+#include "lib/stringinfo.h"
+}
+
+namespace idem::pg {
+
+namespace {
+
+// A value as it goes into key=value: quoted when it holds a space, a quote
+// or an equals sign, so that lines stay machine-readable.
+void append_value(StringInfo line, const char* value) {
+    if (strpbrk(value, " \"=\\\t\n") == nullptr && value[0] != '\0') {
+        appendStringInfoString(line, value);
+        return;
+    }
+    appendStringInfoChar(line, '"');
+    for (const char* c = value; *c; ++c) {
+        if (*c == '"' || *c == '\\') appendStringInfoChar(line, '\\');
+        appendStringInfoChar(line, *c);
+    }
+    appendStringInfoChar(line, '"');
+}
+
+void append_field(StringInfo line, const char* name, const char* value) {
+    appendStringInfo(line, " %s=", name);
+    append_value(line, value);
+}
+
+}  // namespace
+
+void log_transition(const text* scope, const text* key, std::optional<Status> from,
+                    std::optional<Status> to, std::optional<std::int64_t> token,
+                    std::int32_t attempt, const char* reason) {
+    if (!settings::log_transitions) return;
+    StringInfoData line;
+    initStringInfo(&line);
+    appendStringInfoString(&line, "idempotency transition:");
+    append_field(&line, "scope", text_to_cstring(scope));
+    append_field(&line, "key", text_to_cstring(key));
+    append_field(&line, "from", from ? status_label(*from) : "none");
+    append_field(&line, "to", to ? status_label(*to) : "deleted");
+    if (token)
+        appendStringInfo(&line, " token=%lld", static_cast<long long>(*token));
+    else
+        appendStringInfoString(&line, " token=none");
+    appendStringInfo(&line, " attempt=%d", attempt);
+    if (reason) append_field(&line, "reason", reason);
+    ereport(LOG, (errmsg("%s", line.data), errhidestmt(true)));
+    pfree(line.data);
+}
+
+}  // namespace idem::pg

@@ -1,0 +1,20 @@
+// idempotency.log_transitions: one LOG line per state transition, as
+// key=value fields (scope, key, from, to, token, attempt, reason).
+// Lines are written when the transition is made; a transaction that later
+// rolls back has still logged them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/status.hpp"
+#include "pg/boundary/postgres.hpp"
+
+namespace idem::pg {
+
+// `from` is nullptr for a key that did not exist; `to` nullptr for a deletion.
+void log_transition(const text* scope, const text* key, std::optional<Status> from,
+                    std::optional<Status> to, std::optional<std::int64_t> token,
+                    std::int32_t attempt, const char* reason = nullptr);
+
+}  // namespace idem::pg

@@ -1,0 +1,240 @@
+#include "pg/outbox/outbox_claim.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "pg/boundary/arrays.hpp"
+#include "pg/outbox/outbox_claim_walk.hpp"
+#include "pg/outbox/outbox_heads.hpp"
+#include "pg/outbox/outbox_held.hpp"
+#include "pg/outbox/outbox_holders.hpp"
+#include "pg/outbox/outbox_index.hpp"
+#include "pg/outbox/outbox_layout.hpp"
+#include "pg/outbox/outbox_ready_floor.hpp"
+#include "pg/boundary/spi.hpp"
+
+extern "C" {
+#include "storage/itemptr.h"
+#include "storage/procarray.h"
+#include "utils/array.h"
+#include "utils/memutils.h"
+}
+
+// What a claim may hand out (ready-queue layout, 0.5.0). Only ready events:
+// heads of their keys and events without a key (pg/outbox_heads.hpp). A
+// ready event is due when its ready_at has come: pending and due (its
+// deliver_at, its retry's backoff), or in flight with a lease that ran out
+// and attempts left (maintenance buries the rest). One head per key means
+// at most one event of a key in flight, and the next one only after it.
+//
+// How they are found. Each source of the claim (each requested topic, or
+// every topic) is read from its ready index (directly: pg/outbox_index.hpp)
+// in (ready_at, id) order, from
+// where its last claim found ready events (pg/outbox_ready_floor.hpp) up to
+// now, a window at a time; the sources are merged in that order. Events
+// waiting behind a head, events scheduled or retrying later and events in
+// flight are not in the range read, so a claim reads its batch, the events
+// held by other relays' running transactions before it, and the few heads
+// that have run out of attempts. Events held by another running
+// transaction are passed over without trying their lock (its xmax); the
+// others are locked by row version, SKIP LOCKED, oldest first and no more
+// than the batch still needs, and handed out by the same statement, which
+// rechecks that each is still ready and due. The claim itself is written at
+// commit (outbox_held.hpp).
+
+namespace idem::pg {
+
+namespace {
+
+#define OUTBOX " @outbox@ "
+// Locks up to $4 of the candidates (the row versions read) that are still
+// ready and due, oldest first, and hands them out; none this transaction
+// holds ($5). The last column: whether the event was in flight with an
+// expired lease. Always a generic plan (a TID scan): a custom plan would
+// estimate ready_at <= $2 from the ready index's live end, walking the dead
+// entries there on every call.
+Statement kHandOut = {
+    "SELECT o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts + 1,"
+    "       o.enqueued_at, o.state = 'in_flight' FROM" OUTBOX "o"
+    " WHERE o.ctid = ANY ($1) AND o.ready_at IS NOT NULL AND o.ready_at <= $2"
+    "   AND (o.state = 'pending' OR (o.state = 'in_flight'"
+    "        AND o.attempts < COALESCE(o.max_attempts, $3)))"
+    "   AND o.id <> ALL ($5)"
+    " ORDER BY o.ready_at, o.id LIMIT $4 FOR NO KEY UPDATE OF o SKIP LOCKED",
+    5, {TIDARRAYOID, TIMESTAMPTZOID, INT4OID, INT4OID, INT8ARRAYOID}, nullptr, 0,
+    CURSOR_OPT_GENERIC_PLAN};
+
+constexpr long kMaxWindow = 8192;
+
+// One source: a topic (or every topic), read in windows.
+struct Source {
+    const text* topic;  // nullptr: every topic
+    ScanStart start;
+    Micros after_at;    // the last row read: the next window starts after it
+    std::int64_t after_id;
+    long window;
+    ReadyRow* rows;          // the current window, from `next` on not yet merged
+    int count;
+    int next;
+    bool exhausted;     // the last window was the last
+    bool read_any;
+    Micros first_ready;  // of the first window: the next claim's mark
+};
+
+void read_window(Source* source, const ClaimRequest& request, Micros now) {
+    source->rows = static_cast<ReadyRow*>(palloc(sizeof(ReadyRow) * (source->window + 1)));
+    Micros seen_at = source->after_at;
+    std::int64_t seen_id = source->after_id;
+    const int rows = read_ready(source->topic, source->start.from, source->after_at,
+                                source->after_id, now, request.max_attempts,
+                                static_cast<int>(source->window), source->rows, &seen_at, &seen_id);
+    source->count = rows;
+    source->next = 0;
+    source->exhausted = rows < source->window;
+    if (!source->read_any) source->first_ready = rows > 0 ? source->rows[0].ready_at : now;
+    source->read_any = true;
+    source->after_at = seen_at;
+    source->after_id = seen_id;
+    source->window = std::min(source->window * 2, kMaxWindow);
+}
+
+bool before(const ReadyRow& a, const ReadyRow& b) {
+    return a.ready_at < b.ready_at || (a.ready_at == b.ready_at && a.id < b.id);
+}
+
+
+// Locks and hands out up to `wanted` of the candidates; returns how many.
+std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions, int count,
+                       int wanted, HandedOut sink, void* context) {
+    Params params;
+    params.add(PointerGetDatum(construct_array(versions, count, TIDOID, sizeof(ItemPointerData),
+                                               false, TYPALIGN_SHORT)));
+    params.add_timestamp(now).add_int4(request.max_attempts).add_int4(wanted);
+    params.add(held_ids());
+    const std::uint64_t handed = execute(kHandOut, params);
+    if (handed > 0) {
+        sink(handed, context);
+        auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * handed));
+        bool isnull = false;
+        for (std::uint64_t row = 0; row < handed; ++row)
+            ids[row] = DatumGetInt64(column(1, &isnull, row));
+        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
+                    static_cast<int>(handed));
+    }
+    SPI_freetuptable(SPI_tuptable);
+    return handed;
+}
+
+int compare_topics(const void* a, const void* b) {
+    const text* x = *static_cast<const text* const*>(a);
+    const text* y = *static_cast<const text* const*>(b);
+    const std::size_t lx = VARSIZE_ANY_EXHDR(x);
+    const std::size_t ly = VARSIZE_ANY_EXHDR(y);
+    const int c = std::memcmp(VARDATA_ANY(x), VARDATA_ANY(y), std::min(lx, ly));
+    return c != 0 ? c : (lx < ly ? -1 : (lx > ly ? 1 : 0));
+}
+
+// The claim's sources: its distinct topics, or every topic.
+Source* sources_of(const ClaimRequest& request, int* count) {
+    const text** topics = nullptr;
+    int n = 1;
+    if (request.has_topics) {
+        Datum* elements = nullptr;
+        bool* nulls = nullptr;
+        deconstruct_array(DatumGetArrayTypeP(request.topics), TEXTOID, -1, false, TYPALIGN_INT,
+                          &elements, &nulls, &n);
+        topics = static_cast<const text**>(palloc(sizeof(text*) * (n + 1)));
+        for (int i = 0; i < n; ++i) topics[i] = DatumGetTextPP(elements[i]);
+        qsort(topics, n, sizeof(text*), compare_topics);
+        int distinct = 0;
+        for (int i = 0; i < n; ++i)
+            if (distinct == 0 || compare_topics(&topics[distinct - 1], &topics[i]) != 0)
+                topics[distinct++] = topics[i];
+        n = distinct;
+    }
+    Source* sources = static_cast<Source*>(palloc0(sizeof(Source) * (n + 1)));
+    for (int i = 0; i < n; ++i) sources[i].topic = topics != nullptr ? topics[i] : nullptr;
+    *count = n;
+    return sources;
+}
+
+std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sink,
+                          void* context) {
+    // Heads this transaction ended: their next events are ready for it too.
+    promote_ended_heads(now);
+    MemoryContext const caller_memory = CurrentMemoryContext;
+    MemoryContext const claim_memory =
+        AllocSetContextCreate(caller_memory, "idempotency outbox claim", ALLOCSET_DEFAULT_SIZES);
+    MemoryContextSwitchTo(claim_memory);
+    const int batch = request.batch;
+    int source_count = 0;
+    Source* sources = sources_of(request, &source_count);
+    if (source_count == 0) {
+        MemoryContextSwitchTo(caller_memory);
+        MemoryContextDelete(claim_memory);
+        return 0;
+    }
+    for (int i = 0; i < source_count; ++i) {
+        Source& source = sources[i];
+        source.start = scan_start(source.topic);
+        source.after_at = source.start.from;
+        source.after_id = 0;
+        source.window = std::min<long>(kMaxWindow, batch + batch / 8 + 16);
+    }
+    Datum* versions = static_cast<Datum*>(palloc(sizeof(Datum) * (batch + 1)));
+    auto* tids = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (batch + 1)));
+    Holders holders;
+    int handed = 0;
+    while (handed < batch) {
+        // Every source with nothing left to merge reads its next window.
+        bool any = false;
+        for (int i = 0; i < source_count; ++i) {
+            Source& source = sources[i];
+            if (source.next == source.count && !(source.read_any && source.exhausted))
+                read_window(&source, request, now);
+            any |= source.next < source.count;
+        }
+        if (!any) break;
+        // The candidates, oldest first, until the batch's remainder is met
+        // or a source needs its next window to keep the order.
+        const int wanted = batch - handed;
+        int count = 0;
+        while (count < wanted) {
+            Source* oldest = nullptr;
+            bool refill = false;
+            for (int i = 0; i < source_count; ++i) {
+                Source& source = sources[i];
+                if (source.next == source.count) {
+                    refill |= !source.exhausted;
+                    continue;
+                }
+                if (oldest == nullptr || before(source.rows[source.next], oldest->rows[oldest->next]))
+                    oldest = &source;
+            }
+            if (oldest == nullptr || refill) break;
+            const ReadyRow& row = oldest->rows[oldest->next++];
+            if (held_by_other(&holders, row.xmax) || holds(row.id)) continue;
+            ItemPointerCopy(&row.ctid, &tids[count]);
+            versions[count] = PointerGetDatum(&tids[count]);
+            ++count;
+        }
+        if (count > 0)
+            handed += static_cast<int>(
+                hand_out(request, now, versions, count, wanted, sink, context));
+    }
+    for (int i = 0; i < source_count; ++i)
+        if (sources[i].read_any) scan_found(sources[i].topic, sources[i].start, sources[i].first_ready);
+    MemoryContextSwitchTo(caller_memory);
+    MemoryContextDelete(claim_memory);
+    return static_cast<std::uint64_t>(handed);
+}
+
+}  // namespace
+
+std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut sink,
+                           void* context) {
+    if (!outbox_has_ready_queue()) return claim_by_walking(request, now, sink, context);
+    return claim_ready(request, now, sink, context);
+}
+
+}  // namespace idem::pg

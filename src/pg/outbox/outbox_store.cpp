@@ -1,0 +1,337 @@
+#include "pg/outbox/outbox_store.hpp"
+
+#include <algorithm>
+
+#include "pg/boundary/extension_objects.hpp"
+#include "pg/outbox/outbox_heads.hpp"
+#include "pg/outbox/outbox_index.hpp"
+#include "pg/outbox/outbox_layout.hpp"
+#include "pg/outbox/outbox_ready_floor.hpp"
+#include "pg/outbox/producer_turn.hpp"
+#include "pg/boundary/spi.hpp"
+
+namespace idem::pg {
+
+namespace {
+
+#define OUTBOX " @outbox@ "
+// The ready-queue layout (0.5.0) and what it writes.
+#define IF_READY(then) "@if outbox.ready_at@" then "@end@"
+#define IF_READY_ELSE(then, otherwise) "@if outbox.ready_at@" then "@else@" otherwise "@end@"
+// An event's place in its key's order.
+#define PLACE " COALESCE(key_seq, id) "
+// The topic, key (only when `cond`) and place of each changed event, for
+// the heads that ended with the change (pg/outbox_heads.hpp).
+#define ENDED_HEADS(cond)                                                        \
+    IF_READY_ELSE(", topic, CASE WHEN " cond " THEN key END, " PLACE,               \
+                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8")
+
+// $8: whether the new event is its key's head (always for an event without
+// a key); due from deliver_at, or now. $9: its id, taken from the sequence
+// first (with the ready queue).
+#define INSERT_EVENT                                                                            \
+    "INSERT INTO" OUTBOX "(" IF_READY("id, ") "topic, key, payload, headers, dedup_key, "             \
+    "enqueued_at, available_at, updated_at" IF_READY(", ready_at") ") "                              \
+    IF_READY("OVERRIDING SYSTEM VALUE ") "VALUES (" IF_READY("$9, ") "$1, $2, $3, $4, $5, $6, $7, $6" \
+    IF_READY(", CASE WHEN $8 THEN GREATEST($7, $6) END") ") "
+#define RETURNING_EVENT " RETURNING id, " IF_READY_ELSE("ready_at IS NOT NULL", "false")
+
+Statement kInsert = {
+    INSERT_EVENT RETURNING_EVENT,
+    9, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, BOOLOID,
+        INT8OID},
+    nullptr};
+
+Statement kInsertDeduplicated = {
+    INSERT_EVENT "ON CONFLICT (topic, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
+    RETURNING_EVENT,
+    9, {TEXTOID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, BOOLOID,
+        INT8OID},
+    nullptr};
+
+Statement kFindDeduplicated = {
+    "SELECT id FROM" OUTBOX "WHERE topic = $1 AND dedup_key = $2", 2, {TEXTOID, TEXTOID},
+    nullptr};
+
+// A late ack (after the lease ran out and the event went back to pending)
+// still counts: the event was delivered.
+Statement kAck = {
+    "UPDATE" OUTBOX "SET state = 'delivered', delivered_at = $2, lease_until = NULL, "
+    "updated_at = $2" IF_READY(", ready_at = NULL") " WHERE id = ANY ($1) AND (state = 'in_flight' OR "
+    "(state = 'pending' AND attempts > 0)) RETURNING id" ENDED_HEADS("true"),
+    2, {INT8ARRAYOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kWriteClaims = {
+    "UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, "
+    "lease_until = h.lease_until, relay = h.relay, updated_at = h.claimed_at"
+    "@if outbox.max_attempts@, max_attempts = h.cap@end@" IF_READY(", ready_at = h.lease_until") " "
+    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3), "
+    "pg_catalog.unnest($4), pg_catalog.unnest($5)) AS h(id, lease_until, relay, claimed_at, cap) "
+    "WHERE o.id = h.id AND o.state IN ('pending', 'in_flight')",
+    5, {INT8ARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4ARRAYOID},
+    nullptr};
+
+Statement kAckHeld = {
+    "UPDATE" OUTBOX "o SET state = 'delivered', attempts = o.attempts + 1, relay = h.relay, "
+    "delivered_at = $3, lease_until = NULL, updated_at = $3" IF_READY(", ready_at = NULL") " "
+    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS h(id, relay) "
+    "WHERE o.id = h.id AND o.state IN ('pending', 'in_flight') RETURNING o.id"
+    IF_READY_ELSE(", o.topic, o.key, COALESCE(o.key_seq, o.id)",
+                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8"),
+    3, {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kLock = {
+    "SELECT state, state::pg_catalog.text, attempts, "
+    "@if outbox.max_attempts@max_attempts@else@NULL::pg_catalog.int4@end@ FROM" OUTBOX
+    "WHERE id = $1 FOR NO KEY UPDATE",
+    1, {INT8OID}, nullptr};
+
+Statement kRetryOrBury = {
+    "UPDATE" OUTBOX "SET state = $2, last_error = $3, available_at = $4, lease_until = NULL, "
+    "updated_at = $5, attempts = $6, relay = COALESCE($7, relay)"
+    IF_READY(", ready_at = CASE WHEN $2 = 'dead' THEN NULL ELSE $4 END")
+    " WHERE id = $1 RETURNING id" ENDED_HEADS("false"),
+    7, {INT8OID, kOutboxStateType, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID, TEXTOID},
+    nullptr};
+
+// Events in flight that the relay claimed go back to pending, due now, the
+// attempt their claim counted given back.
+Statement kRelease = {
+    "UPDATE" OUTBOX "SET state = 'pending', attempts = attempts - 1, available_at = $3, "
+    "lease_until = NULL, updated_at = $3" IF_READY(", ready_at = $3") " WHERE id = ANY ($1) AND state = 'in_flight' "
+    "AND relay = $2",
+    3, {INT8ARRAYOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
+
+Statement kRedrive = {
+    "UPDATE" OUTBOX "SET state = 'pending', attempts = 0, available_at = $3, "
+    "lease_until = NULL, updated_at = $3" IF_READY(", ready_at = CASE WHEN key IS NULL THEN $3 END")
+    " WHERE state = 'dead' "
+    "AND ($1::pg_catalog.int8[] IS NULL OR id = ANY ($1)) "
+    "AND ($2::pg_catalog.text IS NULL OR topic = $2) "
+    "AND ($4::pg_catalog.text[] IS NULL OR topic = ANY ($4)) RETURNING id" ENDED_HEADS("true"),
+    4, {INT8ARRAYOID, TEXTOID, TIMESTAMPTZOID, TEXTARRAYOID}, nullptr};
+
+Statement kExpireLeases = {
+    "WITH due AS (SELECT id FROM" OUTBOX "WHERE state = 'in_flight' AND lease_until <= $1 "
+    "  LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED) "
+    "UPDATE" OUTBOX "o SET state = CASE WHEN o.attempts >= "
+    "@if outbox.max_attempts@COALESCE(o.max_attempts, $3)@else@$3@end@ THEN $4 ELSE $5 END, "
+    "available_at = $1, lease_until = NULL, last_error = 'lease expired', updated_at = $1"
+    // (The ready-queue layout always has max_attempts.)
+    IF_READY(", ready_at = CASE WHEN o.attempts >= COALESCE(o.max_attempts, $3) "
+             "THEN NULL ELSE $1 END")
+    " FROM due WHERE o.id = due.id AND o.state = 'in_flight' RETURNING o.state = 'dead'"
+    IF_READY_ELSE(", o.topic, NULL::pg_catalog.text, COALESCE(o.key_seq, o.id)",
+                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8"),
+    5, {TIMESTAMPTZOID, INT4OID, INT4OID, kOutboxStateType, kOutboxStateType}, nullptr};
+
+// Dead events an operator gives up on: deleted; the next event of a key
+// whose first event (in its order) was the discarded one becomes its head.
+Statement kDiscard = {
+    "DELETE FROM" OUTBOX "o WHERE o.id = ANY ($1) AND o.state = 'dead' "
+    "AND ($2::pg_catalog.text[] IS NULL OR o.topic = ANY ($2)) RETURNING o.id"
+    IF_READY_ELSE(", o.topic, CASE WHEN o.key IS NOT NULL AND NOT EXISTS (SELECT FROM" OUTBOX "e "
+                  "  WHERE e.topic = o.topic AND e.key = o.key AND e.id <> o.id "
+                  "    AND e.state IN ('pending', 'in_flight', 'dead') "
+                  "    AND COALESCE(e.key_seq, e.id) < COALESCE(o.key_seq, o.id)) THEN o.key END, "
+                  "COALESCE(o.key_seq, o.id)",
+                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8"),
+    2, {INT8ARRAYOID, TEXTARRAYOID}, nullptr};
+
+Statement kPurgeDelivered = {
+    "DELETE FROM" OUTBOX "WHERE id = ANY (ARRAY("
+    "  SELECT id FROM" OUTBOX "WHERE state = 'delivered' AND delivered_at <= $1 "
+    "  LIMIT $2 FOR UPDATE SKIP LOCKED))",
+    2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+
+}  // namespace
+
+Datum outbox_state_value(const char* label) {
+    return DirectFunctionCall2(enum_in, CStringGetDatum(label),
+                               ObjectIdGetDatum(extension_objects().outbox_state_type));
+}
+
+namespace {
+
+// The new event's id; with the ready queue, records a keyed event for the
+// check before the commit (pg/outbox_heads.hpp).
+std::int64_t inserted_event(const NewEvent& event, Micros now, bool ready_queue,
+                            std::uint64_t seen) {
+    const std::int64_t id = *column_int8(1);
+    bool isnull = false;
+    const bool head = DatumGetBool(column(2, &isnull));
+    if (head) note_ready_written(std::max(now, event.available_at));
+    if (ready_queue && event.key != nullptr) enqueued_keyed(event.topic, event.key, id, head, seen);
+    return id;
+}
+
+// The rows of SPI_tuptable that ended heads: columns `first` on.
+void end_heads_in_result(int first, Micros now) {
+    const EndedHeads ended = ended_heads_in_result(first);
+    heads_ended(ended, now);
+}
+
+}  // namespace
+
+std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
+    // Before the ready queue, producers of a key take turns for their whole
+    // transaction; with it, only in the step before the commit.
+    const bool ready_queue = outbox_has_ready_queue();
+    if (event.key != nullptr && !ready_queue) take_producer_turn(event.topic, event.key);
+    Params params;
+    params.add_text(event.topic).add_text(event.key).add(event.payload);
+    params.add_datum(event.headers, event.has_headers).add_text(event.dedup_key);
+    params.add_timestamp(now).add_timestamp(event.available_at);
+    // A keyed event is its key's head when its key has no live event (the
+    // newest is looked for: it is live whenever any is); the check before
+    // the commit corrects what a concurrent commit changes.
+    bool head = !ready_queue || event.key == nullptr;
+    // The turn's count is read before the id is taken and the key looked
+    // at: a commit it does not count took its places before this id, and
+    // the look back from this id sees them (pg/producer_turn.hpp).
+    const std::uint64_t seen =
+        event.key != nullptr && ready_queue ? turn_count(producer_turn_of(event.topic, event.key))
+                                            : kNoCount;
+    const std::int64_t id = ready_queue ? next_event_id() : 0;
+    if (!head) {
+        KeyOrderReader reader = open_key_order();
+        head = !last_event_before(&reader, event.topic, event.key, id).found;
+        close_key_order(&reader);
+    }
+    params.add(BoolGetDatum(head)).add_int8(id);
+    if (event.dedup_key == nullptr) {
+        execute(kInsert, params);
+        *inserted = true;
+        return inserted_event(event, now, ready_queue, seen);
+    }
+    // A concurrent enqueue of the same dedup_key: ON CONFLICT waits for its
+    // transaction; then its row is visible (or gone after a rollback, or
+    // purged): loop until one of the two statements finds an id.
+    Params lookup;
+    lookup.add_text(event.topic).add_text(event.dedup_key);
+    for (;;) {
+        if (execute(kInsertDeduplicated, params) > 0) {
+            *inserted = true;
+            return inserted_event(event, now, ready_queue, seen);
+        }
+        if (execute(kFindDeduplicated, lookup, 1) > 0) {
+            *inserted = false;
+            return *column_int8(1);
+        }
+        CHECK_FOR_INTERRUPTS();
+    }
+}
+
+std::uint64_t discard_events(Datum ids, Datum topics, bool has_topics, Micros now) {
+    Params params;
+    params.add(ids).add_datum(topics, has_topics);
+    const std::uint64_t discarded = execute(kDiscard, params);
+    end_heads_in_result(2, now);
+    return discarded;
+}
+
+std::uint64_t ack_events(Datum ids, Micros now) {
+    Params params;
+    params.add(ids).add_timestamp(now);
+    const std::uint64_t acked = execute(kAck, params);
+    end_heads_in_result(2, now);
+    return acked;
+}
+
+void write_claims(const ClaimedEvents& events) {
+    Params params;
+    params.add(events.ids).add(events.lease_untils).add(events.relays).add(events.claimed_ats);
+    params.add(events.max_attempts);
+    execute(kWriteClaims, params);
+}
+
+std::uint64_t ack_held_events(Datum ids, Datum relays, Micros now) {
+    Params params;
+    params.add(ids).add(relays).add_timestamp(now);
+    const std::uint64_t acked = execute(kAckHeld, params);
+    end_heads_in_result(2, now);
+    return acked;
+}
+
+bool lock_event(std::int64_t id, EventState* out) {
+    Params params;
+    params.add_int8(id);
+    if (execute(kLock, params, 1) == 0) return false;
+    bool isnull = false;
+    out->state = column(1, &isnull);
+    out->state_type = SPI_gettypeid(SPI_tuptable->tupdesc, 1);
+    out->label = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+    out->attempts = DatumGetInt32(column(3, &isnull));
+    const Datum cap = column(4, &isnull);
+    out->max_attempts = isnull ? std::nullopt : std::optional<std::int32_t>(DatumGetInt32(cap));
+    return true;
+}
+
+void retry_or_bury(std::int64_t id, const Failure& failure, Micros now) {
+    Params params;
+    params.add_int8(id).add(outbox_state_value(failure.dead ? "dead" : "pending"));
+    params.add_text(failure.error);
+    params.add_timestamp(failure.available_at).add_timestamp(now).add_int4(failure.attempts);
+    params.add_text(failure.claimed_by);
+    execute(kRetryOrBury, params);
+    if (!failure.dead) note_ready_written(failure.available_at);
+    end_heads_in_result(2, now);
+}
+
+std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros now,
+                             Datum topics, bool has_topics) {
+    Params params;
+    params.add_datum(ids, has_ids).add_text(topic).add_timestamp(now);
+    params.add_datum(topics, has_topics);
+    const std::uint64_t redriven = execute(kRedrive, params);
+    if (redriven == 0 || !outbox_has_ready_queue()) return redriven;
+    note_ready_written(now);
+    // Each keyed event becomes its key's head, or waits behind the head its
+    // key has; one after the other, in id order, so that each sees the last.
+    const EndedHeads keyed = ended_heads_in_result(2);
+    auto* event_ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (redriven + 1)));
+    int count = 0;
+    for (std::uint64_t row = 0; row < redriven; ++row) {
+        bool no_key = false;
+        (void)column(3, &no_key, row);
+        if (!no_key) event_ids[count++] = *column_int8(1, row);
+    }
+    int* order = static_cast<int*>(palloc(sizeof(int) * (count + 1)));
+    for (int i = 0; i < count; ++i) order[i] = i;
+    std::sort(order, order + count, [&](int a, int b) { return event_ids[a] < event_ids[b]; });
+    for (int i = 0; i < count; ++i) {
+        const int at = order[i];
+        redriven_keyed(event_ids[at], keyed.topics[at], keyed.keys[at], keyed.places[at], now);
+    }
+    return redriven;
+}
+
+std::uint64_t release_events(Datum ids, const text* relay, Micros now) {
+    Params params;
+    params.add(ids).add_text(relay).add_timestamp(now);
+    note_ready_written(now);
+    return execute(kRelease, params);
+}
+
+std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now, std::uint64_t* dead) {
+    Params params;
+    params.add_timestamp(now).add_int4(batch).add_int4(max_attempts);
+    params.add(outbox_state_value("dead")).add(outbox_state_value("pending"));
+    const std::uint64_t expired = execute(kExpireLeases, params);
+    *dead = 0;
+    for (std::uint64_t row = 0; row < expired; ++row) {
+        bool isnull = false;
+        if (DatumGetBool(column(1, &isnull, row))) ++*dead;
+    }
+    if (expired > 0) note_ready_written(now);
+    end_heads_in_result(2, now);
+    return expired;
+}
+
+std::uint64_t purge_delivered_events(int batch, Micros cutoff) {
+    Params params;
+    params.add_timestamp(cutoff).add_int4(batch);
+    return execute(kPurgeDelivered, params);
+}
+
+}  // namespace idem::pg

@@ -1,0 +1,31 @@
+// Which topics the calling role may work on as a relay: claim, ack, nack,
+// release and redrive. The extension's owner, superusers and roles with no
+// row in relay_grants may work on every topic; a role granted topics with
+// grant_relay() (or a member of such a role) only on those. Callers hold an
+// SPI connection.
+#pragma once
+
+#include "pg/boundary/postgres.hpp"
+
+namespace idem::pg {
+
+struct RelayScope {
+    bool every_topic;
+    Datum topics;  // text[] of the allowed topics, unless every_topic
+};
+
+RelayScope relay_scope();
+
+// The topics a claim may take: the requested ones (NULL: all it may), each
+// checked against the scope. *has_topics tells whether the result filters.
+Datum claimable_topics(const RelayScope& scope, Datum requested, bool has_requested,
+                       bool* has_topics);
+
+// Raises 42501 when one of the events `ids` belongs to a topic outside the
+// scope; `what` names the call in the message.
+void check_event_topics(const RelayScope& scope, Datum ids, const char* what);
+
+// Raises 42501 when `topic` is outside the scope.
+void check_topic(const RelayScope& scope, const text* topic, const char* what);
+
+}  // namespace idem::pg

@@ -1,0 +1,61 @@
+#include "pg/shmem/shared_state.hpp"
+
+#include "core/error.hpp"
+#include "pg/shmem/due_table.hpp"
+
+extern "C" {
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+}
+
+namespace idem::pg {
+
+namespace {
+
+SharedState* state = nullptr;
+shmem_request_hook_type previous_request_hook = nullptr;
+shmem_startup_hook_type previous_startup_hook = nullptr;
+
+void request_shared_memory() {
+    if (previous_request_hook) previous_request_hook();
+    RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(SharedState)), MAXALIGN(due_table_size())));
+    request_due_table_lock();
+}
+
+void start_shared_memory() {
+    if (previous_startup_hook) previous_startup_hook();
+    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+    bool found = false;
+    state = static_cast<SharedState*>(ShmemInitStruct("idempotency", sizeof(SharedState), &found));
+    if (!found) {
+        for (auto& counter : state->counters) pg_atomic_init_u64(&counter, 0);
+        for (auto& bucket : state->buckets) pg_atomic_init_u64(&bucket, 0);
+        SpinLockInit(&state->mutex);
+        state->stats_reset = GetCurrentTimestamp();
+        for (auto& cv : state->wake) ConditionVariableInit(&cv);
+    }
+    init_due_table();
+    LWLockRelease(AddinShmemInitLock);
+}
+
+}  // namespace
+
+SharedState* shared_state() { return state; }
+
+void install_shared_state_hooks() {
+    previous_request_hook = shmem_request_hook;
+    shmem_request_hook = request_shared_memory;
+    previous_startup_hook = shmem_startup_hook;
+    shmem_startup_hook = start_shared_memory;
+}
+
+SharedState* require_shared_state(const char* what) {
+    if (state == nullptr)
+        throw Error("55000", std::string(what) +
+                                 " needs the idempotency library to be loaded via "
+                                 "shared_preload_libraries");
+    return state;
+}
+
+}  // namespace idem::pg
