@@ -2,6 +2,7 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include "core/cpp_only.hpp"
 
 namespace idem {
 

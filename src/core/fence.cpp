@@ -1,6 +1,7 @@
 #include "core/fence.hpp"
 
 #include "core/error.hpp"
+#include "core/cpp_only.hpp"
 
 namespace idem {
 

@@ -1,6 +1,7 @@
 #include "core/retry.hpp"
 
 #include <algorithm>
+#include "core/cpp_only.hpp"
 
 namespace idem {
 

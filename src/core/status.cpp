@@ -1,4 +1,5 @@
 #include "core/status.hpp"
+#include "core/cpp_only.hpp"
 
 namespace idem {
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/error.hpp"
+#include "core/cpp_only.hpp"
 
 namespace idem {
 

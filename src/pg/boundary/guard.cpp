@@ -47,7 +47,13 @@ bool caught_exception(Run run, CaughtError* caught) {
 Datum guarded(FunctionCallInfo fcinfo, Body body) {
     CaughtError caught;
     Datum result = 0;
+    // A body must leave PostgreSQL's error handler as it found it: a
+    // PG_TRY left open (by a return or an exception out of it) would make
+    // the next ERROR jump into a dead C++ frame.
+    sigjmp_buf* const handler = PG_exception_stack;
     const bool failed = caught_exception([&] { result = body(fcinfo); }, &caught);
+    if (PG_exception_stack != handler)
+        elog(PANIC, "idempotency: a function left PostgreSQL's error handler changed");
     if (failed) {
         const char* s = caught.sqlstate;
         ereport(ERROR, (errcode(MAKE_SQLSTATE(s[0], s[1], s[2], s[3], s[4])),
