@@ -39,8 +39,5 @@ extern "C" void _PG_init(void) {
     // Shared memory and the workers need the library to be preloaded.
     if (!process_shared_preload_libraries_in_progress) return;
     idem::pg::install_shared_state_hooks();
-    idem::pg::install_notifier_table_hooks();
-    idem::pg::install_ready_floor_hooks();
-    idem::pg::install_producer_turn_hooks();
     idem::pg::register_launcher();
 }

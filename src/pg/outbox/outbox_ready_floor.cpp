@@ -49,26 +49,6 @@ struct Floor {
 };
 
 Floor* floor_state = nullptr;
-shmem_request_hook_type previous_request_hook = nullptr;
-shmem_startup_hook_type previous_startup_hook = nullptr;
-
-void request_floor() {
-    if (previous_request_hook) previous_request_hook();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(Floor)));
-}
-
-void start_floor() {
-    if (previous_startup_hook) previous_startup_hook();
-    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    bool found = false;
-    floor_state = static_cast<Floor*>(ShmemInitStruct("idempotency ready floor", sizeof(Floor), &found));
-    if (!found) {
-        std::memset(floor_state, 0, sizeof *floor_state);
-        SpinLockInit(&floor_state->mutex);
-        floor_state->next_seq = 1;
-    }
-    LWLockRelease(AddinShmemInitLock);
-}
 
 void publish_late(Micros from) {
     SpinLockAcquire(&floor_state->mutex);
@@ -245,11 +225,16 @@ void scan_found(const text* topic, const ScanStart& start, Micros first_ready) {
 
 void install_ready_floor_callbacks() { register_guarded_callback(on_transaction_event); }
 
-void install_ready_floor_hooks() {
-    previous_request_hook = shmem_request_hook;
-    shmem_request_hook = request_floor;
-    previous_startup_hook = shmem_startup_hook;
-    shmem_startup_hook = start_floor;
+Size ready_floor_size() { return MAXALIGN(sizeof(Floor)); }
+
+void init_ready_floor() {
+    bool found = false;
+    floor_state = static_cast<Floor*>(ShmemInitStruct("idempotency ready floor", sizeof(Floor), &found));
+    if (!found) {
+        std::memset(floor_state, 0, sizeof *floor_state);
+        SpinLockInit(&floor_state->mutex);
+        floor_state->next_seq = 1;
+    }
 }
 
 }  // namespace idem::pg

@@ -26,23 +26,6 @@ struct TurnCounts {
 };
 
 TurnCounts* counts = nullptr;
-shmem_request_hook_type previous_request_hook = nullptr;
-shmem_startup_hook_type previous_startup_hook = nullptr;
-
-void request_counts() {
-    if (previous_request_hook) previous_request_hook();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(TurnCounts)));
-}
-
-void start_counts() {
-    if (previous_startup_hook) previous_startup_hook();
-    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    bool found = false;
-    counts = static_cast<TurnCounts*>(ShmemInitStruct("idempotency turn counts", sizeof(TurnCounts), &found));
-    if (!found)
-        for (auto& count : counts->count) pg_atomic_init_u64(&count, 0);
-    LWLockRelease(AddinShmemInitLock);
-}
 
 uint32 hash_of(const text* value) {
     return hash_bytes(reinterpret_cast<const unsigned char*>(VARDATA_ANY(value)),
@@ -97,11 +80,13 @@ void turns_prepared(const std::uint32_t* turns, int count) {
     }
 }
 
-void install_producer_turn_hooks() {
-    previous_request_hook = shmem_request_hook;
-    shmem_request_hook = request_counts;
-    previous_startup_hook = shmem_startup_hook;
-    shmem_startup_hook = start_counts;
+Size producer_turn_size() { return MAXALIGN(sizeof(TurnCounts)); }
+
+void init_producer_turns() {
+    bool found = false;
+    counts = static_cast<TurnCounts*>(ShmemInitStruct("idempotency turn counts", sizeof(TurnCounts), &found));
+    if (!found)
+        for (auto& count : counts->count) pg_atomic_init_u64(&count, 0);
 }
 
 }  // namespace idem::pg

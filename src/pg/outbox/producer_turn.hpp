@@ -44,7 +44,9 @@ bool turn_unchanged(std::uint32_t turn, std::uint64_t seen);
 void turns_committed(const std::uint32_t* turns, int count);
 void turns_prepared(const std::uint32_t* turns, int count);
 
-// Called from _PG_init while preloading.
-void install_producer_turn_hooks();
+// Its part of the shared memory (shared_state.cpp): size and set-up (under
+// AddinShmemInitLock).
+Size producer_turn_size();
+void init_producer_turns();
 
 }  // namespace idem::pg

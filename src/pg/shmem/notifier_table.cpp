@@ -43,27 +43,6 @@ struct NotifierTable {
 };
 
 NotifierTable* table = nullptr;
-shmem_request_hook_type previous_request_hook = nullptr;
-shmem_startup_hook_type previous_startup_hook = nullptr;
-
-void request_table() {
-    if (previous_request_hook) previous_request_hook();
-    RequestAddinShmemSpace(MAXALIGN(sizeof(NotifierTable)));
-    RequestNamedLWLockTranche(kTranche, 1);
-}
-
-void start_table() {
-    if (previous_startup_hook) previous_startup_hook();
-    LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-    bool found = false;
-    table = static_cast<NotifierTable*>(
-        ShmemInitStruct("idempotency notifiers", sizeof(NotifierTable), &found));
-    if (!found) {
-        std::memset(table, 0, sizeof *table);
-        table->lock = &GetNamedLWLockTranche(kTranche)->lock;
-    }
-    LWLockRelease(AddinShmemInitLock);
-}
 
 // The database's slot, or a free one claimed for it, or nullptr. Lock held.
 NotifierSlot* slot_for(Oid database) {
@@ -107,11 +86,18 @@ NotifierSlot* slot_at(int index) {
 
 bool notifier_table_available() { return table != nullptr; }
 
-void install_notifier_table_hooks() {
-    previous_request_hook = shmem_request_hook;
-    shmem_request_hook = request_table;
-    previous_startup_hook = shmem_startup_hook;
-    shmem_startup_hook = start_table;
+Size notifier_table_size() { return MAXALIGN(sizeof(NotifierTable)); }
+
+void request_notifier_table_lock() { RequestNamedLWLockTranche(kTranche, 1); }
+
+void init_notifier_table() {
+    bool found = false;
+    table = static_cast<NotifierTable*>(
+        ShmemInitStruct("idempotency notifiers", sizeof(NotifierTable), &found));
+    if (!found) {
+        std::memset(table, 0, sizeof *table);
+        table->lock = &GetNamedLWLockTranche(kTranche)->lock;
+    }
 }
 
 int pin_notifier(Oid database, int topics, bool overflowed, bool* overflow) {

@@ -40,7 +40,11 @@ struct TopicList {
 bool notifier_table_available();
 
 // Called from _PG_init while preloading.
-void install_notifier_table_hooks();
+// Its part of the shared memory (shared_state.cpp): size, lock, set-up
+// (under AddinShmemInitLock).
+Size notifier_table_size();
+void request_notifier_table_lock();
+void init_notifier_table();
 
 // --- committing backends ---------------------------------------------------
 // Before the commit: pins the database's slot and reserves room for `topics`

@@ -1,7 +1,10 @@
 #include "pg/shmem/shared_state.hpp"
 
 #include "core/error.hpp"
+#include "pg/outbox/outbox_ready_floor.hpp"
+#include "pg/outbox/producer_turn.hpp"
 #include "pg/shmem/due_table.hpp"
+#include "pg/shmem/notifier_table.hpp"
 
 extern "C" {
 #include "storage/ipc.h"
@@ -17,10 +20,20 @@ SharedState* state = nullptr;
 shmem_request_hook_type previous_request_hook = nullptr;
 shmem_startup_hook_type previous_startup_hook = nullptr;
 
+// All of the extension's shared memory, requested and set up in one place.
+Size shared_memory_size() {
+    Size size = MAXALIGN(sizeof(SharedState));
+    size = add_size(size, MAXALIGN(due_table_size()));
+    size = add_size(size, notifier_table_size());
+    size = add_size(size, ready_floor_size());
+    return add_size(size, producer_turn_size());
+}
+
 void request_shared_memory() {
     if (previous_request_hook) previous_request_hook();
-    RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(SharedState)), MAXALIGN(due_table_size())));
+    RequestAddinShmemSpace(shared_memory_size());
     request_due_table_lock();
+    request_notifier_table_lock();
 }
 
 void start_shared_memory() {
@@ -36,6 +49,9 @@ void start_shared_memory() {
         for (auto& cv : state->wake) ConditionVariableInit(&cv);
     }
     init_due_table();
+    init_notifier_table();
+    init_ready_floor();
+    init_producer_turns();
     LWLockRelease(AddinShmemInitLock);
 }
 

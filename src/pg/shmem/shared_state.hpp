@@ -1,7 +1,17 @@
-// The module's shared memory, present only when the library is preloaded:
-// cumulative metrics and wake-up condition variables, and (requested and
-// initialised with them) the table of what is due in each database
-// (pg/due_table.hpp).
+// The module's shared memory, present only when the library is preloaded,
+// requested and set up by one pair of hooks (shared_state.cpp). Its parts,
+// and what guards each:
+//   SharedState (here)      counters and histogram buckets: atomics;
+//                           stats_reset: the spinlock `mutex`, held only to
+//                           copy it; wake[]: condition variables.
+//   the due table           per database, what is due and when: its LWLock
+//                           (shmem/due_table.hpp).
+//   the notifier table      per database, the topics waiting for the outbox
+//                           notifier: its LWLock (shmem/notifier_table.hpp).
+//   the ready floor         the outbox's oldest possibly uncommitted id: a
+//                           spinlock (outbox/outbox_ready_floor.hpp).
+//   producer turns          commit counts per turn: atomics
+//                           (outbox/producer_turn.hpp).
 #pragma once
 
 #include "pg/boundary/postgres.hpp"
