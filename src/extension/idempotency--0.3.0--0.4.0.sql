@@ -147,33 +147,54 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA idempotency FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency.stuck_after() TO pg_monitor;
 
 -- The functions and views of each kind of role.
+CREATE TABLE idempotency.role_kind_rights (
+    kind pg_catalog.text NOT NULL,
+    object pg_catalog.text NOT NULL,   -- a function's signature, or a view's name
+    is_view pg_catalog.bool NOT NULL,
+    PRIMARY KEY (kind, object)
+);
+REVOKE ALL ON idempotency.role_kind_rights FROM PUBLIC;
+INSERT INTO idempotency.role_kind_rights (kind, object, is_view) VALUES
+    ('application', 'idem_register(text,jsonb,text,text)', false),
+    ('application', 'idem_claim(text,jsonb,interval,text,interval)', false),
+    ('application', 'idem_complete(text,bigint,jsonb,text,interval)', false),
+    ('application', 'idem_fail(text,bigint,text,boolean,interval,text)', false),
+    ('application', 'idem_heartbeat(text,bigint,interval,text)', false),
+    ('application', 'idem_release(text,bigint,text)', false),
+    ('application', 'idem_get(text,text)', false),
+    ('application', 'idem_assert_owner(text,bigint,text)', false),
+    ('application', 'inbox_receive(text,text,jsonb)', false),
+    ('application', 'idem_lock(text,interval,text,interval)', false),
+    ('application', 'idem_lock_renew(text,bigint,interval)', false),
+    ('application', 'idem_unlock(text,bigint)', false),
+    ('application', 'idem_lock_assert(text,bigint)', false),
+    ('application', 'outbox_enqueue(text,jsonb,text,jsonb,text,timestamp with time zone)', false),
+    ('relay', 'outbox_claim(text,integer,interval,text[])', false),
+    ('relay', 'outbox_ack(bigint[])', false),
+    ('relay', 'outbox_nack(bigint,text,boolean,interval)', false),
+    ('relay', 'outbox_release(bigint[],text)', false),
+    ('relay', 'outbox_redrive(bigint[],text)', false),
+    ('relay', 'stuck_after()', false),
+    ('relay', 'outbox_lag', true),
+    ('monitoring', 'idem_metrics_row()', false),
+    ('monitoring', 'stuck_after()', false),
+    ('monitoring', 'idem_stats', true),
+    ('monitoring', 'idem_stuck', true),
+    ('monitoring', 'outbox_lag', true),
+    ('monitoring', 'outbox_dead_letters', true),
+    ('monitoring', 'idem_metrics', true),
+    ('admin', 'idem_maintenance()', false),
+    ('admin', 'idem_metrics_reset()', false);
+
 CREATE FUNCTION idempotency.role_rights(kind pg_catalog.text,
     OUT functions pg_catalog.text[], OUT views pg_catalog.text[])
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql STABLE
 AS $$
-SELECT CASE kind
-         WHEN 'application' THEN ARRAY[
-           'idem_register(text,jsonb,text,text)', 'idem_claim(text,jsonb,interval,text,interval)',
-           'idem_complete(text,bigint,jsonb,text,interval)', 'idem_fail(text,bigint,text,boolean,interval,text)',
-           'idem_heartbeat(text,bigint,interval,text)', 'idem_release(text,bigint,text)',
-           'idem_get(text,text)', 'idem_assert_owner(text,bigint,text)',
-           'inbox_receive(text,text,jsonb)', 'idem_lock(text,interval,text,interval)',
-           'idem_lock_renew(text,bigint,interval)', 'idem_unlock(text,bigint)',
-           'idem_lock_assert(text,bigint)',
-           'outbox_enqueue(text,jsonb,text,jsonb,text,timestamp with time zone)']
-         WHEN 'relay' THEN ARRAY[
-           'outbox_claim(text,integer,interval,text[])', 'outbox_ack(bigint[])',
-           'outbox_nack(bigint,text,boolean,interval)', 'outbox_release(bigint[],text)',
-           'outbox_redrive(bigint[],text)', 'stuck_after()']
-         WHEN 'monitoring' THEN ARRAY['idem_metrics_row()', 'stuck_after()']
-         WHEN 'admin' THEN ARRAY['idem_maintenance()', 'idem_metrics_reset()']
-       END,
-       CASE kind
-         WHEN 'relay' THEN ARRAY['outbox_lag']
-         WHEN 'monitoring' THEN ARRAY['idem_stats', 'idem_stuck', 'outbox_lag',
-                                      'outbox_dead_letters', 'idem_metrics']
-         ELSE ARRAY[]::pg_catalog.text[]
-       END
+SELECT pg_catalog.array_agg(r.object ORDER BY r.object) FILTER (WHERE NOT r.is_view),  -- NULL: no such kind
+       COALESCE(pg_catalog.array_agg(r.object ORDER BY r.object) FILTER (WHERE r.is_view),
+                '{}'::pg_catalog.text[])
+  FROM idempotency.role_kind_rights r
+ WHERE r.kind OPERATOR(pg_catalog.=) role_rights.kind
 $$;
 
 -- Grants (or, with revoke, takes back) the rights of one kind of role.

@@ -75,36 +75,11 @@ LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'outbox_discard';
 REVOKE ALL ON FUNCTION idempotency.outbox_discard(pg_catalog.int8[]) FROM PUBLIC;
 
--- Relay roles may discard their own topics' dead letters, like redrive them.
-CREATE OR REPLACE FUNCTION idempotency.role_rights(kind pg_catalog.text,
-    OUT functions pg_catalog.text[], OUT views pg_catalog.text[])
-LANGUAGE sql IMMUTABLE
-AS $$
-SELECT CASE kind
-         WHEN 'application' THEN ARRAY[
-           'idem_register(text,jsonb,text,text)', 'idem_claim(text,jsonb,interval,text,interval)',
-           'idem_complete(text,bigint,jsonb,text,interval)', 'idem_fail(text,bigint,text,boolean,interval,text)',
-           'idem_heartbeat(text,bigint,interval,text)', 'idem_release(text,bigint,text)',
-           'idem_get(text,text)', 'idem_assert_owner(text,bigint,text)',
-           'inbox_receive(text,text,jsonb)', 'idem_lock(text,interval,text,interval)',
-           'idem_lock_renew(text,bigint,interval)', 'idem_unlock(text,bigint)',
-           'idem_lock_assert(text,bigint)',
-           'outbox_enqueue(text,jsonb,text,jsonb,text,timestamp with time zone)']
-         WHEN 'relay' THEN ARRAY[
-           'outbox_claim(text,integer,interval,text[])', 'outbox_ack(bigint[])',
-           'outbox_nack(bigint,text,boolean,interval)', 'outbox_release(bigint[],text)',
-           'outbox_redrive(bigint[],text)', 'outbox_discard(bigint[])', 'stuck_after()']
-         WHEN 'monitoring' THEN ARRAY['idem_metrics_row()', 'stuck_after()']
-         WHEN 'admin' THEN ARRAY['idem_maintenance()', 'idem_metrics_reset()', 'request_sweep()']
-       END,
-       CASE kind
-         WHEN 'relay' THEN ARRAY['outbox_lag']
-         WHEN 'monitoring' THEN ARRAY['idem_stats', 'idem_stuck', 'outbox_lag',
-                                      'outbox_dead_letters', 'idem_metrics']
-         ELSE ARRAY[]::pg_catalog.text[]
-       END
-$$;
-REVOKE ALL ON FUNCTION idempotency.role_rights(pg_catalog.text) FROM PUBLIC;
+-- Relay roles may discard their own topics' dead letters, like redrive
+-- them; admins may ask for a sweep.
+INSERT INTO idempotency.role_kind_rights (kind, object, is_view) VALUES
+    ('relay', 'outbox_discard(bigint[])', false),
+    ('admin', 'request_sweep()', false);
 
 
 -- ---------------------------------------------------------------- sweeps on request
