@@ -45,6 +45,9 @@ Statement kGrant = {
     "next_attempt_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = $6, "
     "last_error = CASE WHEN $7 THEN 'lease expired' ELSE last_error END"
     IF_PURGE_AT(", purge_at = NULL")
+    // A key the sweep settled is live again; one still live keeps its time,
+    // and with it its entry in the live keys' index.
+    "@if keys.active_since@, active_since = COALESCE(active_since, $5)@end@"
     "@if keys.max_attempts@, max_attempts = $8, retention = $9@end@"
     KEY_WHERE " RETURNING token, attempts",
     9, {TEXTOID, TEXTOID, TIMESTAMPTZOID, BYTEAOID, TIMESTAMPTZOID, INT4OID, BOOLOID, INT4OID,
