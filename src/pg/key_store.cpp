@@ -65,7 +65,12 @@ Statement kComplete = {
                 "ELSE purge_at END")
     KEY_WHERE " AND token = $3 AND (status = 'PROCESSING' OR (lease_expired AND status IN "
     "('FAILED_RETRYABLE', 'FAILED_FINAL'))) "
-    "RETURNING attempts, result, job_ref, lease_until, claimed_at",
+    "RETURNING attempts, result, job_ref, lease_until, claimed_at, "
+    // The status a late completion left (as this statement's snapshot saw
+    // it: PROCESSING before the sweep expired the lease, FAILED_* after);
+    // read only when the lease had ended, by the subquery's lazy evaluation.
+    "CASE WHEN lease_until IS NULL OR lease_until < $5 THEN (SELECT o.status FROM" KEYS "o "
+    "  WHERE o.scope = $1 AND o.key = $2) END",
     6, {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kExpire = {
@@ -163,7 +168,7 @@ void grant_claim(const KeyId& id, const Grant& grant, Micros now, std::int64_t* 
 
 bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool has_result,
                         Micros now, Micros expires_at, StoredKey* out,
-                        std::optional<Micros>* claimed_at) {
+                        std::optional<Micros>* claimed_at, Status* left) {
     Params params = key_params(id);
     params.add_int8(token).add_datum(result, has_result).add_timestamp(now);
     params.add_timestamp(expires_at);
@@ -176,6 +181,9 @@ bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool 
     out->job_ref = column_copy(3, &out->has_job_ref);
     out->state.lease_until = column_timestamp(4);
     *claimed_at = column_timestamp(5);
+    const Datum was = column(6, &isnull);
+    *left = isnull ? Status::Processing
+                   : status_from_datum(SPI_gettypeid(SPI_tuptable->tupdesc, 6), was);
     return true;
 }
 

@@ -6,6 +6,8 @@
 
 #include "core/error.hpp"
 #include "pg/due_table.hpp"
+#include "pg/gauge_recount.hpp"
+#include "pg/gauges.hpp"
 #include "pg/guard.hpp"
 #include "pg/shared_state.hpp"
 #include "pg/extension_objects.hpp"
@@ -271,6 +273,8 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
     for (const char* scan : kFullScans)
         (void)set_config_option(scan, "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
                                 false);
+    // What the workers would do first when the counts are unknown.
+    (void)recount_if_unknown(true);
     for (const MaintenanceTask& task : kTasks) {
         if (!task_applies(task)) continue;
         std::uint64_t total = 0;
@@ -293,6 +297,8 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
 // the due times say (after rows were written behind the functions' back).
 Datum request_sweep_body(FunctionCallInfo) {
     (void)require_shared_state("idempotency.request_sweep()");
+    // Rows written behind the functions are counted again, too.
+    forget_gauges(MyDatabaseId);
     if (!request_sweep(MyDatabaseId))
         throw Error("53000",
                     "the launcher's table of databases is full (idempotency.max_databases)");

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "pg/due_table.hpp"
+#include "pg/gauges.hpp"
 
 extern "C" {
 #include "storage/ipc.h"
@@ -20,7 +21,9 @@ shmem_startup_hook_type previous_startup_hook = nullptr;
 void request_shared_memory() {
     if (previous_request_hook) previous_request_hook();
     RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(SharedState)), MAXALIGN(due_table_size())));
+    RequestAddinShmemSpace(gauges_size());
     request_due_table_lock();
+    request_gauges_lock();
 }
 
 void start_shared_memory() {
@@ -36,6 +39,7 @@ void start_shared_memory() {
         for (auto& cv : state->wake) ConditionVariableInit(&cv);
     }
     init_due_table();
+    init_gauges();
     LWLockRelease(AddinShmemInitLock);
 }
 

@@ -1,0 +1,89 @@
+#include "pg/gauge_recount.hpp"
+
+#include <initializer_list>
+
+#include "pg/due_table.hpp"
+#include "pg/extension_objects.hpp"
+#include "pg/gauges.hpp"
+#include "pg/key_counts.hpp"
+#include "pg/outbox_counts.hpp"
+#include "pg/settings.hpp"
+#include "pg/spi.hpp"
+
+extern "C" {
+#include "access/xlog.h"
+#include "utils/snapmgr.h"
+}
+
+namespace idem::pg {
+
+namespace {
+
+Statement kRepairActive = {
+    "UPDATE @keys@ SET active_since = COALESCE(claimed_at, updated_at) "
+    "WHERE active_since IS NULL AND status IN ('RECEIVED', 'PROCESSING')",
+    0, {}, nullptr};
+
+Statement kCountKeys = {
+    "SELECT scope, count(*) FILTER (WHERE status = 'COMPLETED'), "
+    "count(*) FILTER (WHERE status = 'FAILED_RETRYABLE'), "
+    "count(*) FILTER (WHERE status = 'FAILED_FINAL') "
+    "FROM @keys@ WHERE status IN ('COMPLETED', 'FAILED_RETRYABLE', 'FAILED_FINAL') GROUP BY scope",
+    0, {}, nullptr};
+
+Statement kCountEvents = {
+    "SELECT topic, count(*) FILTER (WHERE state IN ('pending', 'in_flight')), "
+    "count(*) FILTER (WHERE state IN ('pending', 'in_flight') AND attempts > 0), "
+    "count(*) FILTER (WHERE state = 'dead'), max(delivered_at) "
+    "FROM @outbox@ GROUP BY topic",
+    0, {}, nullptr};
+
+void store_rows(GaugeFamily family, std::uint64_t rows, bool has_latest) {
+    for (std::uint64_t row = 0; row < rows; ++row) {
+        bool isnull = false;
+        const text* name = DatumGetTextPP(column(1, &isnull, row));
+        std::int64_t values[kGaugeValues];
+        for (int i = 0; i < kGaugeValues; ++i) values[i] = column_int8(i + 2, row).value_or(0);
+        recount_row(family, name, values,
+                    has_latest ? column_timestamp(kGaugeValues + 2, row) : std::nullopt);
+    }
+}
+
+}  // namespace
+
+bool gauges_apply() {
+    const ExtensionObjects* objects = installed_extension_objects();
+    return objects != nullptr && OidIsValid(objects->keys) && OidIsValid(objects->outbox) &&
+           get_attnum(objects->keys, "active_since") != InvalidAttrNumber;
+}
+
+bool recount_if_unknown(bool repair) {
+    if (!gauges_apply() || RecoveryInProgress()) return false;
+    if (gauges_known()) return true;
+    // A count reads every row: with the scans the sweeps turn off.
+    const int nest_level = NewGUCNestLevel();
+    for (const char* scan : {"enable_seqscan", "enable_bitmapscan"})
+        (void)set_config_option(scan, "on", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
+                                false);
+    if (repair) execute(kRepairActive, Params{});
+    Snapshot snapshot = begin_recount();
+    if (snapshot != nullptr) {
+        store_rows(GaugeFamily::Keys, execute_with_snapshot(kCountKeys, Params{}, snapshot), false);
+        store_rows(GaugeFamily::Outbox, execute_with_snapshot(kCountEvents, Params{}, snapshot),
+                   true);
+        UnregisterSnapshot(snapshot);
+        end_recount();
+    }
+    AtEOXact_GUC(true, nest_level);
+    return snapshot != nullptr;
+}
+
+bool counts_for_view() {
+    if (RecoveryInProgress()) return false;
+    if (gauges_known()) return true;
+    // A worker recounts soon when one will come; otherwise this read does.
+    if (settings::worker_enabled && request_sweep(MyDatabaseId)) return false;
+    return recount_if_unknown(false);
+}
+
+}  // namespace idem::pg
