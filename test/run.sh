@@ -110,7 +110,8 @@ run_tap() {
 run_harnesses() {
     local script
     for script in "$stage"/test/stress/*.sh "$stage"/test/relay/run.sh \
-        "$stage"/test/chaos/run.sh "$stage"/test/clients/*.sh "$stage"/examples/run-all.sh; do
+        "$stage"/test/chaos/run.sh "$stage"/test/clients/*.sh "$stage"/test/monitoring/*.sh \
+        "$stage"/examples/run-all.sh; do
         [ -x "$script" ] || continue
         log "harness ${script#$stage/}"
         # From the staged copy: the OS user may not enter the checkout.

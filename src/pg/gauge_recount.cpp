@@ -11,7 +11,9 @@
 #include "pg/spi.hpp"
 
 extern "C" {
+#include "access/table.h"
 #include "access/xlog.h"
+#include "storage/bufmgr.h"
 #include "utils/snapmgr.h"
 }
 
@@ -78,11 +80,33 @@ bool recount_if_unknown(bool repair) {
     return snapshot != nullptr;
 }
 
+namespace {
+
+// Tables this small are recounted by the read that finds the counts unknown
+// (a new install, a small database): it costs about as much as one read of
+// the old views. Larger ones are left to a worker.
+constexpr BlockNumber kRecountInlineBlocks = 1024;
+
+bool tables_are_small() {
+    const ExtensionObjects& objects = extension_objects();
+    BlockNumber blocks = 0;
+    for (Oid table : {objects.keys, objects.outbox}) {
+        Relation relation = table_open(table, AccessShareLock);
+        blocks += RelationGetNumberOfBlocks(relation);
+        table_close(relation, AccessShareLock);
+    }
+    return blocks <= kRecountInlineBlocks;
+}
+
+}  // namespace
+
 bool counts_for_view() {
     if (RecoveryInProgress()) return false;
     if (gauges_known()) return true;
+    if (!gauges_apply()) return false;
     // A worker recounts soon when one will come; otherwise this read does.
-    if (settings::worker_enabled && request_sweep(MyDatabaseId)) return false;
+    if (settings::worker_enabled && !tables_are_small() && request_sweep(MyDatabaseId))
+        return false;
     return recount_if_unknown(false);
 }
 

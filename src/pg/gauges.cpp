@@ -358,7 +358,10 @@ int copy_rows(GaugeFamily family, CopiedRow* rows, int capacity) {
         row.latest = static_cast<Micros>(pg_atomic_read_u64(&entry->latest));
         bool any = row.latest != 0;
         for (int i = 0; i < kGaugeValues; ++i) {
-            row.values[i] = static_cast<std::int64_t>(pg_atomic_read_u64(&entry->values[i]));
+            // Below zero only when rows written behind the functions were
+            // deleted or changed through them: none is the best guess.
+            row.values[i] = std::max<std::int64_t>(
+                0, static_cast<std::int64_t>(pg_atomic_read_u64(&entry->values[i])));
             any = any || row.values[i] != 0;
         }
         if (!any) continue;
