@@ -37,11 +37,12 @@ psql_db() {  # psql_db DB ARGS...
 }
 
 # What the statistics and the catalog say of the keys table: updates, HOT
-# updates, table bytes, index bytes, live rows' bytes.
+# updates, heap bytes (the main fork: no free space or visibility map),
+# index bytes, live rows' bytes.
 measure() {  # measure DB
     psql_db "$1" -c "SELECT pg_stat_force_next_flush()" -c "
 SELECT s.n_tup_upd, s.n_tup_hot_upd,
-       pg_table_size('idempotency.idempotency_keys'), pg_indexes_size('idempotency.idempotency_keys'),
+       pg_relation_size('idempotency.idempotency_keys'), pg_indexes_size('idempotency.idempotency_keys'),
        (SELECT sum(pg_column_size(k.*)) FROM idempotency.idempotency_keys k)
   FROM pg_stat_user_tables s WHERE s.relid = 'idempotency.idempotency_keys'::regclass" | tail -n 1
 }
@@ -53,7 +54,7 @@ SELECT idempotency.idem_heartbeat('hb-' || :n, (SELECT token FROM hb_tokens WHER
 SQL
 chmod 644 "$script"
 
-echo "| layout | heartbeats | HOT updates | table before → after | indexes before → after | table + indexes ÷ before | ÷ live rows' bytes |"
+echo "| layout | heartbeats | HOT updates | heap before → after | indexes before → after | heap + indexes, after ÷ before | after ÷ live rows' bytes |"
 echo "|---|---:|---:|---:|---:|---:|---:|"
 for version in 0.5.0 current; do
     db=hb_${version//./_}
@@ -75,8 +76,9 @@ for version in 0.5.0 current; do
     read -r upd1 hot1 table1 index1 live1 <<<"$(measure "$db")"
     awk -v v="$version" -v u=$((upd1 - upd0)) -v h=$((hot1 - hot0)) -v t0="$table0" -v t1="$table1" \
         -v i0="$index0" -v i1="$index1" -v live="$live1" 'BEGIN {
-        printf "| %s | %d | %.1f%% | %d kB → %d kB | %d kB → %d kB | %.2f | %.1f |\n",
-            v, u, u > 0 ? 100 * h / u : 0, t0 / 1024, t1 / 1024, i0 / 1024, i1 / 1024,
-            (t1 + i1) / (t0 + i0), (t1 + i1) / live
+        hot = u > 0 ? 100 * h / u : 0
+        printf "| %s | %d | %.1f%% | %d kB → %d kB | %d kB → %d kB | %.2f | %.1f |\n", \
+            v, u, hot, t0 / 1024, t1 / 1024, i0 / 1024, i1 / 1024, (t1 + i1) / (t0 + i0), \
+            (t1 + i1) / live
     }'
 done

@@ -47,7 +47,7 @@ psql_bench -c "CREATE EXTENSION idempotency" || exit 1
 # with a lease already over), 100 RECEIVED, 2000 undelivered events on 10
 # topics (200 in flight), 20 dead.
 psql_bench <<'SQL' || exit 1
-SELECT count(idempotency.idem_claim('live-' || n, lease => CASE WHEN n <= 100 THEN '1ms' ELSE '1 hour' END,
+SELECT count(idempotency.idem_claim('live-' || n, lease => CASE WHEN n <= 100 THEN interval '1ms' ELSE interval '1 hour' END,
                                     scope => 's' || n % 10))
   FROM generate_series(1, 2000) n;
 SELECT count(idempotency.idem_register('waiting-' || n, scope => 's' || n % 10)) FROM generate_series(1, 100) n;
@@ -126,7 +126,7 @@ END $$;
 SQL
 
 median() {  # median QUERY RUNS
-    psql_bench -v q="$1" -c "SELECT round(bench_median_ms(:'q', $2)::numeric, 2)"
+    psql_bench -v q="$1" <<<"SELECT round(bench_median_ms(:'q', $2)::numeric, 2)"
 }
 rows_of() { psql_bench -c "SELECT count(*) FROM idempotency.$1"; }
 
