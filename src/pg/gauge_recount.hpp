@@ -6,6 +6,7 @@
 // Only from 0.6.0, whose views read the counts. Callers hold SPI.
 #pragma once
 
+#include "pg/gauges.hpp"
 #include "pg/postgres.hpp"
 
 namespace idem::pg {
@@ -20,7 +21,14 @@ bool gauges_apply();
 bool recount_if_unknown(bool repair);
 
 // For a view's read: whether the counts are known, recounting at once when
-// no background worker would do it, and asking for one otherwise.
+// the tables are small or no background worker would do it, and asking for
+// one otherwise.
 bool counts_for_view();
+
+// The rows of key_counts() or outbox_counts(): per name, its values (and
+// its latest time `with_latest`), then their totals in a row without a
+// name; none while the counts are unknown. Without the library preloaded,
+// counted from the table. A set-returning function's body.
+Datum counts_rows(FunctionCallInfo fcinfo, GaugeFamily family, bool with_latest);
 
 }  // namespace idem::pg

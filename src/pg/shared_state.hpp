@@ -1,7 +1,7 @@
 // The module's shared memory, present only when the library is preloaded:
 // cumulative metrics and wake-up condition variables, and (requested and
 // initialised with them) the table of what is due in each database
-// (pg/due_table.hpp).
+// (pg/due_table.hpp) and the views' gauges (pg/gauges.hpp).
 #pragma once
 
 #include "pg/postgres.hpp"
