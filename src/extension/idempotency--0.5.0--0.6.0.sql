@@ -133,13 +133,19 @@ ready_topics (topic) AS (
              ORDER BY o.topic LIMIT 1)
       FROM ready_topics t
      WHERE t.topic IS NOT NULL),
-due AS (
+-- Each topic's first head in ready order (outbox_ready's own order): due
+-- when its ready_at has come, and then the one that has waited longest.
+first_ready AS (
     SELECT t.topic,
-           (SELECT pg_catalog.min(o.ready_at) FROM idempotency.outbox o
-             WHERE o.topic OPERATOR(pg_catalog.=) t.topic
-               AND o.ready_at OPERATOR(pg_catalog.<=) n.now) AS since
-      FROM ready_topics t, n
+           (SELECT o.ready_at FROM idempotency.outbox o
+             WHERE o.topic OPERATOR(pg_catalog.=) t.topic AND o.ready_at IS NOT NULL
+             ORDER BY o.topic, o.ready_at LIMIT 1) AS ready_at
+      FROM ready_topics t
      WHERE t.topic IS NOT NULL),
+due AS (
+    SELECT r.topic,
+           CASE WHEN r.ready_at OPERATOR(pg_catalog.<=) n.now THEN r.ready_at END AS since
+      FROM first_ready r, n),
 flying AS (
     SELECT o.topic,
            pg_catalog.count(*) FILTER (WHERE o.lease_until OPERATOR(pg_catalog.>) n.now) AS alive
