@@ -132,7 +132,10 @@ struct Pending {
     bool applied;  // at commit: added in the shared pass
 };
 
-HTAB* pending = nullptr;  // in TopTransactionContext
+// Made once per backend and emptied at each transaction's end, so that a
+// transaction pays no allocation for its few adjustments.
+HTAB* pending = nullptr;
+bool pending_any = false;
 Oid pending_tables[2] = {InvalidOid, InvalidOid};
 TransactionId committing_xid = InvalidTransactionId;
 
@@ -153,9 +156,12 @@ Pending* pending_entry(GaugeFamily family, const text* name) {
         std::memset(&control, 0, sizeof control);
         control.keysize = sizeof(PendingKey);
         control.entrysize = sizeof(Pending);
-        control.hcxt = TopTransactionContext;
+        control.hcxt = TopMemoryContext;
         pending = hash_create("idempotency pending gauges", 16, &control,
                               HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    }
+    if (!pending_any) {
+        pending_any = true;
         const ExtensionObjects& objects = extension_objects();
         pending_tables[0] = objects.keys;
         pending_tables[1] = objects.outbox;
@@ -169,7 +175,13 @@ Pending* pending_entry(GaugeFamily family, const text* name) {
 }
 
 void forget_pending() {
-    pending = nullptr;
+    if (pending_any) {
+        HASH_SEQ_STATUS scan;
+        hash_seq_init(&scan, pending);
+        while (auto* entry = static_cast<Pending*>(hash_seq_search(&scan)))
+            hash_search(pending, &entry->id, HASH_REMOVE, nullptr);  // allowed during a scan
+    }
+    pending_any = false;
     committing_xid = InvalidTransactionId;
 }
 
@@ -201,7 +213,7 @@ bool counts_take_changes() {
 // known are added to under the shared lock; new ones are made under the
 // exclusive lock (none when the table is full: that change is lost).
 void apply_pending() {
-    if (lock == nullptr || pending == nullptr) return;
+    if (lock == nullptr || !pending_any) return;
     bool missing = false;
     HASH_SEQ_STATUS scan;
     LWLockAcquire(lock, LW_SHARED);
@@ -249,7 +261,7 @@ Pending* take_level(int level, int* count) {
 }
 
 void on_subtransaction_end(SubXactEvent event, SubTransactionId, SubTransactionId, void*) {
-    if (pending == nullptr) return;
+    if (!pending_any) return;
     if (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB) return;
     const int level = GetCurrentTransactionNestLevel();
     int count = 0;
@@ -286,7 +298,7 @@ void on_transaction_end(XactEvent event, void*) {
     switch (event) {
         case XACT_EVENT_PRE_COMMIT:
         case XACT_EVENT_PRE_PREPARE:
-            if (pending != nullptr) committing_xid = GetTopTransactionIdIfAny();
+            if (pending_any) committing_xid = GetTopTransactionIdIfAny();
             return;
         case XACT_EVENT_COMMIT:
         case XACT_EVENT_PARALLEL_COMMIT:
