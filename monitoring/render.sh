@@ -27,9 +27,15 @@ bindir=$(pg_bindir)
 dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-render.XXXXXX")
 chmod 755 "$dir"
 pids=()
+# Each process and the one runuser started for it.
+stop_pid() {
+    local pid=$1 child
+    for child in $(pgrep -P "$pid"); do kill "$child" 2>/dev/null; done
+    kill "$pid" 2>/dev/null
+}
 cleanup() {
     local pid
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
+    for pid in "${pids[@]}"; do stop_pid "$pid"; done
     wait 2>/dev/null
     stop_cluster "$dir"
     rm -rf "$dir"
@@ -52,6 +58,7 @@ SELECT idempotency.grant_monitoring('grafana');
 CREATE ROLE relay LOGIN;
 SELECT idempotency.grant_relay('relay');
 ALTER DATABASE shop SET idempotency.stuck_after = '20s';
+CREATE TABLE abandoned (key text PRIMARY KEY, token bigint NOT NULL);
 SQL
 
 # The receiver, the relay, the exporter, Prometheus.
@@ -87,23 +94,30 @@ prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/tsdb" \
 pids+=($!)
 
 # The shop: each transaction claims a new key and completes it (1 in 20
-# fails and is retried later), asks again for a key already done (a
-# replay), now and then with another request (a mismatch), and enqueues an
-# order event (1 in 25 fails once at the receiver, 1 in 400 for good).
+# fails, 1 in 100 is abandoned with a short lease: the workers expire it,
+# and it is completed late at the end), 1 in 3 asks again for a key already
+# done (a replay; 1 in 400 with another request: a mismatch), and enqueues
+# an event of its customer (1 in 25 fails once at the receiver; 1 in 400, without
+# a key, for good).
 cat >"$dir/shop.sql" <<'SQL'
 \set n random(1, 1000000000)
 \set old random(1, 1000)
 \set roll random(1, 400)
 BEGIN;
-SELECT (idempotency.idem_claim('order-' || :n, jsonb_build_object('n', :n), scope => 'checkout')).token AS token \gset
-SELECT CASE WHEN :roll % 20 = 0
+SELECT coalesce((idempotency.idem_claim('order-' || :n, jsonb_build_object('n', :n),
+        lease => CASE WHEN :roll % 100 = 50 THEN interval '1s' END, scope => 'checkout')).token, 0) AS token \gset
+INSERT INTO abandoned SELECT 'order-' || :n, :token WHERE :roll % 100 = 50 AND :token <> 0;
+SELECT CASE WHEN :token = 0 THEN 'not claimed'
+            WHEN :roll % 100 = 50 THEN 'abandoned'
+            WHEN :roll % 20 = 0
             THEN (idempotency.idem_fail('order-' || :n, :token, 'card declined', scope => 'checkout'))::text
             ELSE (idempotency.idem_complete('order-' || :n, :token, '{"ok": true}', 'checkout')).outcome END;
-SELECT idempotency.idem_claim('order-' || (:n % 1000 + 1), jsonb_build_object('n', :n % 1000 + 1 + CASE WHEN :roll = 7 THEN 1 ELSE 0 END), scope => 'checkout');
+SELECT idempotency.idem_claim('order-' || (:n % 1000 + 1), jsonb_build_object('n', :n % 1000 + 1 + CASE WHEN :roll = 6 THEN 1 ELSE 0 END), scope => 'checkout')
+ WHERE :roll % 3 = 0;
 SELECT idempotency.outbox_enqueue(CASE WHEN :roll % 3 = 0 THEN 'invoices' ELSE 'orders' END,
     CASE WHEN :roll = 1 THEN '{"script": ["400"]}'::jsonb
          WHEN :roll % 25 = 0 THEN '{"script": ["503", "200"]}'::jsonb
-         ELSE jsonb_build_object('order', :n) END, 'customer-' || :old);
+         ELSE jsonb_build_object('order', :n) END, CASE WHEN :roll <> 1 THEN 'customer-' || :old END);
 COMMIT;
 SQL
 # Keys claimed by name first, so that the replays find them done.
@@ -119,14 +133,16 @@ pids+=($shop_pid)
 sleep $((seconds / 6))
 psql_shop -o /dev/null -c "CREATE TABLE held AS SELECT n, (idempotency.idem_claim('report-' || n, lease => '1 hour', scope => 'reports')).token FROM generate_series(1, 30) n"
 sleep $((seconds / 6))
-kill "$relay_pid"
+stop_pid "$relay_pid"
 sleep 60
 start_relay
 sleep $((seconds / 6))
 psql_shop -o /dev/null -c "SELECT idempotency.idem_complete('report-' || n, token, '{}', 'reports') FROM held"
 wait "$shop_pid"
+# The abandoned keys' holders come back: late completions.
+psql_shop -o /dev/null -c "SELECT idempotency.idem_complete(key, token, '{}', 'checkout') FROM abandoned"
 sleep 6
 end=$(date +%s)
-python3 "$here/render.py" "$here/grafana-dashboard.json" "http://127.0.0.1:$prometheus_port" "$start" "$end" "$out" ||
+/usr/bin/python3 "$here/render.py" "$here/grafana-dashboard.json" "http://127.0.0.1:$prometheus_port" "$start" "$end" "$out" ||
     { tail -20 "$dir/prometheus.log" "$dir/exporter.log" "$dir/relay.log"; exit 1; }
 log "render: $out"
