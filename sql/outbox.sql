@@ -451,7 +451,11 @@ SELECT state, count(*) FROM idempotency.outbox GROUP BY state ORDER BY state;
 -- Topic ob.lag has an event in every state; each undelivered event that is
 -- not dead counts in exactly one of pending (never failed, including later
 -- deliveries and redriven events), in_flight (lease alive) and retrying
--- (failed at least once, or its lease ran out).
+-- (failed at least once, or its lease ran out). The lag counts from when
+-- the event that has waited longest to be handed out became due: here
+-- v-redriven, redriven before v-expired's lease ran out and v-pending was
+-- enqueued; v-retry (backing off), v-fly (in flight) and v-later
+-- (scheduled) are not due.
 SELECT pg_temp.enq('v-done', 'ob.lag', '{"n": 1}');
 SELECT * FROM pg_temp.claim('relay-a', topics => '{ob.lag}');
 SELECT idempotency.outbox_ack(pg_temp.ids('v-done')) AS acked;
@@ -488,11 +492,11 @@ SELECT l.topic, l.pending, l.in_flight, l.retrying, l.dead,
        l.pending + l.in_flight + l.retrying = (SELECT count(*) FROM idempotency.outbox o
                                                 WHERE o.topic = l.topic AND o.state IN ('pending', 'in_flight'))
            AS each_counted_once,
-       l.oldest_pending_at = (SELECT min(o.enqueued_at) FROM idempotency.outbox o
-                               WHERE o.topic = l.topic AND o.state IN ('pending', 'in_flight'))
+       l.oldest_pending_at = (SELECT min(o.ready_at) FROM idempotency.outbox o
+                               WHERE o.topic = l.topic AND o.ready_at <= :'t1')
            AS oldest_pending_at_ok,
-       l.oldest_pending_at = (SELECT o.enqueued_at FROM idempotency.outbox o WHERE o.id = pg_temp.id('v-retry'))
-           AS oldest_is_v_retry,
+       l.oldest_pending_at = (SELECT o.updated_at FROM idempotency.outbox o WHERE o.id = pg_temp.id('v-redriven'))
+           AS oldest_is_v_redriven,
        l.lag BETWEEN :'t0'::timestamptz - l.oldest_pending_at AND :'t1'::timestamptz - l.oldest_pending_at AS lag_ok,
        l.lag > '0' AS lagging, l.lag = '0' AS no_lag,
        l.last_delivered_at = (SELECT max(o.delivered_at) FROM idempotency.outbox o WHERE o.topic = l.topic)
@@ -501,17 +505,17 @@ SELECT l.topic, l.pending, l.in_flight, l.retrying, l.dead,
   FROM lag_now l ORDER BY l.topic;
 DROP TABLE lag_now;
 -- Expired leases returned to pending by maintenance stay retrying. Once
--- only v-later (due in an hour) is undelivered, the lag counts from its
--- enqueue.
+-- only v-later (due in an hour) is undelivered, nothing is late: a
+-- scheduled event has no lag before it is due.
 SELECT rows FROM idempotency.idem_maintenance() WHERE task = 'expire_outbox_leases';
 SELECT topic, pending, in_flight, retrying, dead FROM idempotency.outbox_lag WHERE topic LIKE 'ob.lag%' ORDER BY topic;
 SELECT * FROM pg_temp.claim('relay-a', topics => '{ob.lag}');
 SELECT idempotency.outbox_ack(array_agg(id)) AS acked
   FROM idempotency.outbox WHERE topic = 'ob.lag' AND state IN ('in_flight', 'pending');
 SELECT topic, pending, in_flight, retrying, dead,
-       oldest_pending_at = (SELECT o.enqueued_at FROM idempotency.outbox o WHERE o.id = pg_temp.id('v-later'))
-           AS oldest_is_v_later,
-       oldest_pending_at IS NULL AS nothing_pending, lag > '0' AS lagging, lag = '0' AS no_lag,
+       pending = 1 AND (SELECT o.state FROM idempotency.outbox o WHERE o.id = pg_temp.id('v-later')) = 'pending'
+           AS v_later_pending,
+       oldest_pending_at IS NULL AS nothing_due, lag > '0' AS lagging, lag = '0' AS no_lag,
        last_delivered_at = (SELECT max(o.delivered_at) FROM idempotency.outbox o WHERE o.topic = l.topic)
            AS last_delivered_at_ok
   FROM idempotency.outbox_lag l WHERE topic LIKE 'ob.lag%' ORDER BY topic;

@@ -1,8 +1,10 @@
--- The keys' sweep indexes and HOT updates: a complete changes no indexed
--- column (lease_until stays until the sweep settles the ended lease;
--- purge_at is left to the sweep), so it is a HOT update; the sweep then
--- files the key for retention by purge_at. Runs in a database of its own so
--- that the row counts of idem_maintenance() are exact.
+-- The keys' sweep indexes and HOT updates: no index follows lease_until,
+-- and a complete leaves active_since (which the live keys' index follows)
+-- and purge_at to the sweep, so a heartbeat and a complete change no
+-- indexed column and are HOT updates; the next sweep then settles a
+-- finished key: it leaves the live keys' index and is filed for retention
+-- by purge_at. Runs in a database of its own so that the row counts of
+-- idem_maintenance() are exact.
 CREATE DATABASE idem_sweep;
 \c idem_sweep
 SET client_min_messages = warning;
@@ -11,11 +13,28 @@ RESET client_min_messages;
 CREATE TEMP TABLE t (label text PRIMARY KEY, token bigint);
 -- Plain types only, so that the helper outlives DROP EXTENSION below.
 CREATE FUNCTION pg_temp.key(p_key text) RETURNS TABLE (
-    status text, has_lease boolean, filed_at_expiry boolean, has_purge_at boolean)
+    status text, live boolean, has_lease boolean, filed_at_expiry boolean, has_purge_at boolean)
 LANGUAGE sql AS $$
-    SELECT status::text, lease_until IS NOT NULL, purge_at = expires_at, purge_at IS NOT NULL
+    SELECT status::text, active_since IS NOT NULL, lease_until IS NOT NULL, purge_at = expires_at,
+           purge_at IS NOT NULL
       FROM idempotency.idempotency_keys WHERE key = p_key
 $$;
+
+-- Heartbeats are HOT updates, however many. (The session's statistics are
+-- flushed before and after, so that the counts here and below are their
+-- transactions' own.)
+INSERT INTO t SELECT 'b1', token FROM idempotency.idem_claim('s-beat');
+SELECT pg_stat_force_next_flush();
+BEGIN;
+SELECT count(idempotency.idem_heartbeat('s-beat', (SELECT token FROM t WHERE label = 'b1'), '1 min'))
+       AS heartbeats
+  FROM generate_series(1, 20);
+SELECT pg_stat_get_xact_tuples_updated('idempotency.idempotency_keys'::regclass) AS updated,
+       pg_stat_get_xact_tuples_hot_updated('idempotency.idempotency_keys'::regclass) AS hot;
+COMMIT;
+SELECT * FROM pg_temp.key('s-beat');
+SELECT outcome FROM idempotency.idem_complete('s-beat', (SELECT token FROM t WHERE label = 'b1'));
+SELECT pg_stat_force_next_flush();
 
 -- A complete with the usual retention is a HOT update, in the two-phase
 -- pattern (claim committed, complete in its own transaction) ...
@@ -32,7 +51,8 @@ SELECT outcome FROM idempotency.idem_complete('s-hot-2', (SELECT token FROM t WH
 SELECT pg_stat_get_xact_tuples_updated('idempotency.idempotency_keys'::regclass) AS updated,
        pg_stat_get_xact_tuples_hot_updated('idempotency.idempotency_keys'::regclass) AS hot;
 COMMIT;
--- The completed keys keep their lease until the sweep settles it.
+-- The completed keys stay in the live keys' index, with their lease, until
+-- the sweep settles them.
 SELECT * FROM pg_temp.key('s-hot-1');
 
 -- A retention shorter than the lease left files the key at once (not HOT):
@@ -43,11 +63,11 @@ SELECT * FROM pg_temp.key('s-retain-0');
 SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
 SELECT count(*) AS left_over FROM idempotency.idempotency_keys WHERE key = 's-retain-0';
 
--- Once the lease has ended, the sweep settles it: the key leaves the leases
--- index and is filed for retention at its expires_at.
-INSERT INTO t SELECT 's1', token FROM idempotency.idem_claim('s-settle', lease => '50ms');
+-- The next sweep settles a finished key, whether its lease has ended or
+-- not: the key leaves the live keys' index and is filed for retention at
+-- its expires_at.
+INSERT INTO t SELECT 's1', token FROM idempotency.idem_claim('s-settle', lease => '1h');
 SELECT outcome FROM idempotency.idem_complete('s-settle', (SELECT token FROM t WHERE label = 's1'));
-SELECT pg_sleep(0.1);
 SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
 SELECT * FROM pg_temp.key('s-settle');
 SELECT * FROM pg_temp.key('s-hot-1');

@@ -101,3 +101,35 @@ SELECT scope, received, processing, completed, failed_retryable, failed_final, s
   FROM idempotency.idem_stats WHERE scope LIKE 'views.%' ORDER BY scope;
 SELECT key, status FROM idempotency.idem_stuck WHERE scope LIKE 'views.%' ORDER BY key;
 RESET idempotency.stuck_after;
+
+-- The finished keys are counted as the transactions that finish them
+-- commit: a savepoint rolled back takes its change back.
+SELECT * FROM pg_temp.show('s1', idempotency.idem_claim('v-savepoint', scope => 'views.a'));
+BEGIN;
+SAVEPOINT before_complete;
+SELECT outcome FROM idempotency.idem_complete('v-savepoint', pg_temp.tok('s1'), scope => 'views.a');
+ROLLBACK TO before_complete;
+SELECT idempotency.idem_fail('v-savepoint', pg_temp.tok('s1'), 'not now', scope => 'views.a');
+COMMIT;
+SELECT scope, processing, completed, failed_retryable FROM idempotency.idem_stats WHERE scope = 'views.a';
+-- Every count agrees with the table's rows.
+SELECT s.scope, s.received = c.received AND s.processing = c.processing
+                AND s.completed = c.completed AND s.failed_retryable = c.failed_retryable
+                AND s.failed_final = c.failed_final AS counts_agree
+  FROM idempotency.idem_stats s
+  JOIN (SELECT k.scope, count(*) FILTER (WHERE k.status = 'RECEIVED') AS received,
+               count(*) FILTER (WHERE k.status = 'PROCESSING') AS processing,
+               count(*) FILTER (WHERE k.status = 'COMPLETED') AS completed,
+               count(*) FILTER (WHERE k.status = 'FAILED_RETRYABLE') AS failed_retryable,
+               count(*) FILTER (WHERE k.status = 'FAILED_FINAL') AS failed_final
+          FROM idempotency.idempotency_keys k GROUP BY k.scope) c ON c.scope = s.scope
+ WHERE s.scope LIKE 'views.%' ORDER BY s.scope;
+-- Rows deleted other than through the functions are still counted, until
+-- idempotency.request_sweep() has the counts recounted from the table.
+DELETE FROM idempotency.idempotency_keys WHERE scope = 'views.a' AND status = 'COMPLETED';
+SELECT scope, completed FROM idempotency.idem_stats WHERE scope = 'views.a';
+SELECT idempotency.request_sweep();
+SELECT scope, completed, failed_retryable, failed_final FROM idempotency.idem_stats WHERE scope = 'views.a';
+-- The views read only the live keys and the counts: the finished keys'
+-- totals come with a row without a scope.
+SELECT scope IS NULL AS all_scopes, completed >= 0 AS counted FROM idempotency.key_counts() WHERE scope IS NULL;

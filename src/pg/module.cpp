@@ -1,4 +1,5 @@
 // The module's entry: the magic block and _PG_init.
+#include "pg/shmem/gauges.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/shmem/metrics.hpp"
 #include "pg/shmem/notifier_table.hpp"
@@ -29,6 +30,7 @@ extern "C" void _PG_init(void) {
     // Called after the others: what they write before the commit counts.
     idem::pg::install_ready_floor_callbacks();
     idem::pg::install_metrics_callbacks();
+    idem::pg::install_gauge_callbacks();
     idem::pg::install_wakeup_callbacks();
     idem::pg::install_outbox_notify_callbacks();
     // The keys' heads are checked once the claims are written.

@@ -37,6 +37,12 @@
 #   idle       test/bench/idle.sh: the CPU an idle cluster spends with 1, 10
 #              and 100 databases that have the extension, with the library
 #              preloaded and without it, and the workers started per minute
+#   heartbeat  test/bench/heartbeat.sh: 16 clients heartbeating 200 keys for
+#              30 s, 0.5.0's keys layout beside the current one: HOT updates
+#              and the table's size
+#   views      test/bench/views.sh: idem_stuck, idem_stats and outbox_lag
+#              with 1000000 and 10000000 finished keys and 1000000 delivered
+#              events, their plans, and the 0.5.0 definitions (slow to load)
 #   purge      test/bench/purge.sh: the worker's purge of 10000000 expired
 #              keys, with claim + complete latency before, during and after
 #
@@ -47,7 +53,7 @@
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
 # (docs/benchmarks.md, see below) for the Markdown tables,
 # BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay queue producers size churn
-# idem_relay idle purge"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
+# idem_relay idle heartbeat views purge"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
 # BENCH_QUEUE_RELAYS (2) relays per queue case,
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
@@ -77,7 +83,7 @@ case "$bench_dir" in /*) ;; *) bench_dir="$PWD/$bench_dir" ;; esac
 mkdir -p "$(dirname "$out")" "$bench_dir" || exit 1
 # The plots as the document links them: relative to the document's folder.
 plot_link=$(realpath -m --relative-to="$(dirname "$out")" "$bench_dir")
-sections=${BENCH_SECTIONS:-"claim enqueue relay queue producers size churn idem_relay idle purge"}
+sections=${BENCH_SECTIONS:-"claim enqueue relay queue producers size churn idem_relay idle heartbeat views purge"}
 size_keys=${BENCH_SIZE_KEYS:-5000000}
 size_clients=16
 bench_note=${BENCH_NOTE:-}
@@ -98,7 +104,7 @@ relay_target=1.00    # relays deliver at least as fast as the hand-written loop
 
 for section in $sections; do
     case "$section" in
-    claim | enqueue | relay | queue | producers | size | churn | idem_relay | idle | purge) ;;
+    claim | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge) ;;
     *) echo "bench: unknown section '$section' in BENCH_SECTIONS" >&2; exit 1 ;;
     esac
 done
@@ -974,6 +980,20 @@ if want idle; then
         "\`test/bench/idle.sh\`: the CPU of the postmaster and all its children (from \`/proc\`)" \
         "over 60 s of a cluster whose databases all have the extension and where nothing happens," \
         "with the library preloaded and without it, and the idempotency workers started per minute."
+fi
+if want heartbeat; then
+    log "heartbeat: 16 clients heartbeat 200 PROCESSING keys, 0.5.0's layout and the current one"
+    worker_section heartbeat.sh "Heartbeat storm" \
+        "\`test/bench/heartbeat.sh\`: 16 clients heartbeat 200 PROCESSING keys for 30 s, with the" \
+        "background workers and autovacuum on; the HOT updates among them (\`pg_stat_user_tables\`)" \
+        "and the keys table's heap and indexes before and after."
+fi
+if want views; then
+    log "views: the monitoring views with 1000000 and 10000000 finished keys"
+    worker_section views.sh "Monitoring views" \
+        "\`test/bench/views.sh\`: each view read with its finished rows loaded directly (then" \
+        "recounted), beside keys and events made through the functions; medians, the 0.5.0" \
+        "definitions on the same rows, and the current plans with their buffers."
 fi
 if want purge; then
     log "purge: the worker purges ${BENCH_PURGE_KEYS:-10000000} expired keys under load"

@@ -17,7 +17,8 @@ idem_packages_for() {
                 g++ make cmake pkg-config libgtest-dev libcurl4-openssl-dev" ;;
             harnesses) echo "postgresql-contrib python3 python3-psycopg2 nodejs gnuplot-nox
                 python3-psycopg python3-psycopg-pool python3-venv python3-pip python3-fastapi
-                python3-httpx python3-pytest python3-uvicorn" ;;
+                python3-httpx python3-pytest python3-uvicorn curl prometheus prometheus-postgres-exporter
+                python3-matplotlib" ;;
             packaging) echo "postgresql-server-dev-all debhelper build-essential fakeroot" ;;
         esac
     done

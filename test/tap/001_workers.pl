@@ -187,10 +187,11 @@ SELECT 'batch', 'done-' || g, 'COMPLETED', nextval('idempotency.token_seq'), 1, 
        now() - interval '1 minute', now() - interval '1 minute'
   FROM generate_series(1, 1000) g;
 INSERT INTO idempotency.idempotency_keys
-  (scope, key, status, token, attempts, lease_until, created_at, updated_at, claimed_at)
+  (scope, key, status, token, attempts, lease_until, created_at, updated_at, claimed_at,
+   active_since)
 SELECT 'batch', 'held-' || g, 'PROCESSING', nextval('idempotency.token_seq'), 1,
        now() - interval '1 minute', now() - interval '1 hour', now() - interval '1 hour',
-       now() - interval '1 hour'
+       now() - interval '1 hour', now() - interval '1 hour'
   FROM generate_series(1, 1000) g;
 COMMIT;
 });

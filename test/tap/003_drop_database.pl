@@ -29,9 +29,10 @@ SELECT 'load', 'done-' || g || '-' || txid_current(), 'COMPLETED', g, 1, '{}', n
        now() - interval '1 minute', now() - interval '1 minute'
   FROM generate_series(1, $purge) g;
 INSERT INTO idempotency.idempotency_keys
-  (scope, key, status, token, attempts, lease_until, created_at, updated_at, claimed_at)
+  (scope, key, status, token, attempts, lease_until, created_at, updated_at, claimed_at,
+   active_since)
 SELECT 'load', 'held-' || g || '-' || txid_current(), 'PROCESSING', g, 1,
-       now() - interval '1 minute', now(), now(), now()
+       now() - interval '1 minute', now(), now(), now(), now()
   FROM generate_series(1, $expire) g;});
 }
 

@@ -142,8 +142,9 @@ sub plant_lookalike
 CREATE SCHEMA idempotency;
 $ddl
 INSERT INTO idempotency.idempotency_keys
-    (scope, key, status, token, attempts, lease_until, created_at, updated_at, claimed_at)
-VALUES ('default', 'bait', 'PROCESSING', 1, 1, now() - interval '1 hour', now(), now(), now());
+    (scope, key, status, token, attempts, lease_until, created_at, updated_at, claimed_at,
+     active_since)
+VALUES ('default', 'bait', 'PROCESSING', 1, 1, now() - interval '1 hour', now(), now(), now(), now());
 CREATE SCHEMA trap;
 GRANT USAGE ON SCHEMA trap TO PUBLIC;
 CREATE TABLE trap.marker (ran_as name, op text, level text, tbl name);

@@ -6,6 +6,8 @@
 
 #include "core/error.hpp"
 #include "pg/shmem/due_table.hpp"
+#include "pg/background/gauge_recount.hpp"
+#include "pg/shmem/gauges.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/shmem/shared_state.hpp"
 #include "pg/boundary/extension_objects.hpp"
@@ -48,30 +50,46 @@ namespace {
     "RETURNING k.scope, k.key, k.token, k.attempts, k.status = 'FAILED_FINAL'"
 #define EXPIRE_TYPES {TIMESTAMPTZOID, INT4OID, INT4OID, INTERVALOID, kStatusType, kStatusType}
 
-Statement kExpireLeases = {
-    EXPIRE_LEASES_OF("SELECT k.ctid FROM @keys@ k "
-                     "WHERE k.status = 'PROCESSING' AND k.lease_until <= $1 ORDER BY k.lease_until"),
-    6, EXPIRE_TYPES, nullptr};
+// From 0.6.0 the live keys are found through their index (active_since),
+// and lease_until is read from each; before, the leases index held the
+// leases not yet settled.
+#define LIVE_KEYS_BY_LEASE(lease_clause)                                        \
+    "SELECT k.ctid FROM @keys@ k WHERE k.status = 'PROCESSING' AND " lease_clause \
+    "@if keys.active_since@ AND k.active_since IS NOT NULL ORDER BY k.active_since" \
+    "@else@ ORDER BY k.lease_until@end@"
+
+Statement kExpireLeases = {EXPIRE_LEASES_OF(LIVE_KEYS_BY_LEASE("k.lease_until <= $1")), 6,
+                           EXPIRE_TYPES, nullptr};
 
 // A claim whose backend has exited: no backend with its pid, or only one
 // that started after the claim (the pid was reused).
 Statement kExpireDisconnected = {
-    EXPIRE_LEASES_OF("SELECT k.ctid FROM @keys@ k "
-                     "WHERE k.status = 'PROCESSING' AND k.holder_pid IS NOT NULL "
-                     "AND k.lease_until > $1 AND NOT EXISTS ("
-                     "  SELECT 1 FROM pg_catalog.pg_stat_get_activity(NULL) a "
-                     "  WHERE a.pid = k.holder_pid AND a.backend_start <= k.claimed_at)"),
+    EXPIRE_LEASES_OF(LIVE_KEYS_BY_LEASE(
+        "k.holder_pid IS NOT NULL AND k.lease_until > $1 AND NOT EXISTS ("
+        "  SELECT 1 FROM pg_catalog.pg_stat_get_activity(NULL) a "
+        "  WHERE a.pid = k.holder_pid AND a.backend_start <= k.claimed_at)")),
     6, EXPIRE_TYPES, nullptr};
 
-// A lease that ended on a key no longer PROCESSING (completed, failed,
-// expired above) leaves the leases index, and the key is filed for
-// retention: complete does neither itself, so that it stays a HOT update.
+// A key that has left the live states (completed, failed, expired above)
+// leaves the live keys' index, its lease is cleared and it is filed for
+// retention: complete and fail do none of it themselves, so that they stay
+// HOT updates. From 0.6.0 at the next sweep (the next due time of a key not
+// settled yet is now); before, once its lease had ended, and the leases
+// index held it until then.
 Statement kSettleLeases = {
+    "@if keys.active_since@"
+    "WITH due AS (SELECT ctid FROM @keys@ "
+    "  WHERE active_since IS NOT NULL AND status NOT IN ('RECEIVED', 'PROCESSING') "
+    "  ORDER BY active_since LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED) "
+    "UPDATE @keys@ k SET active_since = NULL, lease_until = NULL, purge_at = k.expires_at "
+    "FROM due WHERE k.ctid = due.ctid AND k.status NOT IN ('RECEIVED', 'PROCESSING')"
+    "@else@"
     "WITH due AS (SELECT ctid FROM @keys@ "
     "  WHERE lease_until <= $1 AND status <> 'PROCESSING' ORDER BY lease_until "
     "  LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED) "
     "UPDATE @keys@ k SET lease_until = NULL, purge_at = k.expires_at "
-    "FROM due WHERE k.ctid = due.ctid AND k.status <> 'PROCESSING'",
+    "FROM due WHERE k.ctid = due.ctid AND k.status <> 'PROCESSING'"
+    "@end@",
     2, {TIMESTAMPTZOID, INT4OID}, nullptr};
 
 // purge_at is at most expires_at, except on a key completed late after an
@@ -83,11 +101,9 @@ Statement kSettleLeases = {
     "@if keys.purge_at@purge_at <= $1 AND @end@expires_at <= $1"                   \
     "  ORDER BY @if keys.purge_at@purge_at@else@expires_at@end@"                   \
     "  LIMIT $2 FOR UPDATE SKIP LOCKED))"
-// With idempotency.log_transitions: also returns what is logged of each key.
-#define LOGGED " RETURNING scope, key, status, token, attempts"
-
-Statement kPurgeKeys = {PURGE_KEYS, 2, {TIMESTAMPTZOID, INT4OID}, nullptr};
-Statement kPurgeKeysLogged = {PURGE_KEYS LOGGED, 2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+// Returns what is logged (and counted) of each key.
+Statement kPurgeKeys = {PURGE_KEYS " RETURNING scope, key, status, token, attempts", 2,
+                        {TIMESTAMPTZOID, INT4OID}, nullptr};
 
 Statement kPurgeInbox = {
     "DELETE FROM @inbox@ WHERE ctid = ANY (ARRAY("
@@ -106,9 +122,15 @@ Statement kPurgeLocks = {
 // ($1 = outbox_retention, $2 = inbox_retention). Each minimum is read from
 // the head of an index. Before 0.3.0 a finished key keeps its lease_until
 // for good (nothing settles it) and the leases index holds PROCESSING keys.
+// From 0.6.0 the live keys' index is read instead: the earliest lease of a
+// PROCESSING key, and now when a key there waits to be settled.
 Statement kNextDue = {
-    "SELECT (SELECT min(lease_until) FROM @keys@ WHERE "
-    "@if keys.purge_at@lease_until IS NOT NULL@else@status = 'PROCESSING'@end@), "
+    "SELECT "
+    "@if keys.active_since@(SELECT min(CASE status WHEN 'PROCESSING' THEN lease_until "
+    "  WHEN 'RECEIVED' THEN NULL ELSE pg_catalog.now() END) FROM @keys@ "
+    "  WHERE active_since IS NOT NULL)"
+    "@else@(SELECT min(lease_until) FROM @keys@ WHERE "
+    "@if keys.purge_at@lease_until IS NOT NULL@else@status = 'PROCESSING'@end@)@end@, "
     "@if outbox.lease_until@(SELECT min(lease_until) FROM @outbox@ WHERE state = 'in_flight')"
     "@else@NULL::pg_catalog.timestamptz@end@, "
     "(SELECT min(@if keys.purge_at@purge_at@else@expires_at@end@) FROM @keys@ "
@@ -139,7 +161,7 @@ std::uint64_t expire(Statement& statement, int batch, const char* reason) {
     params.add(status_datum(status_type, Status::FailedRetryable));
     const std::uint64_t expired = execute(statement, params);
     count_on_commit(Counter::LeaseExpirations, expired);
-    for (std::uint64_t row = 0; settings::log_transitions && row < expired; ++row) {
+    for (std::uint64_t row = 0; row < expired; ++row) {
         bool isnull = false;
         const bool final = DatumGetBool(column(5, &isnull, row));
         log_transition(DatumGetTextPP(column(1, &isnull, row)), DatumGetTextPP(column(2, &isnull, row)),
@@ -170,8 +192,7 @@ std::uint64_t settle_leases(int batch) {
 
 // COMPLETED / FAILED_FINAL --retention--> deleted: a transition to log.
 std::uint64_t purge_keys(int batch) {
-    if (!settings::log_transitions) return run_due(kPurgeKeys, GetCurrentTimestamp(), batch);
-    const std::uint64_t purged = run_due(kPurgeKeysLogged, GetCurrentTimestamp(), batch);
+    const std::uint64_t purged = run_due(kPurgeKeys, GetCurrentTimestamp(), batch);
     for (std::uint64_t row = 0; row < purged; ++row) {
         bool isnull = false;
         const Status from =
@@ -252,6 +273,8 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
     for (const char* scan : kFullScans)
         (void)set_config_option(scan, "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
                                 false);
+    // What the workers would do first when the counts are unknown.
+    (void)recount_if_unknown(true);
     for (const MaintenanceTask& task : kTasks) {
         if (!task_applies(task)) continue;
         std::uint64_t total = 0;
@@ -274,6 +297,8 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
 // the due times say (after rows were written behind the functions' back).
 Datum request_sweep_body(FunctionCallInfo) {
     (void)require_shared_state("idempotency.request_sweep()");
+    // Rows written behind the functions are counted again, too.
+    forget_gauges(MyDatabaseId);
     if (!request_sweep(MyDatabaseId))
         throw Error("53000",
                     "the launcher's table of databases is full (idempotency.max_databases)");

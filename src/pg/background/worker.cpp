@@ -12,6 +12,7 @@
 #include "pg/background/database_yield.hpp"
 #include "pg/shmem/due_table.hpp"
 #include "pg/boundary/extension_objects.hpp"
+#include "pg/background/gauge_recount.hpp"
 #include "pg/background/maintenance.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/boundary/owner_scope.hpp"
@@ -185,6 +186,10 @@ void sweep() {
     // Every statement of the sweep finds its rows through an index.
     for (const char* scan : kFullScans) SetConfigOption(scan, "off", PGC_SUSET, PGC_S_OVERRIDE);
     if (!run_lease_tasks(&sweep)) return;
+    // The views' counts, when unknown (after a start, an update, a request).
+    if (!in_owner_transaction(sweep.owner, "idempotency: recount",
+                              [] { (void)recount_if_unknown(true); }))
+        return;
     if ((taken.full || taken.retention <= start) && !run_retention_tasks(&sweep)) return;
     Micros lease = kNever;
     Micros retention = kNever;

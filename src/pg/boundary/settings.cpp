@@ -21,6 +21,7 @@ int purge_batch = 10000;
 int purge_naptime_ms = 60 * 1000;
 int purge_pause_ms = 10;
 int max_databases = 4096;
+int max_gauges = 4096;
 bool worker_enabled = true;
 bool expire_on_disconnect = false;
 bool log_transitions = false;
@@ -104,6 +105,11 @@ void define() {
                    "Databases whose due work the launcher tracks; beyond them it sweeps every "
                    "naptime.",
                    &max_databases, 1, 1000000, PGC_POSTMASTER, 0);
+    if (process_shared_preload_libraries_in_progress)
+        define_int("idempotency.max_gauges",
+                   "Scopes and topics, over all databases, whose counts idem_stats and "
+                   "outbox_lag keep in shared memory.",
+                   &max_gauges, 16, 1000000, PGC_POSTMASTER, 0);
 
     MarkGUCPrefixReserved("idempotency");
 }

@@ -23,6 +23,7 @@ extern int purge_batch;
 extern int purge_naptime_ms;
 extern int purge_pause_ms;
 extern int max_databases;
+extern int max_gauges;
 extern bool worker_enabled;
 extern bool expire_on_disconnect;
 extern bool log_transitions;

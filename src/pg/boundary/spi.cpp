@@ -65,27 +65,37 @@ bool condition_holds(const ExtensionObjects& objects, const char* condition, std
 // statement guard knows the module's statements by. "@if table.column@ A
 // @else@ B @end@" keeps A when the installed table has that column and B
 // otherwise: the library serves databases not yet updated to its version.
+// Conditions nest: a branch inside one not taken is left out whatever its
+// own condition says.
 char* expand(const char* sql, const ExtensionObjects& objects) {
     StringInfoData out;
     initStringInfo(&out);
     appendStringInfoString(&out, kStatementMarker);
-    bool keeping = true;  // false inside the branch of a condition not taken
+    int depth = 0;          // conditions open
+    int skipping_from = 0;  // the depth of the branch not taken that we are in; 0: none
     for (const char* at = sql; *at != '\0'; ++at) {
         const char* end = *at == '@' ? std::strchr(at + 1, '@') : nullptr;
+        const bool keeping = skipping_from == 0;
         if (end == nullptr) {
             if (keeping) appendStringInfoChar(&out, *at);
             continue;
         }
         const char* token = at + 1;
         const std::size_t length = static_cast<std::size_t>(end - token);
-        if (length > 3 && std::strncmp(token, "if ", 3) == 0)
-            keeping = condition_holds(objects, token + 3, length - 3);
-        else if (token_is(token, length, "else"))
-            keeping = !keeping;
-        else if (token_is(token, length, "end"))
-            keeping = true;
-        else if (keeping)
+        if (length > 3 && std::strncmp(token, "if ", 3) == 0) {
+            ++depth;
+            if (keeping && !condition_holds(objects, token + 3, length - 3)) skipping_from = depth;
+        } else if (token_is(token, length, "else")) {
+            if (skipping_from == depth)
+                skipping_from = 0;
+            else if (keeping)
+                skipping_from = depth;
+        } else if (token_is(token, length, "end")) {
+            if (skipping_from == depth) skipping_from = 0;
+            if (depth > 0) --depth;
+        } else if (keeping) {
             append_object(&out, objects, token, length);
+        }
         at = end;
     }
     return out.data;
@@ -175,6 +185,16 @@ std::uint64_t execute_latest(Statement& statement, const Params& params) {
                                             const_cast<Datum*>(params.values),
                                             params.nulls, GetLatestSnapshot(), InvalidSnapshot,
                                             false, true, 0);
+        if (rc < 0) elog(ERROR, "idempotency: statement failed: %s", SPI_result_code_string(rc));
+    });
+    return SPI_processed;
+}
+
+std::uint64_t execute_with_snapshot(Statement& statement, const Params& params, Snapshot snapshot) {
+    without_statement_text([&] {
+        const int rc = SPI_execute_snapshot(prepared(statement, statement.options),
+                                            const_cast<Datum*>(params.values), params.nulls,
+                                            snapshot, InvalidSnapshot, true, false, 0);
         if (rc < 0) elog(ERROR, "idempotency: statement failed: %s", SPI_result_code_string(rc));
     });
     return SPI_processed;

@@ -67,6 +67,10 @@ std::uint64_t execute(Statement& statement, const Params& params, long limit = 0
 // did must; returns SPI_processed.
 std::uint64_t execute_latest(Statement& statement, const Params& params);
 
+// Runs the statement reading with `snapshot` (it changes nothing); returns
+// SPI_processed.
+std::uint64_t execute_with_snapshot(Statement& statement, const Params& params, Snapshot snapshot);
+
 // Runs the statement in a subtransaction that is kept (its changes and row
 // locks become the caller's) only when `keep_if_rows` and it returned rows;
 // otherwise it is rolled back. A statement that waited for a concurrent

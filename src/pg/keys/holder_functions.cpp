@@ -96,7 +96,9 @@ Datum complete_body(FunctionCallInfo fcinfo) {
     }
     const Micros now = GetCurrentTimestamp();
     std::optional<Micros> claimed_at;
-    if (complete_by_holder(id, token, result, has_result, now, now + retain, &stored, &claimed_at)) {
+    Status left = Status::Processing;
+    if (complete_by_holder(id, token, result, has_result, now, now + retain, &stored, &claimed_at,
+                           &left)) {
         count_on_commit(Counter::Completions);
         note_due_on_commit(DueKind::Retention, now + retain);
         // No lease_until: the sweep expired the lease and settled it.
@@ -104,7 +106,7 @@ Datum complete_body(FunctionCallInfo fcinfo) {
             count_on_commit(Counter::LateCompletions);
         if (claimed_at) observe_processing_on_commit(now - *claimed_at);
         wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
-        log_transition(id.scope, id.key, from.value_or(Status::Processing), Status::Completed,
+        log_transition(id.scope, id.key, from.value_or(left), Status::Completed,
                        token, stored.state.attempts);
     } else {
         // Not completed now: a replay of an earlier complete, or a refusal.

@@ -25,7 +25,7 @@ namespace {
 struct Columns {
     AttrNumber scope, key, status, token, attempts, lease_until, fingerprint, created_at,
         updated_at, claimed_at, holder_pid, registered, lease_expired, job_ref, max_attempts,
-        retention;
+        retention, active_since;
 };
 
 Columns columns;
@@ -52,7 +52,8 @@ const Columns& columns_of(Relation table, std::uint64_t generation) {
                       column_named(desc, "updated_at"),   column_named(desc, "claimed_at"),
                       column_named(desc, "holder_pid"),   column_named(desc, "registered"),
                       column_named(desc, "lease_expired"), column_named(desc, "job_ref"),
-                      column_named(desc, "max_attempts"), column_named(desc, "retention")};
+                      column_named(desc, "max_attempts"), column_named(desc, "retention"),
+                      column_named(desc, "active_since")};
     columns_of_table = RelationGetRelid(table);
     columns_generation = generation;
     return columns;
@@ -89,6 +90,8 @@ void fill_row(TupleTableSlot* slot, const Columns& at, const NewKey& key, Oid st
     set(slot, at.attempts, Int32GetDatum(claim ? 1 : 0));
     set(slot, at.registered, BoolGetDatum(!claim));
     set(slot, at.lease_expired, BoolGetDatum(false));
+    // A new key is live, registered or claimed: the sweeps find it (0.6.0 on).
+    set(slot, at.active_since, TimestampTzGetDatum(key.now));
     if (claim) {
         set(slot, at.token, Int64GetDatum(token));
         set(slot, at.lease_until, TimestampTzGetDatum(key.lease_until));

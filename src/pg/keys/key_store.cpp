@@ -45,6 +45,9 @@ Statement kGrant = {
     "next_attempt_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = $6, "
     "last_error = CASE WHEN $7 THEN 'lease expired' ELSE last_error END"
     IF_PURGE_AT(", purge_at = NULL")
+    // A key the sweep settled is live again; one still live keeps its time,
+    // and with it its entry in the live keys' index.
+    "@if keys.active_since@, active_since = COALESCE(active_since, $5)@end@"
     "@if keys.max_attempts@, max_attempts = $8, retention = $9@end@"
     KEY_WHERE " RETURNING token, attempts",
     9, {TEXTOID, TEXTOID, TIMESTAMPTZOID, BYTEAOID, TIMESTAMPTZOID, INT4OID, BOOLOID, INT4OID,
@@ -62,7 +65,12 @@ Statement kComplete = {
                 "ELSE purge_at END")
     KEY_WHERE " AND token = $3 AND (status = 'PROCESSING' OR (lease_expired AND status IN "
     "('FAILED_RETRYABLE', 'FAILED_FINAL'))) "
-    "RETURNING attempts, result, job_ref, lease_until, claimed_at",
+    "RETURNING attempts, result, job_ref, lease_until, claimed_at, "
+    // The status a late completion left (as this statement's snapshot saw
+    // it: PROCESSING before the sweep expired the lease, FAILED_* after);
+    // read only when the lease had ended, by the subquery's lazy evaluation.
+    "CASE WHEN lease_until IS NULL OR lease_until < $5 THEN (SELECT o.status FROM" KEYS "o "
+    "  WHERE o.scope = $1 AND o.key = $2) END",
     6, {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kExpire = {
@@ -160,7 +168,7 @@ void grant_claim(const KeyId& id, const Grant& grant, Micros now, std::int64_t* 
 
 bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool has_result,
                         Micros now, Micros expires_at, StoredKey* out,
-                        std::optional<Micros>* claimed_at) {
+                        std::optional<Micros>* claimed_at, Status* left) {
     Params params = key_params(id);
     params.add_int8(token).add_datum(result, has_result).add_timestamp(now);
     params.add_timestamp(expires_at);
@@ -173,6 +181,9 @@ bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool 
     out->job_ref = column_copy(3, &out->has_job_ref);
     out->state.lease_until = column_timestamp(4);
     *claimed_at = column_timestamp(5);
+    const Datum was = column(6, &isnull);
+    *left = isnull ? Status::Processing
+                   : status_from_datum(SPI_gettypeid(SPI_tuptable->tupdesc, 6), was);
     return true;
 }
 

@@ -60,11 +60,11 @@ void grant_claim(const KeyId& id, const Grant& grant, Micros now, std::int64_t* 
 
 // PROCESSING -> COMPLETED when `token` is current and the call is allowed
 // (check_fence's Proceed). False when no row qualified.
-// On success `out` holds the completed key (its lease_until as it was) and
-// `claimed_at` when the token was granted.
+// On success `out` holds the completed key (its lease_until as it was),
+// `claimed_at` when the token was granted and `left` the status it left.
 bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool has_result,
                         Micros now, Micros expires_at, StoredKey* out,
-                        std::optional<Micros>* claimed_at);
+                        std::optional<Micros>* claimed_at, Status* left);
 
 // A lease that ran out: FAILED_RETRYABLE or FAILED_FINAL with 'lease expired'.
 void expire_lease(const KeyId& id, Status next, Micros now, std::optional<Micros> expires_at);

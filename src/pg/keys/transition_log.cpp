@@ -1,5 +1,6 @@
 #include "pg/keys/transition_log.hpp"
 
+#include "pg/keys/key_counts.hpp"
 #include "pg/boundary/settings.hpp"
 
 extern "C" {
@@ -35,6 +36,7 @@ void append_field(StringInfo line, const char* name, const char* value) {
 void log_transition(const text* scope, const text* key, std::optional<Status> from,
                     std::optional<Status> to, std::optional<std::int64_t> token,
                     std::int32_t attempt, const char* reason) {
+    count_key_transition(scope, from, to);
     if (!settings::log_transitions) return;
     StringInfoData line;
     initStringInfo(&line);

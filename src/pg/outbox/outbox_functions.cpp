@@ -10,6 +10,7 @@
 #include "pg/boundary/guard.hpp"
 #include "pg/shmem/metrics.hpp"
 #include "pg/outbox/outbox_claim.hpp"
+#include "pg/outbox/outbox_counts.hpp"
 #include "pg/outbox/outbox_held.hpp"
 #include "pg/outbox/outbox_notify.hpp"
 #include "pg/outbox/outbox_store.hpp"
@@ -95,6 +96,7 @@ Datum enqueue_body(FunctionCallInfo fcinfo) {
     finish_spi();
     // Delivered to listeners only if this transaction commits.
     if (inserted) notify_outbox_on_commit(event.topic);
+    if (inserted) count_event_enqueued(event.topic);
     count_on_commit(inserted ? Counter::OutboxEnqueued : Counter::OutboxDeduplicated);
     PG_RETURN_INT64(id);
 }
@@ -115,6 +117,7 @@ void put_handed_out(std::uint64_t count, void* context) {
         tuplestore_putvalues(out->rsinfo->setResult, out->rsinfo->setDesc, values, nulls);
         bool isnull = false;
         if (DatumGetBool(column(kDeliveryColumns + 1, &isnull, row))) ++out->expired;
+        count_event_claimed(DatumGetTextPP(values[1]), DatumGetInt32(values[6]));
     }
 }
 
@@ -273,6 +276,7 @@ Datum release_body(FunctionCallInfo fcinfo) {
         const text* holder = held_relay(DatumGetInt64(elements[i]));
         if (holder != nullptr && same_text(holder, relay)) {
             (void)settle_held(DatumGetInt64(elements[i]));
+            count_held_event_released(DatumGetInt64(elements[i]));
             ++released;
         } else if (holder == nullptr) {
             others[other_count++] = elements[i];

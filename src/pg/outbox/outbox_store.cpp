@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "pg/boundary/extension_objects.hpp"
+#include "pg/outbox/outbox_counts.hpp"
 #include "pg/outbox/outbox_heads.hpp"
 #include "pg/outbox/outbox_index.hpp"
 #include "pg/outbox/outbox_layout.hpp"
@@ -99,7 +100,7 @@ Statement kRetryOrBury = {
 Statement kRelease = {
     "UPDATE" OUTBOX "SET state = 'pending', attempts = attempts - 1, available_at = $3, "
     "lease_until = NULL, updated_at = $3" IF_READY(", ready_at = $3") " WHERE id = ANY ($1) AND state = 'in_flight' "
-    "AND relay = $2",
+    "AND relay = $2 RETURNING topic, attempts",
     3, {INT8ARRAYOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kRedrive = {
@@ -226,6 +227,7 @@ std::uint64_t discard_events(Datum ids, Datum topics, bool has_topics, Micros no
     Params params;
     params.add(ids).add_datum(topics, has_topics);
     const std::uint64_t discarded = execute(kDiscard, params);
+    count_result_rows(EventsLeft::Discarded, 2, now);
     end_heads_in_result(2, now);
     return discarded;
 }
@@ -234,6 +236,7 @@ std::uint64_t ack_events(Datum ids, Micros now) {
     Params params;
     params.add(ids).add_timestamp(now);
     const std::uint64_t acked = execute(kAck, params);
+    count_result_rows(EventsLeft::Delivered, 2, now);
     end_heads_in_result(2, now);
     return acked;
 }
@@ -249,6 +252,7 @@ std::uint64_t ack_held_events(Datum ids, Datum relays, Micros now) {
     Params params;
     params.add(ids).add(relays).add_timestamp(now);
     const std::uint64_t acked = execute(kAckHeld, params);
+    count_result_rows(EventsLeft::Delivered, 2, now);
     end_heads_in_result(2, now);
     return acked;
 }
@@ -274,6 +278,7 @@ void retry_or_bury(std::int64_t id, const Failure& failure, Micros now) {
     params.add_timestamp(failure.available_at).add_timestamp(now).add_int4(failure.attempts);
     params.add_text(failure.claimed_by);
     execute(kRetryOrBury, params);
+    if (failure.dead) count_result_rows(EventsLeft::Died, 2, now);
     if (!failure.dead) note_ready_written(failure.available_at);
     end_heads_in_result(2, now);
 }
@@ -284,6 +289,7 @@ std::uint64_t redrive_events(Datum ids, bool has_ids, const text* topic, Micros 
     params.add_datum(ids, has_ids).add_text(topic).add_timestamp(now);
     params.add_datum(topics, has_topics);
     const std::uint64_t redriven = execute(kRedrive, params);
+    count_result_rows(EventsLeft::Redriven, 2, now);
     if (redriven == 0 || !outbox_has_ready_queue()) return redriven;
     note_ready_written(now);
     // Each keyed event becomes its key's head, or waits behind the head its
@@ -310,7 +316,13 @@ std::uint64_t release_events(Datum ids, const text* relay, Micros now) {
     Params params;
     params.add(ids).add_text(relay).add_timestamp(now);
     note_ready_written(now);
-    return execute(kRelease, params);
+    const std::uint64_t released = execute(kRelease, params);
+    for (std::uint64_t row = 0; row < released; ++row) {
+        bool isnull = false;
+        count_event_released(DatumGetTextPP(column(1, &isnull, row)),
+                             DatumGetInt32(column(2, &isnull, row)));
+    }
+    return released;
 }
 
 std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now, std::uint64_t* dead) {
@@ -318,6 +330,7 @@ std::uint64_t expire_event_leases(int batch, int max_attempts, Micros now, std::
     params.add_timestamp(now).add_int4(batch).add_int4(max_attempts);
     params.add(outbox_state_value("dead")).add(outbox_state_value("pending"));
     const std::uint64_t expired = execute(kExpireLeases, params);
+    count_expired_rows(1, 2);
     *dead = 0;
     for (std::uint64_t row = 0; row < expired; ++row) {
         bool isnull = false;

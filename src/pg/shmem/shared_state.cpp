@@ -4,6 +4,7 @@
 #include "pg/outbox/outbox_ready_floor.hpp"
 #include "pg/outbox/producer_turn.hpp"
 #include "pg/shmem/due_table.hpp"
+#include "pg/shmem/gauges.hpp"
 #include "pg/shmem/notifier_table.hpp"
 
 extern "C" {
@@ -26,6 +27,7 @@ Size shared_memory_size() {
     size = add_size(size, MAXALIGN(due_table_size()));
     size = add_size(size, notifier_table_size());
     size = add_size(size, ready_floor_size());
+    size = add_size(size, gauges_size());
     return add_size(size, producer_turn_size());
 }
 
@@ -34,6 +36,7 @@ void request_shared_memory() {
     RequestAddinShmemSpace(shared_memory_size());
     request_due_table_lock();
     request_notifier_table_lock();
+    request_gauges_lock();
 }
 
 void start_shared_memory() {
@@ -52,6 +55,7 @@ void start_shared_memory() {
     init_notifier_table();
     init_ready_floor();
     init_producer_turns();
+    init_gauges();
     LWLockRelease(AddinShmemInitLock);
 }
 

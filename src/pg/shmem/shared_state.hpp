@@ -6,6 +6,8 @@
 //                           copy it; wake[]: condition variables.
 //   the due table           per database, what is due and when: its LWLock
 //                           (shmem/due_table.hpp).
+//   the gauges              per database and scope or topic, the views'
+//                           counts: their LWLock (shmem/gauges.hpp).
 //   the notifier table      per database, the topics waiting for the outbox
 //                           notifier: its LWLock (shmem/notifier_table.hpp).
 //   the ready floor         the outbox's oldest possibly uncommitted id: a

@@ -1,0 +1,177 @@
+#include "pg/background/gauge_recount.hpp"
+
+#include <algorithm>
+#include <initializer_list>
+
+#include "pg/shmem/due_table.hpp"
+#include "pg/boundary/extension_objects.hpp"
+#include "pg/shmem/gauges.hpp"
+#include "pg/keys/key_counts.hpp"
+#include "pg/outbox/outbox_counts.hpp"
+#include "pg/boundary/settings.hpp"
+#include "pg/shmem/shared_state.hpp"
+#include "pg/boundary/spi.hpp"
+
+extern "C" {
+#include "access/table.h"
+#include "access/xlog.h"
+#include "storage/bufmgr.h"
+#include "utils/snapmgr.h"
+}
+
+namespace idem::pg {
+
+namespace {
+
+Statement kRepairActive = {
+    "UPDATE @keys@ SET active_since = COALESCE(claimed_at, updated_at) "
+    "WHERE active_since IS NULL AND status IN ('RECEIVED', 'PROCESSING')",
+    0, {}, nullptr};
+
+Statement kCountKeys = {
+    "SELECT scope, count(*) FILTER (WHERE status = 'COMPLETED'), "
+    "count(*) FILTER (WHERE status = 'FAILED_RETRYABLE'), "
+    "count(*) FILTER (WHERE status = 'FAILED_FINAL') "
+    "FROM @keys@ WHERE status IN ('COMPLETED', 'FAILED_RETRYABLE', 'FAILED_FINAL') "
+    "GROUP BY ROLLUP (scope)",
+    0, {}, nullptr};
+
+Statement kCountEvents = {
+    "SELECT topic, count(*) FILTER (WHERE state IN ('pending', 'in_flight')), "
+    "count(*) FILTER (WHERE state IN ('pending', 'in_flight') AND attempts > 0), "
+    "count(*) FILTER (WHERE state = 'dead'), max(delivered_at) "
+    "FROM @outbox@ GROUP BY ROLLUP (topic)",
+    0, {}, nullptr};
+
+// The counts per name, and (ROLLUP) their totals in a row without a name:
+// the rows key_counts() and outbox_counts() return by a scan; a recount
+// keeps those with a name.
+Statement& count_statement(GaugeFamily family) {
+    return family == GaugeFamily::Keys ? kCountKeys : kCountEvents;
+}
+
+void store_rows(GaugeFamily family, std::uint64_t rows, bool has_latest) {
+    for (std::uint64_t row = 0; row < rows; ++row) {
+        bool isnull = false;
+        const Datum named = column(1, &isnull, row);
+        if (isnull) continue;
+        const text* name = DatumGetTextPP(named);
+        std::int64_t values[kGaugeValues];
+        for (int i = 0; i < kGaugeValues; ++i) values[i] = column_int8(i + 2, row).value_or(0);
+        recount_row(family, name, values,
+                    has_latest ? column_timestamp(kGaugeValues + 2, row) : std::nullopt);
+    }
+}
+
+}  // namespace
+
+bool gauges_apply() {
+    const ExtensionObjects* objects = installed_extension_objects();
+    return objects != nullptr && OidIsValid(objects->keys) && OidIsValid(objects->outbox) &&
+           get_attnum(objects->keys, "active_since") != InvalidAttrNumber;
+}
+
+bool recount_if_unknown(bool repair) {
+    if (!gauges_apply() || RecoveryInProgress()) return false;
+    if (gauges_known()) return true;
+    // A count reads every row: with the scans the sweeps turn off.
+    const int nest_level = NewGUCNestLevel();
+    for (const char* scan : {"enable_seqscan", "enable_bitmapscan"})
+        (void)set_config_option(scan, "on", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
+                                false);
+    if (repair) execute(kRepairActive, Params{});
+    Snapshot snapshot = begin_recount();
+    if (snapshot != nullptr) {
+        for (GaugeFamily family : {GaugeFamily::Keys, GaugeFamily::Outbox})
+            store_rows(family, execute_with_snapshot(count_statement(family), Params{}, snapshot),
+                       family == GaugeFamily::Outbox);
+        UnregisterSnapshot(snapshot);
+        end_recount();
+    }
+    AtEOXact_GUC(true, nest_level);
+    return snapshot != nullptr;
+}
+
+namespace {
+
+// Tables this small are recounted by the read that finds the counts unknown
+// (a new install, a small database): it costs about as much as one read of
+// the old views. Larger ones are left to a worker.
+constexpr BlockNumber kRecountInlineBlocks = 1024;
+
+bool tables_are_small() {
+    const ExtensionObjects& objects = extension_objects();
+    BlockNumber blocks = 0;
+    for (Oid table : {objects.keys, objects.outbox}) {
+        Relation relation = table_open(table, AccessShareLock);
+        blocks += RelationGetNumberOfBlocks(relation);
+        table_close(relation, AccessShareLock);
+    }
+    return blocks <= kRecountInlineBlocks;
+}
+
+}  // namespace
+
+bool counts_for_view() {
+    if (RecoveryInProgress()) return false;
+    if (gauges_known()) return true;
+    if (!gauges_apply()) return false;
+    // A worker recounts soon when one will come; otherwise this read does.
+    if (settings::worker_enabled && !tables_are_small() && request_sweep(MyDatabaseId))
+        return false;
+    return recount_if_unknown(false);
+}
+
+}  // namespace idem::pg
+
+namespace idem::pg {
+
+namespace {
+
+// A set-returning function's rows: the gauges, then their totals.
+struct Rows {
+    ReturnSetInfo* rsinfo;
+    GaugeRow totals;
+};
+
+void put_values(Rows* rows, const GaugeRow& row) {
+    Datum values[kGaugeValues + 2];
+    bool nulls[kGaugeValues + 2] = {};
+    values[0] = row.name != nullptr ? CStringGetTextDatum(row.name) : 0;
+    nulls[0] = row.name == nullptr;
+    for (int i = 0; i < kGaugeValues; ++i) values[i + 1] = Int64GetDatum(row.values[i]);
+    values[kGaugeValues + 1] = TimestampTzGetDatum(row.latest);
+    nulls[kGaugeValues + 1] = row.latest == 0;
+    tuplestore_putvalues(rows->rsinfo->setResult, rows->rsinfo->setDesc, values, nulls);
+}
+
+void put_row(const GaugeRow& row, void* context) {
+    auto* rows = static_cast<Rows*>(context);
+    for (int i = 0; i < kGaugeValues; ++i) rows->totals.values[i] += row.values[i];
+    rows->totals.latest = std::max(rows->totals.latest, row.latest);
+    put_values(rows, row);
+}
+
+}  // namespace
+
+Datum counts_rows(FunctionCallInfo fcinfo, GaugeFamily family, bool with_latest) {
+    InitMaterializedSRF(fcinfo, 0);
+    Rows rows{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), GaugeRow{nullptr, {}, 0}};
+    const int columns = kGaugeValues + (with_latest ? 2 : 1);
+    connect_spi();
+    if (shared_state() == nullptr) {
+        const std::uint64_t found = execute(count_statement(family), Params{});
+        for (std::uint64_t row = 0; row < found; ++row) {
+            Datum values[kGaugeValues + 2];
+            bool nulls[kGaugeValues + 2];
+            for (int i = 0; i < columns; ++i) values[i] = column(i + 1, &nulls[i], row);
+            tuplestore_putvalues(rows.rsinfo->setResult, rows.rsinfo->setDesc, values, nulls);
+        }
+    } else if (counts_for_view() && read_gauges(family, put_row, &rows)) {
+        put_values(&rows, rows.totals);
+    }
+    finish_spi();
+    return 0;
+}
+
+}  // namespace idem::pg

@@ -1,0 +1,494 @@
+#include "pg/shmem/gauges.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/validate.hpp"
+#include "pg/boundary/extension_objects.hpp"
+#include "pg/boundary/guard.hpp"
+#include "pg/boundary/settings.hpp"
+
+extern "C" {
+#include "access/transam.h"
+#include "access/twophase.h"
+#include "port/atomics.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+}
+
+namespace idem::pg {
+
+namespace {
+
+constexpr char kTrancheName[] = "idempotency gauges";
+constexpr char kDatabaseFamily = 'd';  // an entry holding a database's state
+
+struct GaugeKey {
+    Oid database;
+    char family;
+    char name[kMaxNameBytes + 1];  // zero-padded: keys compare as bytes
+};
+
+enum class CountState : std::uint64_t { Unknown, Counting, Known };
+
+// A name's counts, or (family 'd') a database's state: values[0] its
+// CountState, values[1] and values[2] the keys and outbox tables it counts.
+struct GaugeEntry {
+    GaugeKey key;
+    pg_atomic_uint64 values[kGaugeValues];  // signed counts, stored as two's complement
+    pg_atomic_uint64 latest;
+};
+
+// The one recount that may run at a time, and the snapshot it counts with:
+// a transaction that commits meanwhile adds its adjustments only when that
+// snapshot does not see it.
+struct Recount {
+    Oid database;  // InvalidOid: none runs
+    TransactionId xmin;
+    TransactionId xmax;
+    int xcnt;
+    TransactionId xip[FLEXIBLE_ARRAY_MEMBER];
+};
+
+LWLock* lock = nullptr;
+HTAB* entries = nullptr;
+Recount* recount = nullptr;
+
+int max_in_progress() { return MaxBackends + max_prepared_xacts; }
+
+Size recount_size() {
+    return add_size(offsetof(Recount, xip),
+                    mul_size(sizeof(TransactionId), static_cast<Size>(max_in_progress())));
+}
+
+// Entries: every name of every database, and the databases themselves.
+long entry_capacity() { return settings::max_gauges + settings::max_databases; }
+
+void make_key(GaugeKey* key, Oid database, char family, const char* name, std::size_t length) {
+    std::memset(key, 0, sizeof *key);
+    key->database = database;
+    key->family = family;
+    std::memcpy(key->name, name, std::min(length, kMaxNameBytes));
+}
+
+GaugeEntry* find_entry(Oid database, char family, const char* name, std::size_t length,
+                       HASHACTION action) {
+    GaugeKey key;
+    make_key(&key, database, family, name, length);
+    bool found = false;
+    auto* entry = static_cast<GaugeEntry*>(hash_search(entries, &key, action, &found));
+    if (entry != nullptr && !found) {
+        for (auto& value : entry->values) pg_atomic_init_u64(&value, 0);
+        pg_atomic_init_u64(&entry->latest, 0);
+    }
+    return entry;
+}
+
+GaugeEntry* database_entry(Oid database, HASHACTION action) {
+    return find_entry(database, kDatabaseFamily, "", 0, action);
+}
+
+CountState state_of(GaugeEntry* database) {
+    return static_cast<CountState>(pg_atomic_read_u64(&database->values[0]));
+}
+
+void add_signed(pg_atomic_uint64* value, std::int64_t delta) {
+    pg_atomic_fetch_add_u64(value, static_cast<std::uint64_t>(delta));
+}
+
+void raise_latest(pg_atomic_uint64* value, Micros at) {
+    std::uint64_t seen = pg_atomic_read_u64(value);
+    const std::uint64_t wanted = static_cast<std::uint64_t>(std::max<Micros>(at, 1));
+    while (wanted > seen && !pg_atomic_compare_exchange_u64(value, &seen, wanted)) {
+    }
+}
+
+// Whether the running recount's snapshot sees transaction `xid` (committed).
+bool recount_sees(TransactionId xid) {
+    if (!TransactionIdIsValid(xid)) return false;
+    if (TransactionIdPrecedes(xid, recount->xmin)) return true;
+    if (!TransactionIdPrecedes(xid, recount->xmax)) return false;
+    for (int i = 0; i < recount->xcnt; ++i)
+        if (TransactionIdEquals(recount->xip[i], xid)) return false;
+    return true;
+}
+
+// --- this transaction's adjustments ----------------------------------------------
+
+// Keyed by name and subtransaction nesting level.
+struct PendingKey {
+    GaugeKey key;
+    int level;
+};
+
+struct Pending {
+    PendingKey id;
+    std::int64_t values[kGaugeValues];
+    Micros latest;
+    bool applied;  // at commit: added in the shared pass
+};
+
+// Made once per backend and emptied at each transaction's end, so that a
+// transaction pays no allocation for its few adjustments.
+HTAB* pending = nullptr;
+bool pending_any = false;
+Oid pending_tables[2] = {InvalidOid, InvalidOid};
+TransactionId committing_xid = InvalidTransactionId;
+
+Pending* enter_pending(const PendingKey& id) {
+    bool found = false;
+    auto* entry = static_cast<Pending*>(hash_search(pending, &id, HASH_ENTER, &found));
+    if (!found) {
+        std::memset(entry->values, 0, sizeof entry->values);
+        entry->latest = 0;
+        entry->applied = false;
+    }
+    return entry;
+}
+
+Pending* pending_entry(GaugeFamily family, const text* name) {
+    if (pending == nullptr) {
+        HASHCTL control;
+        std::memset(&control, 0, sizeof control);
+        control.keysize = sizeof(PendingKey);
+        control.entrysize = sizeof(Pending);
+        control.hcxt = TopMemoryContext;
+        pending = hash_create("idempotency pending gauges", 16, &control,
+                              HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    }
+    if (!pending_any) {
+        pending_any = true;
+        const ExtensionObjects& objects = extension_objects();
+        pending_tables[0] = objects.keys;
+        pending_tables[1] = objects.outbox;
+    }
+    PendingKey id;
+    std::memset(&id, 0, sizeof id);
+    make_key(&id.key, MyDatabaseId, static_cast<char>(family), VARDATA_ANY(name),
+             VARSIZE_ANY_EXHDR(name));
+    id.level = GetCurrentTransactionNestLevel();
+    return enter_pending(id);
+}
+
+void forget_pending() {
+    if (pending_any) {
+        HASH_SEQ_STATUS scan;
+        hash_seq_init(&scan, pending);
+        while (auto* entry = static_cast<Pending*>(hash_seq_search(&scan)))
+            hash_search(pending, &entry->id, HASH_REMOVE, nullptr);  // allowed during a scan
+    }
+    pending_any = false;
+    committing_xid = InvalidTransactionId;
+}
+
+void add_to(GaugeEntry* entry, const std::int64_t values[kGaugeValues], Micros latest) {
+    for (int i = 0; i < kGaugeValues; ++i)
+        if (values[i] != 0) add_signed(&entry->values[i], values[i]);
+    if (latest != 0) raise_latest(&entry->latest, latest);
+}
+
+// Whether this transaction's changes go into the database's counts now:
+// known for the same tables, or being recounted by a snapshot that does not
+// see this transaction. Under the lock.
+bool counts_take_changes() {
+    GaugeEntry* database = database_entry(MyDatabaseId, HASH_FIND);
+    if (database == nullptr) return false;
+    if (pg_atomic_read_u64(&database->values[1]) != pending_tables[0] ||
+        pg_atomic_read_u64(&database->values[2]) != pending_tables[1])
+        return false;
+    switch (state_of(database)) {
+        case CountState::Known: return true;
+        case CountState::Counting:
+            return recount->database == MyDatabaseId && !recount_sees(committing_xid);
+        case CountState::Unknown: return false;
+    }
+    return false;
+}
+
+// At commit (or prepare): nothing here may raise an error. Names already
+// known are added to under the shared lock; new ones are made under the
+// exclusive lock (none when the table is full: that change is lost).
+void apply_pending() {
+    if (lock == nullptr || !pending_any) return;
+    bool missing = false;
+    HASH_SEQ_STATUS scan;
+    LWLockAcquire(lock, LW_SHARED);
+    if (counts_take_changes()) {
+        hash_seq_init(&scan, pending);
+        while (auto* change = static_cast<Pending*>(hash_seq_search(&scan))) {
+            GaugeEntry* entry = find_entry(change->id.key.database, change->id.key.family,
+                                           change->id.key.name, std::strlen(change->id.key.name),
+                                           HASH_FIND);
+            if (entry == nullptr) {
+                missing = true;
+                continue;
+            }
+            add_to(entry, change->values, change->latest);
+            change->applied = true;
+        }
+    }
+    LWLockRelease(lock);
+    if (!missing) return;
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    if (counts_take_changes()) {
+        hash_seq_init(&scan, pending);
+        while (auto* change = static_cast<Pending*>(hash_seq_search(&scan))) {
+            if (change->applied) continue;
+            if (GaugeEntry* entry = find_entry(change->id.key.database, change->id.key.family,
+                                               change->id.key.name,
+                                               std::strlen(change->id.key.name), HASH_ENTER_NULL))
+                add_to(entry, change->values, change->latest);
+        }
+    }
+    LWLockRelease(lock);
+}
+
+// The adjustments of subtransaction level `level` and deeper, copied out.
+Pending* take_level(int level, int* count) {
+    *count = 0;
+    const long total = hash_get_num_entries(pending);
+    auto* taken = static_cast<Pending*>(palloc(sizeof(Pending) * (total + 1)));
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, pending);
+    while (auto* entry = static_cast<Pending*>(hash_seq_search(&scan)))
+        if (entry->id.level >= level) taken[(*count)++] = *entry;
+    for (int i = 0; i < *count; ++i) hash_search(pending, &taken[i].id, HASH_REMOVE, nullptr);
+    return taken;
+}
+
+void on_subtransaction_end(SubXactEvent event, SubTransactionId, SubTransactionId, void*) {
+    if (!pending_any) return;
+    if (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB) return;
+    const int level = GetCurrentTransactionNestLevel();
+    int count = 0;
+    Pending* taken = take_level(level, &count);
+    // A committed subtransaction hands its adjustments to its parent.
+    for (int i = 0; event == SUBXACT_EVENT_COMMIT_SUB && i < count; ++i) {
+        PendingKey id = taken[i].id;
+        id.level = level - 1;
+        Pending* parent = enter_pending(id);
+        for (int v = 0; v < kGaugeValues; ++v) parent->values[v] += taken[i].values[v];
+        parent->latest = std::max(parent->latest, taken[i].latest);
+    }
+    pfree(taken);
+}
+
+// This backend runs a recount: an abort before its end leaves the counts unknown.
+bool recounting = false;
+
+void set_state(GaugeEntry* database, CountState state) {
+    pg_atomic_write_u64(&database->values[0], static_cast<std::uint64_t>(state));
+}
+
+void abandon_recount() {
+    if (!recounting) return;
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    if (GaugeEntry* database = database_entry(MyDatabaseId, HASH_FIND))
+        set_state(database, CountState::Unknown);
+    if (recount->database == MyDatabaseId) recount->database = InvalidOid;
+    LWLockRelease(lock);
+    recounting = false;
+}
+
+void on_transaction_end(XactEvent event, void*) {
+    switch (event) {
+        case XACT_EVENT_PRE_COMMIT:
+        case XACT_EVENT_PRE_PREPARE:
+            if (pending_any) committing_xid = GetTopTransactionIdIfAny();
+            return;
+        case XACT_EVENT_COMMIT:
+        case XACT_EVENT_PARALLEL_COMMIT:
+        case XACT_EVENT_PREPARE:
+            apply_pending();
+            break;
+        case XACT_EVENT_ABORT:
+        case XACT_EVENT_PARALLEL_ABORT:
+            abandon_recount();
+            break;
+        default:
+            return;
+    }
+    forget_pending();
+}
+
+}  // namespace
+
+void gauge_add_on_commit(GaugeFamily family, const text* name, int index, std::int64_t delta) {
+    if (lock == nullptr || name == nullptr || delta == 0) return;
+    pending_entry(family, name)->values[index] += delta;
+}
+
+void gauge_latest_on_commit(GaugeFamily family, const text* name, Micros at) {
+    if (lock == nullptr || name == nullptr) return;
+    Pending* entry = pending_entry(family, name);
+    entry->latest = std::max(entry->latest, at);
+}
+
+bool gauges_known() {
+    if (lock == nullptr) return false;
+    const ExtensionObjects& objects = extension_objects();
+    LWLockAcquire(lock, LW_SHARED);
+    GaugeEntry* database = database_entry(MyDatabaseId, HASH_FIND);
+    const bool known = database != nullptr && state_of(database) == CountState::Known &&
+                       pg_atomic_read_u64(&database->values[1]) == objects.keys &&
+                       pg_atomic_read_u64(&database->values[2]) == objects.outbox;
+    LWLockRelease(lock);
+    return known;
+}
+
+void forget_gauges(Oid database) {
+    if (lock == nullptr) return;
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    GaugeEntry* entry = database_entry(database, HASH_FIND);
+    if (entry != nullptr && state_of(entry) == CountState::Known)
+        set_state(entry, CountState::Unknown);
+    LWLockRelease(lock);
+}
+
+namespace {
+
+// A name's counts as read: copied under the lock, handed out after it.
+struct CopiedRow {
+    char name[kMaxNameBytes + 1];
+    std::int64_t values[kGaugeValues];
+    Micros latest;
+};
+
+// Copies up to `capacity` rows of `family`; returns how many there were.
+int copy_rows(GaugeFamily family, CopiedRow* rows, int capacity) {
+    int count = 0;
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, entries);
+    while (auto* entry = static_cast<GaugeEntry*>(hash_seq_search(&scan))) {
+        if (entry->key.database != MyDatabaseId || entry->key.family != static_cast<char>(family))
+            continue;
+        CopiedRow row;
+        row.latest = static_cast<Micros>(pg_atomic_read_u64(&entry->latest));
+        bool any = row.latest != 0;
+        for (int i = 0; i < kGaugeValues; ++i) {
+            // Below zero only when rows written behind the functions were
+            // deleted or changed through them: none is the best guess.
+            row.values[i] = std::max<std::int64_t>(
+                0, static_cast<std::int64_t>(pg_atomic_read_u64(&entry->values[i])));
+            any = any || row.values[i] != 0;
+        }
+        if (!any) continue;
+        if (count < capacity) {
+            std::memcpy(row.name, entry->key.name, sizeof row.name);
+            rows[count] = row;
+        }
+        ++count;
+    }
+    return count;
+}
+
+}  // namespace
+
+bool read_gauges(GaugeFamily family, GaugeRowSink sink, void* context) {
+    if (!gauges_known()) return false;
+    int capacity = 16;
+    for (;;) {
+        auto* rows = static_cast<CopiedRow*>(palloc(sizeof(CopiedRow) * capacity));
+        LWLockAcquire(lock, LW_SHARED);
+        const int count = copy_rows(family, rows, capacity);
+        LWLockRelease(lock);
+        if (count <= capacity) {
+            for (int i = 0; i < count; ++i)
+                sink(GaugeRow{rows[i].name, {rows[i].values[0], rows[i].values[1], rows[i].values[2]},
+                              rows[i].latest},
+                     context);
+            pfree(rows);
+            return true;
+        }
+        pfree(rows);
+        capacity = count + 16;
+    }
+}
+
+Snapshot begin_recount() {
+    if (lock == nullptr) return nullptr;
+    const ExtensionObjects& objects = extension_objects();
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    if (recount->database != InvalidOid) {
+        LWLockRelease(lock);
+        return nullptr;
+    }
+    GaugeEntry* database = database_entry(MyDatabaseId, HASH_ENTER_NULL);
+    if (database == nullptr) {
+        LWLockRelease(lock);
+        return nullptr;
+    }
+    // Taken under the lock: a transaction that commits after it applies its
+    // changes after this, and checks them against this snapshot.
+    Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+    recount->database = MyDatabaseId;
+    recount->xmin = snapshot->xmin;
+    recount->xmax = snapshot->xmax;
+    recount->xcnt = std::min<int>(static_cast<int>(snapshot->xcnt), max_in_progress());
+    std::memcpy(recount->xip, snapshot->xip, sizeof(TransactionId) * recount->xcnt);
+    set_state(database, CountState::Counting);
+    pg_atomic_write_u64(&database->values[1], objects.keys);
+    pg_atomic_write_u64(&database->values[2], objects.outbox);
+    HASH_SEQ_STATUS scan;
+    hash_seq_init(&scan, entries);
+    while (auto* entry = static_cast<GaugeEntry*>(hash_seq_search(&scan))) {
+        if (entry->key.database != MyDatabaseId || entry->key.family == kDatabaseFamily) continue;
+        for (auto& value : entry->values) pg_atomic_write_u64(&value, 0);
+        pg_atomic_write_u64(&entry->latest, 0);
+    }
+    recounting = true;
+    LWLockRelease(lock);
+    return snapshot;
+}
+
+void recount_row(GaugeFamily family, const text* name, const std::int64_t values[kGaugeValues],
+                 std::optional<Micros> latest) {
+    if (!recounting || name == nullptr) return;
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    if (GaugeEntry* entry = find_entry(MyDatabaseId, static_cast<char>(family), VARDATA_ANY(name),
+                                       VARSIZE_ANY_EXHDR(name), HASH_ENTER_NULL))
+        add_to(entry, values, latest.value_or(0));
+    LWLockRelease(lock);
+}
+
+void end_recount() {
+    if (!recounting) return;
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    if (GaugeEntry* database = database_entry(MyDatabaseId, HASH_FIND))
+        set_state(database, CountState::Known);
+    recount->database = InvalidOid;
+    LWLockRelease(lock);
+    recounting = false;
+}
+
+Size gauges_size() {
+    return add_size(hash_estimate_size(entry_capacity(), sizeof(GaugeEntry)),
+                    MAXALIGN(recount_size()));
+}
+
+void request_gauges_lock() { RequestNamedLWLockTranche(kTrancheName, 1); }
+
+// Under AddinShmemInitLock, from the startup hook.
+void init_gauges() {
+    HASHCTL control;
+    std::memset(&control, 0, sizeof control);
+    control.keysize = sizeof(GaugeKey);
+    control.entrysize = sizeof(GaugeEntry);
+    entries = ShmemInitHash("idempotency gauges", entry_capacity(), entry_capacity(), &control,
+                            HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
+    bool found = false;
+    recount = static_cast<Recount*>(ShmemInitStruct("idempotency gauge recount", recount_size(), &found));
+    if (!found) recount->database = InvalidOid;
+    lock = &(GetNamedLWLockTranche(kTrancheName))->lock;
+}
+
+void install_gauge_callbacks() {
+    register_guarded_callback(on_transaction_end);
+    register_guarded_callback(on_subtransaction_end);
+}
+
+}  // namespace idem::pg
