@@ -1,6 +1,8 @@
 #include "relay/options.hpp"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -99,8 +101,8 @@ bool parse_size(const std::string& text, std::int64_t* out) {
     return true;
 }
 
-bool parse_loopback_address(const std::string& text, std::string* host, int* port,
-                            std::string* error) {
+bool parse_listen_address(const std::string& text, std::string* host, int* port,
+                          std::string* error) {
     std::string name, port_text;
     if (!text.empty() && text[0] == '[') {
         const std::size_t close = text.find(']');
@@ -123,31 +125,40 @@ bool parse_loopback_address(const std::string& text, std::string* host, int* por
         *error = "the port must be a number from 0 to 65535";
         return false;
     }
-    if (name == "localhost") name = "127.0.0.1";
+    // ":9187" listens on every IPv4 address.
+    if (name.empty()) name = "0.0.0.0";
     unsigned char address[16];
-    if (inet_pton(AF_INET, name.c_str(), address) == 1) {
-        if (address[0] != 127) {
-            *error = "the metrics endpoint listens on loopback only (127.0.0.0/8 or ::1), not " + name;
-            return false;
-        }
-    } else if (inet_pton(AF_INET6, name.c_str(), address) == 1) {
-        static const unsigned char loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
-        if (memcmp(address, loopback, sizeof loopback) != 0) {
-            *error = "the metrics endpoint listens on loopback only (127.0.0.0/8 or ::1), not " + name;
-            return false;
-        }
-    } else {
-        *error = "'" + name + "' is not a numeric loopback address (or localhost)";
+    if (inet_pton(AF_INET, name.c_str(), address) == 1 ||
+        inet_pton(AF_INET6, name.c_str(), address) == 1) {
+        *host = name;
+        return true;
+    }
+    // A host name (the container's own, localhost): its first address.
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_ADDRCONFIG;
+    addrinfo* found = nullptr;
+    const int status = getaddrinfo(name.c_str(), nullptr, &hints, &found);
+    if (status != 0 || found == nullptr) {
+        *error = "cannot resolve '" + name + "': " + gai_strerror(status);
         return false;
     }
-    *host = name;
+    char numeric[INET6_ADDRSTRLEN] = "";
+    const void* where =
+        found->ai_family == AF_INET6
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr);
+    inet_ntop(found->ai_family, where, numeric, sizeof numeric);
+    freeaddrinfo(found);
+    *host = numeric;
     return true;
 }
 
 ParseResult parse_options(int argc, const char* const* argv) {
     ParseResult result;
     Options& options = result.options;
-    bool has_dsn = false, has_relay = false, has_sink = false, has_topics = false;
+    bool has_relay = false, has_sink = false, has_topics = false;
     bool explicit_http_timeout = false;
 
     auto fail = [&result](const std::string& message) {
@@ -194,9 +205,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
         }
 
         if (name == "--dsn") {
-            if (value.empty()) return fail("--dsn must not be empty");
             options.dsn = value;
-            has_dsn = true;
         } else if (name == "--relay") {
             if (value.empty()) return fail("--relay must not be empty");
             if (value.size() > kMaxNameBytes) return fail("--relay is longer than 255 bytes");
@@ -204,9 +213,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
             has_relay = true;
         } else if (name == "--sink") {
             if (value != "stdout" && !starts_with_nocase(value, "http://") &&
-                !starts_with_nocase(value, "https://"))
-                return fail("--sink must be 'stdout' or an http:// or https:// URL, not '" +
-                            redact_url(value) + "'");
+                !starts_with_nocase(value, "https://") && !starts_with_nocase(value, "nats://") &&
+                !starts_with_nocase(value, "amqp://"))
+                return fail("--sink must be 'stdout' or an http://, https://, nats:// or amqp:// "
+                            "URL, not '" + redact_url(value) + "'");
             options.sink = value;
             has_sink = true;
         } else if (name == "--topics") {
@@ -225,8 +235,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
                             value + "'");
         } else if (name == "--metrics-addr") {
             std::string error;
-            if (!parse_loopback_address(value, &options.metrics_host, &options.metrics_port,
-                                        &error))
+            if (!parse_listen_address(value, &options.metrics_host, &options.metrics_port,
+                                      &error))
                 return fail("--metrics-addr '" + value + "': " + error);
             options.metrics = true;
         } else if (name == "--poll-interval") {
@@ -253,7 +263,6 @@ ParseResult parse_options(int argc, const char* const* argv) {
         }
     }
 
-    if (!has_dsn) return fail("--dsn is required");
     if (!has_relay) return fail("--relay is required");
     if (!has_sink) return fail("--sink is required");
     if (has_topics == options.all_topics)

@@ -4,10 +4,12 @@
 #
 #   cli        --help documents every option; bad options (no --topics nor
 #              --all-topics among them) exit 2 with a message, a sink's
-#              password unprinted; an unreachable database or a database
-#              without the extension exit 1 with a message
+#              password unprinted; --version is the project's version; an
+#              unreachable database or a database without the extension exit
+#              1 with a message
 #   stdout     the stdout sink's JSON lines; --once; a delayed event and a
-#              rolled-back one are not delivered
+#              rolled-back one are not delivered; without --dsn the PG*
+#              variables apply
 #   scripted   200, 204 and a 200 whose body never ends ack; 409 (+
 #              Retry-After), 500, 408, 425, 503, 429 + Retry-After, a reset
 #              connection and a response slower than --http-timeout are
@@ -39,7 +41,7 @@
 #   drain      SIGTERM: exit 0 within bounds, nothing left in flight
 #   once       --once delivers what is due and exits
 #   notify     wakes on LISTEN (poll interval 60 s), progress lines on stderr,
-#              Prometheus metrics and /healthz on --metrics-addr
+#              Prometheus metrics and /healthz on --metrics-addr 0.0.0.0:0
 #   final      over the whole run: every committed event delivered (or dead as
 #              scripted), never a rolled-back one, per-key order, duplicates
 #              only with the same Idempotency-Key
@@ -205,7 +207,7 @@ bad_option() {  # bad_option EXPECTED-MESSAGE ARGS...
         not_ok "bad command line exits 2: $*" "status $status: $(head -c 300 "$dir/bad.err")"
     fi
 }
-bad_option "--dsn is required"
+bad_option "--relay is required"
 bad_option "unknown option" --dsn "$dsn" --relay r --sink stdout --bogus
 bad_option "--sink is required" --dsn "$dsn" --relay r
 bad_option "--batch must be" --dsn "$dsn" --relay r --sink stdout --batch 0
@@ -214,7 +216,9 @@ bad_option "--parallel must be" --dsn "$dsn" --relay r --sink stdout --parallel 
 bad_option "--lease must be" --dsn "$dsn" --relay r --sink stdout --lease 30x
 bad_option "--sink must be" --dsn "$dsn" --relay r --sink ftp://example
 bad_option "not a valid URL" --dsn "$dsn" --relay r --sink "http://" --all-topics
-bad_option "loopback" --dsn "$dsn" --relay r --sink stdout --metrics-addr 0.0.0.0:9187
+bad_option "cannot resolve" --dsn "$dsn" --relay r --sink stdout --all-topics --metrics-addr no-such-host.invalid:9187
+bad_option "nats://host" --dsn "$dsn" --relay r --sink "nats://" --all-topics
+bad_option "no host" --dsn "$dsn" --relay r --sink "amqp://u:s3cret@/v" --all-topics
 bad_option "shorter than --lease" --dsn "$dsn" --relay r --sink stdout --all-topics --lease 2s --http-timeout 5s
 bad_option "needs a value" --dsn "$dsn" --relay r --sink stdout --topics
 bad_option "--topics or --all-topics is required" --dsn "$dsn" --relay r --sink stdout
@@ -229,6 +233,10 @@ if [ "$status" -eq 2 ] && grep -q "user:\*\*\*@" "$dir/bad.err" && ! grep -q s3c
 else
     not_ok "a sink URL that does not parse: its password is not printed" "status $status: $(head -c 300 "$dir/bad.err")"
 fi
+
+# --version is the project's single version, the extension's default_version.
+version=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$here/../../idempotency.control")
+check "--version says idem-relay $version" test "$("$relay_bin" --version)" = "idem-relay $version"
 
 timeout -s KILL 30 "$relay_bin" --dsn "host=$dir/nowhere port=1 dbname=x connect_timeout=3" \
     --relay r --sink stdout --all-topics --once >"$dir/unreachable.out" 2>"$dir/unreachable.err"
@@ -287,6 +295,13 @@ check "stdout: the three due events delivered, the delayed one still pending" \
     test "$(states s_stdout)" = "delivered=3 pending=1"
 check "stdout: the delayed event was never handed out" \
     sql_is "SELECT attempts FROM idempotency.outbox WHERE payload->>'name' = 'later'" 0
+
+# Without --dsn, libpq's PG* variables say where the database is.
+sql -c "SELECT idempotency.outbox_enqueue('s_pgenv', '{\"n\": 1}')" >/dev/null
+PGHOST=$dir PGPORT=$port PGDATABASE=$db PGUSER=relay_app once pgenv 60 --sink stdout --topics s_pgenv
+status=$?
+check "no --dsn: PGHOST, PGPORT, PGDATABASE and PGUSER apply (exit $status, $(states s_pgenv))" \
+    test "$status" -eq 0 -a "$(states s_pgenv)" = "delivered=1"
 
 # ---------------------------------------------------------------- scripted
 log "scripted HTTP responses"
@@ -812,10 +827,11 @@ check "once: the receiver got each due event once" test "$(received s_once)" = 5
 # ---------------------------------------------------------------- notify, progress, metrics
 log "LISTEN wake-up, progress and metrics"
 start_relay notify --dsn "host=$dir port=$port dbname=$db user=relay_monitor" --sink "$sink" \
-    --topics s_notify --poll-interval 60s --progress-interval 1s --metrics-addr 127.0.0.1:0
+    --topics s_notify --poll-interval 60s --progress-interval 1s --metrics-addr 0.0.0.0:0
 notify_pid=$relay_pid
-wait_until 15 grep -q "metrics on http://127.0.0.1:" "$dir/notify.err"
-metrics_port=$(sed -nE 's|.*metrics on http://127.0.0.1:([0-9]+)/metrics.*|\1|p' "$dir/notify.err" | head -n 1)
+# Any address: here every IPv4 address, reached through loopback.
+wait_until 15 grep -q "metrics on http://0.0.0.0:" "$dir/notify.err"
+metrics_port=$(sed -nE 's|.*metrics on http://0.0.0.0:([0-9]+)/metrics.*|\1|p' "$dir/notify.err" | head -n 1)
 sleep 1.5  # the first claims are done; only a notification can wake it now
 sent=$($python -c 'import time; print(time.time())')
 sql -c "SELECT idempotency.outbox_enqueue('s_notify', '{\"seq\": 1}', 'n1')" >/dev/null
