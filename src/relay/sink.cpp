@@ -14,7 +14,7 @@ namespace {
 
 bool starts_with_scheme(const std::string& url, const char* scheme) {
     const std::size_t length = strlen(scheme);
-    return url.size() > length + 3 && strncasecmp(url.c_str(), scheme, length) == 0 &&
+    return url.size() >= length + 3 && strncasecmp(url.c_str(), scheme, length) == 0 &&
            url.compare(length, 3, "://") == 0;
 }
 
