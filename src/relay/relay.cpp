@@ -712,14 +712,15 @@ void Relay::progress(Clock::time_point now, bool final_line) {
     const double rate =
         interval > 0 ? static_cast<double>(delivered - last_delivered_) / interval : 0.0;
     log_info("%sdelivered=%llu retried=%llu dead=%llu in_flight=%lld lag=%s delay_max=%.3fs "
-             "rate=%.1f/s db=%s waiting_retry=%zu released=%llu not_attempted=%llu",
+             "rate=%.1f/s db=%s waiting_retry=%zu released=%llu not_attempted=%llu duplicates=%llu",
              final_line ? "stopped: " : "", static_cast<unsigned long long>(delivered),
              static_cast<unsigned long long>(stats_.retried.load()),
              static_cast<unsigned long long>(stats_.dead.load()),
              static_cast<long long>(in_flight_), lag.c_str(), interval_max_delay_, rate,
              db_.connected() ? "up" : "down", waiting_retry_.size(),
              static_cast<unsigned long long>(stats_.released.load()),
-             static_cast<unsigned long long>(left_to_lease_));
+             static_cast<unsigned long long>(left_to_lease_),
+             static_cast<unsigned long long>(stats_.duplicates.load()));
     last_delivered_ = delivered;
     last_progress_ = now;
     interval_max_delay_ = 0;
