@@ -109,7 +109,7 @@ run_tap() {
 # Harnesses that run real processes: each script is one test.
 run_harnesses() {
     local script
-    for script in "$stage"/test/stress/*.sh "$stage"/test/relay/run.sh \
+    for script in "$stage"/test/stress/*.sh "$stage"/test/relay/run.sh "$stage"/test/relay/brokers.sh \
         "$stage"/test/chaos/run.sh "$stage"/test/clients/*.sh "$stage"/examples/run-all.sh; do
         [ -x "$script" ] || continue
         log "harness ${script#$stage/}"

@@ -6,18 +6,21 @@ JetStream's API and a subscription) and RabbitMQ through pika.
   brokers.py nats-stream PORT STREAM SUBJECT...   create a file stream
   brokers.py nats-dump PORT STREAM OUT            every message, as JSON lines
   brokers.py nats-count PORT STREAM               how many messages it holds
-  brokers.py amqp-queue PORT QUEUE                declare a durable queue
+  brokers.py nats-up PORT                         exit 0 once JetStream answers
+  brokers.py amqp-queue PORT QUEUE [MAX]          declare a durable queue (that
+                                                  refuses publishes past MAX messages)
   brokers.py amqp-dump PORT QUEUE OUT             take every message, as JSON lines
   brokers.py amqp-count PORT QUEUE                how many messages it holds
   brokers.py amqp-up PORT                         exit 0 once RabbitMQ answers
   brokers.py check DUMP IDS [--once]              every id arrived (exactly once
                                                   with --once), per-key order, and
-                                                  repeats carry the same message id
+                                                  repeats carry the same message id;
+                                                  IDS: lines "id [message-id]", the
+                                                  message id each must carry
 
 A dump line: {"id", "topic", "key", "msg_id", "payload", "t"} (t: arrival
 time for subscriptions, absent for stored messages).
 """
-import base64
 import json
 import socket
 import sys
@@ -31,6 +34,7 @@ class Nats:
         self.buf = b""
         self.sid = 0
         self.inbox_n = 0
+        self.held = []  # messages that came in while a request awaited its reply
         self._line()  # INFO
         self.sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true,'
                           b'"no_responders":true,"lang":"python","version":"0"}\r\nPING\r\n')
@@ -62,6 +66,8 @@ class Nats:
 
     def next_message(self):
         """(subject, headers dict, payload bytes) of the next MSG or HMSG."""
+        if self.held:
+            return self.held.pop(0)
         while True:
             line = self._line()
             if line == b"PING":
@@ -86,8 +92,15 @@ class Nats:
         self.subscribe(inbox)
         self.sock.sendall(b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), inbox.encode(),
                                                       len(payload), payload))
-        subject, headers, data = self.next_message()
-        self.sock.sendall(b"UNSUB %d\r\n" % self.sid)
+        sid = self.sid
+        held = []
+        while True:
+            subject, headers, data = self.next_message()
+            if subject == inbox:
+                break
+            held.append((subject, headers, data))
+        self.held = held + self.held
+        self.sock.sendall(b"UNSUB %d\r\n" % sid)
         return json.loads(data) if data else {}
 
 
@@ -114,6 +127,14 @@ def nats_stream(port, stream, subjects):
                                          "duplicate_window": 120 * 10**9})
 
 
+def nats_up(port):
+    try:
+        js(port, "INFO")
+        return 0
+    except Exception:
+        return 1
+
+
 def nats_count(port, stream):
     return js(port, "STREAM.INFO." + stream)["state"]["messages"]
 
@@ -125,21 +146,22 @@ def decode_value(text):
 
 
 def nats_dump(port, stream, out):
-    info = js(port, "STREAM.INFO." + stream)["state"]
-    nats = Nats(port)
+    """Every message of the stream, through an ephemeral push consumer."""
+    count = js(port, "STREAM.INFO." + stream)["state"]["messages"]
+    nats = Nats(port, timeout=30)
+    inbox = "_INBOX.dump.%s" % stream
+    nats.subscribe(inbox)
+    nats.request("$JS.API.CONSUMER.CREATE." + stream, json.dumps({
+        "stream_name": stream,
+        "config": {"deliver_subject": inbox, "deliver_policy": "all", "ack_policy": "none"}}).encode())
     with open(out, "w") as f:
-        for seq in range(info["first_seq"], info["last_seq"] + 1):
-            reply = nats.request("$JS.API.STREAM.MSG.GET." + stream, json.dumps({"seq": seq}).encode())
-            if "message" not in reply:
-                continue
-            m = reply["message"]
-            headers = parse_headers(base64.b64decode(m.get("hdrs", ""))) if m.get("hdrs") else {}
+        for _ in range(count):
+            subject, headers, data = nats.next_message()
             f.write(json.dumps({
                 "id": int(headers["X-Outbox-Id"]), "topic": decode_value(headers["X-Outbox-Topic"]),
                 "key": decode_value(headers["X-Outbox-Key"]) if "X-Outbox-Key" in headers else None,
-                "msg_id": decode_value(headers.get("Nats-Msg-Id", "")), "subject": m["subject"],
-                "headers": headers,
-                "payload": json.loads(base64.b64decode(m.get("data", "")) or b"null")}) + "\n")
+                "msg_id": decode_value(headers.get("Nats-Msg-Id", "")), "subject": subject,
+                "headers": headers, "payload": json.loads(data or b"null")}) + "\n")
     nats.sock.close()
 
 
@@ -151,9 +173,18 @@ def amqp_channel(port):
     return connection, connection.channel()
 
 
-def amqp_queue(port, queue):
+def amqp_queue(port, queue, max_length=None):
     connection, channel = amqp_channel(port)
-    channel.queue_declare(queue=queue, durable=True)
+    arguments = None
+    if max_length is not None:
+        arguments = {"x-max-length": max_length, "x-overflow": "reject-publish"}
+    channel.queue_declare(queue=queue, durable=True, arguments=arguments)
+    connection.close()
+
+
+def amqp_purge(port, queue):
+    connection, channel = amqp_channel(port)
+    channel.queue_purge(queue)
     connection.close()
 
 
@@ -197,13 +228,19 @@ def amqp_up(port):
 def check(dump, ids_file, once):
     """Every expected id arrived; per key, first arrivals in id order; a
     repeat of an event carries the same message id."""
-    expected = [int(x) for x in open(ids_file).read().split()]
+    lines = [line.split() for line in open(ids_file) if line.strip()]
+    expected = [int(fields[0]) for fields in lines]
+    wanted_msg_id = {int(fields[0]): fields[1] for fields in lines if len(fields) > 1}
     arrivals = [json.loads(line) for line in open(dump)]
     seen, msg_ids, problems = {}, {}, []
     for a in arrivals:
         seen[a["id"]] = seen.get(a["id"], 0) + 1
         if msg_ids.setdefault(a["id"], a["msg_id"]) != a["msg_id"]:
             problems.append("event %d arrived with two message ids" % a["id"])
+        if a["id"] in wanted_msg_id and a["msg_id"] != wanted_msg_id[a["id"]]:
+            problems.append("event %d arrived with message id %r, not %r"
+                            % (a["id"], a["msg_id"], wanted_msg_id[a["id"]]))
+            break
     missing = [i for i in expected if i not in seen]
     if missing:
         problems.append("%d event(s) never arrived, e.g. %s" % (len(missing), missing[:5]))
@@ -226,7 +263,8 @@ def check(dump, ids_file, once):
     if problems:
         print("; ".join(problems))
         return 1
-    print("%d events, %d arrivals, %d keys" % (len(expected), len(arrivals), len(last)))
+    print("%d events, %d arrivals, %d keys, %d repeated" % (
+        len(expected), len(arrivals), len(last), sum(1 for n in seen.values() if n > 1)))
     return 0
 
 
@@ -236,10 +274,12 @@ def main(argv):
         nats_stream(int(argv[2]), argv[3], argv[4:])
     elif command == "nats-dump":
         nats_dump(int(argv[2]), argv[3], argv[4])
+    elif command == "nats-up":
+        return nats_up(int(argv[2]))
     elif command == "nats-count":
         print(nats_count(int(argv[2]), argv[3]))
     elif command == "amqp-queue":
-        amqp_queue(int(argv[2]), argv[3])
+        amqp_queue(int(argv[2]), argv[3], int(argv[4]) if len(argv) > 4 else None)
     elif command == "amqp-dump":
         amqp_dump(int(argv[2]), argv[3], argv[4])
     elif command == "amqp-count":

@@ -54,6 +54,7 @@
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/../lib/common.sh"
+. "$here/harness.sh"
 
 port=${RELAY_TEST_PORT:-54440}
 bindir=$(pg_bindir)
@@ -83,33 +84,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ok() { number=$((number + 1)); passed=$((passed + 1)); echo "ok $number - $1"; }
-not_ok() {
-    number=$((number + 1)); failed=$((failed + 1)); echo "not ok $number - $1"
-    [ $# -gt 1 ] && printf '  %s\n' "${@:2}"
-    return 0
-}
-# check NAME COMMAND...: ok when the command succeeds.
-check() { local name=$1; shift; if "$@"; then ok "$name"; else not_ok "$name"; fi; }
-
-sql() { as_pg "$bindir/psql" -X -q -At -h "$dir" -p "$port" -U postgres -d "$db" -v ON_ERROR_STOP=1 "$@"; }
-# wait_until SECONDS COMMAND...: polls every 0.1 s.
-wait_until() {
-    local limit=$1; shift
-    local deadline=$((SECONDS + limit))
-    while ! "$@"; do
-        [ "$SECONDS" -ge "$deadline" ] && return 1
-        sleep 0.1
-    done
-}
-sql_is() { [ "$(sql -c "$1" 2>/dev/null)" = "$2" ]; }
 received() { grep -c "\"topic\":\"$1\"" "$dir/receiver.jsonl" 2>/dev/null || true; }
 received_at_least() { [ "$(received "$1")" -ge "$2" ]; }
 live() { sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = '$1' AND state IN ('pending', 'in_flight')"; }
-states() {
-    sql -c "SELECT coalesce(string_agg(state || '=' || n, ' ' ORDER BY state), '') FROM
-            (SELECT state::text, count(*) AS n FROM idempotency.outbox WHERE topic = '$1' GROUP BY 1) s"
-}
 dump() {
     sql -F '|' -c "SELECT id, topic, translate(coalesce(key, ''), E'\n|', '  '), state, attempts,
                           coalesce(payload->>'expect', ''), translate(coalesce(dedup_key, ''), E'\n|', '  '),
@@ -119,38 +96,6 @@ dump() {
 # DSN of the application-like role (USAGE on schema idempotency only).
 dsn="host=$dir port=$port dbname=$db user=relay_app"
 
-# start_relay NAME ARGS...: runs idem-relay in the background with stdout
-# and stderr in $dir/NAME.out and $dir/NAME.err; sets relay_pid. (Not under
-# timeout(1), which would pass our signals on twice; every wait below is
-# bounded and the cleanup kills what is left.)
-start_relay() {
-    local name=$1; shift
-    "$relay_bin" --relay "$name" "$@" >"$dir/$name.out" 2>"$dir/$name.err" &
-    relay_pid=$!
-    pids+=("$relay_pid")
-}
-# stop_relay PID SECONDS [SIGNAL]: SIGTERM (or SIGNAL), then the exit status
-# (124 when it did not exit in time, and then it is killed).
-stop_relay() {
-    local pid=$1 limit=$2 signal=${3:-TERM}
-    kill -"$signal" "$pid" 2>/dev/null
-    local deadline=$((SECONDS + limit))
-    while kill -0 "$pid" 2>/dev/null; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            kill -KILL "$pid" 2>/dev/null
-            wait "$pid" 2>/dev/null
-            return 124
-        fi
-        sleep 0.05
-    done
-    wait "$pid"
-}
-# once NAME SECONDS ARGS...: a --once run in the foreground; its exit status.
-once() {
-    local name=$1 limit=$2; shift 2
-    timeout -s KILL "$limit" "$relay_bin" --relay "$name" --once "$@" >"$dir/$name.out" 2>"$dir/$name.err"
-}
-show_err() { echo "  --- $1.err:"; tail -n "${2:-15}" "$dir/$1.err" | sed 's/^/  /'; }
 
 # ---------------------------------------------------------------- setup
 [ -x "$relay_bin" ] || { echo "idem-relay not found at $relay_bin: run make install first" >&2; echo "0 passed, 1 failed"; exit 1; }
@@ -882,7 +827,7 @@ log "final count"
 once final 60 --dsn "$dsn" --sink "$sink" \
     --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big
 check "final: a last --once run exits 0" test $? -eq 0
-sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pipe', 's_trim_a', 's_trim_b') OR payload->>'expect' = 'pending'"
+sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pgenv', 's_pipe', 's_trim_a', 's_trim_b') OR payload->>'expect' = 'pending'"
 dump
 check "final: every committed event delivered (or dead as scripted), never a rolled-back one" \
     $python "$here/check.py" complete "$dir/receiver.jsonl" "$dir/outbox.dump" --discarded "$dead_ids"
