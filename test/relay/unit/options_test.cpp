@@ -81,7 +81,8 @@ TEST(RelayOptions, HelpAndVersion) {
     for (const char* option : {"--dsn", "--relay", "--sink", "--topics", "--all-topics", "--batch",
                                "--lease", "--parallel", "--once", "--metrics-addr",
                                "--max-in-flight-bytes", "409", "Retry-After", "misconfigured",
-                               "released", "Exit status"})
+                               "released", "Exit status", "nats://", "Nats-Msg-Id", "PubAck",
+                               "amqp://", "message_id", "unroutable", "PGHOST", "0.0.0.0:9187"})
         EXPECT_NE(text.find(option), std::string::npos) << option;
 }
 
