@@ -67,15 +67,7 @@ def cpu_seconds(pids):
     return total / TICKS
 
 
-def cluster_cpu(postmaster):
-    """CPU seconds of the whole cluster so far: the postmaster's own, its
-    children that ended (cutime + cstime) and those still running."""
-    total = 0
-    try:
-        fields = open("/proc/%d/stat" % postmaster).read().rsplit(")", 1)[1].split()
-        total += sum(int(f) for f in fields[11:15])
-    except (OSError, IndexError, ValueError):
-        pass
+def children_of(postmaster):
     children = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -84,6 +76,19 @@ def cluster_cpu(postmaster):
                     children.append(int(entry))
             except (OSError, IndexError, ValueError):
                 pass
+    return children
+
+
+def cluster_cpu(postmaster, children):
+    """CPU seconds of the whole cluster so far: the postmaster's own, its
+    children that ended and were reaped (cutime + cstime) and CHILDREN, the
+    running ones."""
+    total = 0
+    try:
+        fields = open("/proc/%d/stat" % postmaster).read().rsplit(")", 1)[1].split()
+        total += sum(int(f) for f in fields[11:15])
+    except (OSError, IndexError, ValueError):
+        pass
     return total / TICKS + cpu_seconds(children)
 
 
@@ -118,7 +123,8 @@ class Bench:
         self.reset(target)
         procs = []
         broker_pid = self.broker_pids.get(variant.get("broker"))
-        pg_before = cluster_cpu(self.postmaster)
+        running = children_of(self.postmaster)
+        pg_before = cluster_cpu(self.postmaster, running)
         broker_before = cpu_seconds([broker_pid]) if broker_pid else 0
         start = time.time()
         with open(os.devnull, "w") as devnull:
@@ -142,14 +148,12 @@ class Bench:
                 if p.returncode != 0:
                     failures.append("exit %d: %s" % (p.returncode, p.stderr.read().decode()[-300:]))
         seconds = time.time() - start
-        # Their backends have ended and been counted in the postmaster's
-        # children time.
+        # The processes the run started (its backends) have ended and been
+        # reaped: their time is in the postmaster's children time.
         deadline = time.time() + 10
-        while time.time() < deadline and sql(
-                self.conn, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
-                " AND pid <> pg_backend_pid()")[0][0] > 0:
+        while time.time() < deadline and set(children_of(self.postmaster)) - set(running):
             time.sleep(0.01)
-        pg_cpu = cluster_cpu(self.postmaster) - pg_before
+        pg_cpu = cluster_cpu(self.postmaster, [p for p in running if os.path.exists("/proc/%d" % p)]) - pg_before
         broker_cpu = cpu_seconds([broker_pid]) - broker_before if broker_pid else 0
         delivered = self.delivered(target)
         if delivered != self.a.events or failures:

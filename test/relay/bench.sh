@@ -86,7 +86,7 @@ fi
 # The extension's claim and ack in SQL, one transaction per batch.
 cat >"$dir/sql_loop.sql" <<SQL
 BEGIN;
-SELECT idempotency.outbox_ack(array_agg(id)) FROM idempotency.outbox_claim('bench-sql', ${BENCH_RELAY_BATCH:-100});
+SELECT idempotency.outbox_ack(coalesce(array_agg(id), '{}')) FROM idempotency.outbox_claim('bench-sql', ${BENCH_RELAY_BATCH:-100});
 COMMIT;
 SQL
 
