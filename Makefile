@@ -48,13 +48,31 @@ endif
 
 # idem-relay, the outbox relay (src/relay: libpq and libcurl, no server
 # headers), built beside the module and installed into $(pg_config --bindir).
+# Its NATS JetStream and RabbitMQ sinks need libnats-dev and librabbitmq-dev;
+# without them it is built without that sink, and says so.
 RELAY = build/relay/idem-relay
 RELAY_OBJS = $(patsubst src/relay/%.cpp,build/relay/%.o,$(sort $(wildcard src/relay/*.cpp)))
+RELAY_NATS := $(shell pkg-config --exists libnats 2>/dev/null && echo yes)
+RELAY_AMQP := $(shell pkg-config --exists librabbitmq 2>/dev/null && echo yes)
 RELAY_CPPFLAGS = -Isrc -I$(shell $(PG_CONFIG) --includedir 2>/dev/null) \
-	$(shell pkg-config --cflags libcurl 2>/dev/null)
+	$(shell pkg-config --cflags libcurl 2>/dev/null) -DIDEM_VERSION='"$(IDEM_VERSION)"' \
+	$(if $(RELAY_NATS),-DIDEM_RELAY_NATS $(shell pkg-config --cflags libnats)) \
+	$(if $(RELAY_AMQP),-DIDEM_RELAY_AMQP $(shell pkg-config --cflags librabbitmq))
 RELAY_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -pthread -MMD -MP
 RELAY_LIBS = -L$(shell $(PG_CONFIG) --libdir 2>/dev/null) -lpq \
-	$(or $(shell pkg-config --libs libcurl 2>/dev/null),-lcurl) -pthread
+	$(or $(shell pkg-config --libs libcurl 2>/dev/null),-lcurl) \
+	$(if $(RELAY_NATS),$(shell pkg-config --libs libnats)) \
+	$(if $(RELAY_AMQP),$(shell pkg-config --libs librabbitmq)) -pthread
+ifneq ($(RELAY_NATS)$(RELAY_AMQP),yesyes)
+$(info idem-relay: built without the $(if $(RELAY_NATS),,nats:// sink (install libnats-dev) )$(if $(RELAY_AMQP),,amqp:// sink (install librabbitmq-dev)))
+endif
+# The sinks built in are part of the build's identity.
+build/relay/.sinks: FORCE
+	@mkdir -p $(@D)
+	@echo 'nats=$(RELAY_NATS) amqp=$(RELAY_AMQP) version=$(IDEM_VERSION)' | cmp -s - $@ || \
+	    echo 'nats=$(RELAY_NATS) amqp=$(RELAY_AMQP) version=$(IDEM_VERSION)' >$@
+$(RELAY_OBJS): build/relay/.sinks
+.PHONY: FORCE
 all: $(RELAY)
 install: install-relay
 uninstall: uninstall-relay

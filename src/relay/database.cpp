@@ -170,6 +170,12 @@ DbStatus Database::connect(std::string* error) {
         return DbStatus::Fatal;
     }
     if (!exec_setup("LISTEN idempotency_outbox", error, &status)) return setup_failed(status);
+    // A claim's transaction stays open while its events are delivered; one
+    // left idle longer than a lease (a relay frozen) is ended by the server,
+    // which gives its events back as a lease would.
+    const std::string idle = "SET idle_in_transaction_session_timeout = " +
+                             std::to_string(options_.lease.count());
+    if (!exec_setup(idle.c_str(), error, &status)) return setup_failed(status);
     struct Prepared {
         const char* name;
         const char* sql;
@@ -276,8 +282,17 @@ DbStatus Database::claim(int count, std::int64_t bytes_left, bool first_anyway,
     PGresult* result = PQexecPrepared(conn_, "idem_relay_claim", 6, params, nullptr, nullptr, 0);
     collect_notifications();
     if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_claim", error);
+    read_events(result, lease_until, events);
+    PQclear(result);
+    // The extension's library is loaded in this session now: its settings show.
+    if (!settings_read_) read_retry_settings();
+    return DbStatus::Ok;
+}
+
+void Database::read_events(PGresult* result, Clock::time_point lease_until,
+                           std::vector<Event>* events) {
     const int rows = PQntuples(result);
-    events->reserve(static_cast<std::size_t>(rows));
+    events->reserve(events->size() + static_cast<std::size_t>(rows));
     for (int row = 0; row < rows; ++row) {
         Event event;
         event.id = strtoll(PQgetvalue(result, row, 0), nullptr, 10);
@@ -292,9 +307,157 @@ DbStatus Database::claim(int count, std::int64_t bytes_left, bool first_anyway,
         event.lease_until = lease_until;
         events->push_back(std::move(event));
     }
+}
+
+bool Database::in_transaction() const {
+    return conn_ != nullptr && PQtransactionStatus(conn_) != PQTRANS_IDLE;
+}
+
+void Database::queued(int sent) {
+    if (sent == 0) send_failed_ = true;
+}
+
+void Database::send_claim(const ClaimArgs& args) {
+    const std::string batch = std::to_string(args.count);
+    const std::string budget = std::to_string(args.bytes_left);
+    const char* params[6] = {options_.relay.c_str(), batch.c_str(), lease_text_.c_str(),
+                             topics_literal_.empty() ? nullptr : topics_literal_.c_str(),
+                             budget.c_str(), args.first_anyway ? "true" : "false"};
+    // libpq copies the parameters into its buffer here.
+    queued(PQsendQueryPrepared(conn_, "idem_relay_claim", 6, params, nullptr, nullptr, 0));
+}
+
+DbStatus Database::rollback_now(std::string* error) {
+    PGresult* result = PQexec(conn_, "ROLLBACK");
+    if (PQresultStatus(result) != PGRES_COMMAND_OK) return failure(result, "ROLLBACK", error);
     PQclear(result);
-    // The extension's library is loaded in this session now: its settings show.
-    if (!settings_read_) read_retry_settings();
+    return DbStatus::Ok;
+}
+
+DbStatus Database::begin_claim(const ClaimArgs& args, std::vector<Event>* events,
+                               std::string* error) {
+    return commit_round(Settlement{}, nullptr, &args, events, error);
+}
+
+// One pipeline: [settlement, COMMIT] when a transaction is open, then
+// [BEGIN, claim] when next is given; one sync, the results read in order.
+// The first failure decides; statements after it until the sync are
+// skipped by the server, and a transaction left failed is rolled back.
+DbStatus Database::commit_round(const Settlement& settlement, SettleResult* result,
+                                const ClaimArgs* next, std::vector<Event>* events,
+                                std::string* error) {
+    if (events != nullptr) events->clear();
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const bool committing = in_transaction();
+    enum class Step { Ack, Nack, Release, Commit, Begin, Claim };
+    std::vector<Step> steps;
+    if (PQenterPipelineMode(conn_) == 0) return failure(nullptr, "pipeline", error);
+    send_failed_ = false;
+    if (committing) {
+        if (!settlement.acks.empty()) {
+            const std::string literal = id_array(settlement.acks);
+            const char* params[1] = {literal.c_str()};
+            queued(PQsendQueryPrepared(conn_, "idem_relay_ack", 1, params, nullptr, nullptr, 0));
+            steps.push_back(Step::Ack);
+        }
+        for (const NackRequest& nack : settlement.nacks) {
+            const std::string id_text = std::to_string(nack.id);
+            const std::string retry_text =
+                nack.retry_in_ms ? std::to_string(*nack.retry_in_ms) + " milliseconds" : std::string();
+            const char* params[4] = {id_text.c_str(), nack.message.c_str(),
+                                     nack.retryable ? "true" : "false",
+                                     nack.retry_in_ms ? retry_text.c_str() : nullptr};
+            queued(PQsendQueryPrepared(conn_, "idem_relay_nack", 4, params, nullptr, nullptr, 0));
+            steps.push_back(Step::Nack);
+        }
+        if (!settlement.releases.empty() && can_release_) {
+            const std::string literal = id_array(settlement.releases);
+            const char* params[2] = {literal.c_str(), options_.relay.c_str()};
+            queued(PQsendQueryPrepared(conn_, "idem_relay_release", 2, params, nullptr, nullptr, 0));
+            steps.push_back(Step::Release);
+        }
+        queued(PQsendQueryParams(conn_, "COMMIT", 0, nullptr, nullptr, nullptr, nullptr, 0));
+        steps.push_back(Step::Commit);
+    }
+    Clock::time_point lease_until{};
+    if (next != nullptr) {
+        queued(PQsendQueryParams(conn_, "BEGIN", 0, nullptr, nullptr, nullptr, nullptr, 0));
+        steps.push_back(Step::Begin);
+        lease_until = Clock::now() + options_.lease;
+        send_claim(*next);
+        steps.push_back(Step::Claim);
+    }
+    if (send_failed_ || PQpipelineSync(conn_) == 0) {
+        disconnect();
+        *error = "cannot send to the database";
+        return DbStatus::Lost;
+    }
+
+    static const char* const kWhat[] = {"outbox_ack", "outbox_nack", "outbox_release",
+                                        "COMMIT", "BEGIN", "outbox_claim"};
+    PGresult* first_error = nullptr;
+    const char* failed_what = nullptr;
+    bool broken = false;
+    for (const Step step : steps) {
+        PGresult* r = PQgetResult(conn_);
+        if (r == nullptr) {
+            broken = true;
+            break;
+        }
+        // The end of this statement's results.
+        while (PGresult* extra = PQgetResult(conn_)) PQclear(extra);
+        const ExecStatusType status = PQresultStatus(r);
+        const bool ok = status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK;
+        if (!ok) {
+            if (first_error == nullptr && status != PGRES_PIPELINE_ABORTED) {
+                first_error = r;
+                failed_what = kWhat[static_cast<int>(step)];
+            } else {
+                PQclear(r);
+            }
+            continue;
+        }
+        if (first_error == nullptr) {
+            switch (step) {
+                case Step::Ack: result->acked = strtoll(PQgetvalue(r, 0, 0), nullptr, 10); break;
+                case Step::Nack: result->nack_states.emplace_back(PQgetvalue(r, 0, 0)); break;
+                case Step::Release:
+                    result->released = strtoll(PQgetvalue(r, 0, 0), nullptr, 10);
+                    break;
+                case Step::Claim: read_events(r, lease_until, events); break;
+                case Step::Commit:
+                case Step::Begin: break;
+            }
+        }
+        PQclear(r);
+    }
+    if (!broken) {
+        // The sync's own result.
+        PGresult* sync = PQgetResult(conn_);
+        broken = sync == nullptr || PQresultStatus(sync) != PGRES_PIPELINE_SYNC;
+        if (sync != nullptr) PQclear(sync);
+    }
+    if (broken || PQexitPipelineMode(conn_) == 0) {
+        if (first_error != nullptr) PQclear(first_error);
+        disconnect();
+        *error = "the database connection broke during a round trip";
+        return DbStatus::Lost;
+    }
+    collect_notifications();
+    if (first_error != nullptr) {
+        if (events != nullptr) events->clear();
+        const DbStatus status = failure(first_error, failed_what, error);
+        std::string ignored;
+        if (conn_ != nullptr && in_transaction()) (void)rollback_now(&ignored);
+        return status;
+    }
+    if (next != nullptr && events->empty()) {
+        // Nothing claimed: no transaction is kept open for nothing (it would
+        // also hold back our notifications).
+        const DbStatus status = rollback_now(error);
+        if (status != DbStatus::Ok) return status;
+    }
+    if (next != nullptr && !settings_read_) read_retry_settings();
     return DbStatus::Ok;
 }
 

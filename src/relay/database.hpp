@@ -39,6 +39,34 @@ private:
     std::minstd_rand random_{std::random_device{}()};
 };
 
+// What one claim asks for (outbox_claim with --relay, --lease, --topics).
+struct ClaimArgs {
+    int count = 0;
+    std::int64_t bytes_left = 0;  // payload and headers past this come without them (fits = false)
+    bool first_anyway = false;    // ... except the first event
+};
+
+struct NackRequest {
+    std::int64_t id = 0;
+    std::string message;
+    bool retryable = true;
+    std::optional<std::int64_t> retry_in_ms;
+};
+
+// The outcomes written in the open transaction, before its COMMIT.
+struct Settlement {
+    std::vector<std::int64_t> acks;
+    std::vector<NackRequest> nacks;
+    std::vector<std::int64_t> releases;  // only when can_release()
+    bool empty() const { return acks.empty() && nacks.empty() && releases.empty(); }
+};
+
+struct SettleResult {
+    std::int64_t acked = 0;
+    std::vector<std::string> nack_states;  // one per nack, in order
+    std::int64_t released = 0;
+};
+
 class Database {
 public:
     explicit Database(const Options& options);
@@ -58,6 +86,18 @@ public:
     // them and with fits = false, except the first when first_anyway.
     DbStatus claim(int count, std::int64_t bytes_left, bool first_anyway,
                    std::vector<Event>* events, std::string* error);
+    // BEGIN and a claim in that transaction, in one round trip: what the
+    // claim writes waits for the COMMIT, which writes each event once with
+    // the ack or nack of the same transaction. With no event claimed the
+    // transaction is rolled back at once.
+    DbStatus begin_claim(const ClaimArgs& args, std::vector<Event>* events, std::string* error);
+    // The settlement in the open transaction and its COMMIT, then (when next
+    // is given) BEGIN and the next claim: one round trip (libpq pipeline).
+    // On a failure the open transaction is rolled back: none of it counts.
+    DbStatus commit_round(const Settlement& settlement, SettleResult* result,
+                          const ClaimArgs* next, std::vector<Event>* events, std::string* error);
+    bool in_transaction() const;
+
     // outbox_release: claimed events back to pending, the attempt not
     // counted. Only when can_release() (the extension has it).
     DbStatus release(const std::vector<std::int64_t>& ids, std::int64_t* changed,
@@ -86,6 +126,10 @@ public:
 
 private:
     DbStatus failure(::pg_result* result, const char* what, std::string* error);
+    void send_claim(const ClaimArgs& args);
+    void queued(int sent);  // a PQsend* call's result
+    void read_events(::pg_result* result, Clock::time_point lease_until, std::vector<Event>* events);
+    DbStatus rollback_now(std::string* error);
     bool exec_setup(const char* sql, std::string* error, DbStatus* status);
     void collect_notifications();
     void read_retry_settings();
@@ -97,6 +141,7 @@ private:
     bool notified_ = false;
     bool can_release_ = false;
     bool settings_read_ = false;
+    bool send_failed_ = false;  // a statement of the pipeline could not be queued
     RetrySettings retry_settings_;
     std::string last_sqlstate_;
     std::uint64_t notifications_ = 0;

@@ -23,6 +23,7 @@ struct Event {
     Clock::time_point lease_until;       // when our claim runs out (local clock)
     bool fits = true;                    // within --max-in-flight-bytes (else payload and
                                          // headers were not fetched: release it)
+    std::uint64_t txn = 0;               // the relay's number of the claim's transaction
 
     std::int64_t bytes() const {
         return static_cast<std::int64_t>(payload.size() + (headers ? headers->size() : 0));
@@ -42,6 +43,7 @@ struct Outcome {
     std::string error;                     // for Retry and Dead
     std::optional<std::int64_t> retry_in;  // milliseconds, when the sink asked (Retry-After)
     long status = 0;                       // the HTTP status, when there was one
+    bool duplicate = false;                // acked: the broker had it already (a repeat)
 
     static Outcome ack(long status = 0) { return Outcome{Verdict::Ack, {}, {}, status}; }
     static Outcome retry(std::string error, std::optional<std::int64_t> retry_in = {},

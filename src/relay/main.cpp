@@ -20,7 +20,11 @@
 
 namespace {
 
-constexpr const char* kVersion = "0.1.0";
+// The project's version (idempotency.control), given by the build.
+#ifndef IDEM_VERSION
+#error "IDEM_VERSION must be defined by the build"
+#endif
+constexpr const char* kVersion = IDEM_VERSION;
 using idem::relay::kExitFailure;
 using idem::relay::kExitUsage;
 

@@ -1,6 +1,8 @@
 #include "relay/options.hpp"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -99,8 +101,8 @@ bool parse_size(const std::string& text, std::int64_t* out) {
     return true;
 }
 
-bool parse_loopback_address(const std::string& text, std::string* host, int* port,
-                            std::string* error) {
+bool parse_listen_address(const std::string& text, std::string* host, int* port,
+                          std::string* error) {
     std::string name, port_text;
     if (!text.empty() && text[0] == '[') {
         const std::size_t close = text.find(']');
@@ -123,31 +125,40 @@ bool parse_loopback_address(const std::string& text, std::string* host, int* por
         *error = "the port must be a number from 0 to 65535";
         return false;
     }
-    if (name == "localhost") name = "127.0.0.1";
+    // ":9187" listens on every IPv4 address.
+    if (name.empty()) name = "0.0.0.0";
     unsigned char address[16];
-    if (inet_pton(AF_INET, name.c_str(), address) == 1) {
-        if (address[0] != 127) {
-            *error = "the metrics endpoint listens on loopback only (127.0.0.0/8 or ::1), not " + name;
-            return false;
-        }
-    } else if (inet_pton(AF_INET6, name.c_str(), address) == 1) {
-        static const unsigned char loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
-        if (memcmp(address, loopback, sizeof loopback) != 0) {
-            *error = "the metrics endpoint listens on loopback only (127.0.0.0/8 or ::1), not " + name;
-            return false;
-        }
-    } else {
-        *error = "'" + name + "' is not a numeric loopback address (or localhost)";
+    if (inet_pton(AF_INET, name.c_str(), address) == 1 ||
+        inet_pton(AF_INET6, name.c_str(), address) == 1) {
+        *host = name;
+        return true;
+    }
+    // A host name (the container's own, localhost): its first address.
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_ADDRCONFIG;
+    addrinfo* found = nullptr;
+    const int status = getaddrinfo(name.c_str(), nullptr, &hints, &found);
+    if (status != 0 || found == nullptr) {
+        *error = "cannot resolve '" + name + "': " + gai_strerror(status);
         return false;
     }
-    *host = name;
+    char numeric[INET6_ADDRSTRLEN] = "";
+    const void* where =
+        found->ai_family == AF_INET6
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr);
+    inet_ntop(found->ai_family, where, numeric, sizeof numeric);
+    freeaddrinfo(found);
+    *host = numeric;
     return true;
 }
 
 ParseResult parse_options(int argc, const char* const* argv) {
     ParseResult result;
     Options& options = result.options;
-    bool has_dsn = false, has_relay = false, has_sink = false, has_topics = false;
+    bool has_relay = false, has_sink = false, has_topics = false;
     bool explicit_http_timeout = false;
 
     auto fail = [&result](const std::string& message) {
@@ -194,9 +205,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
         }
 
         if (name == "--dsn") {
-            if (value.empty()) return fail("--dsn must not be empty");
             options.dsn = value;
-            has_dsn = true;
         } else if (name == "--relay") {
             if (value.empty()) return fail("--relay must not be empty");
             if (value.size() > kMaxNameBytes) return fail("--relay is longer than 255 bytes");
@@ -204,9 +213,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
             has_relay = true;
         } else if (name == "--sink") {
             if (value != "stdout" && !starts_with_nocase(value, "http://") &&
-                !starts_with_nocase(value, "https://"))
-                return fail("--sink must be 'stdout' or an http:// or https:// URL, not '" +
-                            redact_url(value) + "'");
+                !starts_with_nocase(value, "https://") && !starts_with_nocase(value, "nats://") &&
+                !starts_with_nocase(value, "amqp://"))
+                return fail("--sink must be 'stdout' or an http://, https://, nats:// or amqp:// "
+                            "URL, not '" + redact_url(value) + "'");
             options.sink = value;
             has_sink = true;
         } else if (name == "--topics") {
@@ -225,8 +235,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
                             value + "'");
         } else if (name == "--metrics-addr") {
             std::string error;
-            if (!parse_loopback_address(value, &options.metrics_host, &options.metrics_port,
-                                        &error))
+            if (!parse_listen_address(value, &options.metrics_host, &options.metrics_port,
+                                      &error))
                 return fail("--metrics-addr '" + value + "': " + error);
             options.metrics = true;
         } else if (name == "--poll-interval") {
@@ -253,7 +263,6 @@ ParseResult parse_options(int argc, const char* const* argv) {
         }
     }
 
-    if (!has_dsn) return fail("--dsn is required");
     if (!has_relay) return fail("--relay is required");
     if (!has_sink) return fail("--sink is required");
     if (has_topics == options.all_topics)
@@ -279,16 +288,11 @@ std::string usage() {
 outbox (idempotency.outbox_enqueue) to a sink, at least once, in order per key.
 
 Usage:
-  idem-relay --dsn DSN --relay NAME --sink SINK (--topics a,b | --all-topics)
+  idem-relay [--dsn DSN] --relay NAME --sink SINK (--topics a,b | --all-topics)
              [--batch N] [--lease 30s] [--parallel N] [--once]
-             [--metrics-addr 127.0.0.1:PORT]
+             [--metrics-addr HOST:PORT]
 
 Required:
-  --dsn DSN            libpq connection string or URI of the database that has the
-                       extension, e.g. 'host=/run/postgresql dbname=app user=relay'
-                       or postgresql://relay@db/app. The role needs what
-                       idempotency.grant_relay gives (USAGE on schema idempotency
-                       before 0.4.0).
   --relay NAME         this relay's name, recorded on the events it claims
                        (1 to 255 bytes)
   --sink SINK          where events go:
@@ -309,6 +313,27 @@ Required:
                                     Idempotency-Key, X-Outbox-Topic and
                                     X-Outbox-Key are percent-encoded: '%', space,
                                     control and non-ASCII bytes become %XX.
+                         nats://[user:password@]host[:port][,host[:port]...][/prefix]
+                                    NATS JetStream: published to the subject
+                                    prefix.topic (the topic alone without a
+                                    prefix), Nats-Msg-Id = the idempotency key so
+                                    that the stream drops a repeat within its
+                                    duplicate window, the X-Outbox-* headers and
+                                    the event's own (none named Nats-*); acked
+                                    once the stream's PubAck is in (one that says
+                                    duplicate too). A stream must take the
+                                    subjects.
+                         amqp://[user:password@]host[:port][/vhost][?exchange=NAME]
+                                    RabbitMQ (AMQP 0-9-1; guest:guest, port 5672
+                                    and vhost / by default, percent-encoded as in
+                                    a URI): persistent, mandatory messages to the
+                                    exchange (the default exchange without one)
+                                    with routing key = the topic, message_id = the
+                                    idempotency key, the X-Outbox-* headers (id
+                                    and attempt as numbers) and the event's own;
+                                    acked once the broker confirmed it (publisher
+                                    confirms). A message no queue takes comes
+                                    back and is retried.
   --topics a,b         the topics this sink takes (spaces around commas ignored)
   --all-topics         ... or every topic: one of the two is required
 
@@ -330,7 +355,25 @@ up to 1 MB and never changes the outcome):
                        stops (exit 1), the events stay pending, attempts not counted
   1xx, 3xx, others     retried (redirects are not followed)
 
+Broker answers (a claim's events are published together, their confirms
+awaited at once, within --http-timeout):
+  JetStream PubAck, RabbitMQ confirm (ack)
+                       delivered (acked); a PubAck that says duplicate too
+  no PubAck or confirm in time, a JetStream error, no stream for the subject,
+  a RabbitMQ nack, a message returned as unroutable, a lost connection
+                       retried, with the backoff above; dead after
+                       idempotency.outbox_max_attempts
+  larger than NATS's max_payload
+                       dead
+
 Options:
+  --dsn DSN            libpq connection string or URI of the database that has the
+                       extension, e.g. 'host=/run/postgresql dbname=app user=relay'
+                       or postgresql://relay@db/app; without it (or for what it
+                       leaves out) libpq's PGHOST, PGPORT, PGDATABASE, PGUSER,
+                       PGSERVICE, ~/.pgpass and service files apply. The role
+                       needs what idempotency.grant_relay gives (USAGE on schema
+                       idempotency before 0.4.0).
   --batch N            events claimed per round trip, 1 to 10000 (default 100);
                        fewer when the deliveries so far show that not all of
                        them could start within the lease
@@ -350,9 +393,12 @@ Options:
                        still goes alone
   --metrics-addr ADDR  serve Prometheus text metrics on http://ADDR/metrics (and
                        a health check on /healthz: 503 while the database is
-                       away or once the relay stops on a failure); ADDR is a
-                       loopback address with a port, e.g. 127.0.0.1:9187 (port 0:
-                       any free port, logged at start)
+                       away or once the relay stops on a failure); ADDR is an
+                       address or host name with a port: 127.0.0.1:9187 (this
+                       machine only), 0.0.0.0:9187 or :9187 (every IPv4
+                       address, for a scraper in a container network), [::]:9187;
+                       port 0: any free port, logged at start. The metrics carry
+                       no secrets, but expose them only to the scraper's network
   --poll-interval DUR  claim at least this often even without a notification
                        (default 1s); the relay wakes at once on LISTEN
                        idempotency_outbox, polling picks up retries that came
@@ -360,15 +406,17 @@ Options:
   --http-timeout DUR   total time allowed for one delivery (default the smaller
                        of 10s and a third of --lease; must be shorter than
                        --lease); for stdout in a pipe, the time the reader may
-                       take to read a line
-  --connect-timeout DUR  time allowed to connect to the HTTP sink (default the
-                       smaller of 5s and --http-timeout)
+                       take to read a line; for a broker, the time a claim's
+                       publishes have to be confirmed
+  --connect-timeout DUR  time allowed to connect to the HTTP sink or the broker
+                       (default the smaller of 5s and --http-timeout)
   --progress-interval DUR  how often to print a progress line on stderr
                        (default 10s; 0 turns it off): delivered, retried and
                        dead counts, events in flight, the outbox lag (from
                        idempotency.outbox_lag, when the role may read it), the
                        longest enqueue-to-delivery delay of the interval, events
-                       waiting for a retry, released and left to their lease
+                       waiting for a retry, released and left to their lease, and
+                       deliveries a broker already had (duplicates)
   --help               show this help and exit
   --version            show the version and exit
 
@@ -376,8 +424,12 @@ Durations: a number with ms, s, m or h (a bare number is seconds): 500ms, 30s, 2
 
 Behaviour:
   - Delivery is at least once: an event is acked only after the sink accepted
-    it. A relay killed mid-delivery leaves its events to come back when their
-    lease runs out; a duplicate carries the same Idempotency-Key.
+    it. A claim's transaction stays open while its events are delivered (at
+    most 500ms, then it commits them as in flight) and commits with their
+    acks. A relay killed mid-delivery leaves its events pending again at once
+    (the open claim rolls back) or when their lease runs out; a duplicate
+    carries the same idempotency key (Idempotency-Key, Nats-Msg-Id,
+    message_id).
   - When the database goes away the relay reconnects with backoff (100ms
     doubling to 5s) and keeps the outcomes of deliveries made meanwhile, to
     ack or nack them once it is back. Only the first connection must succeed;

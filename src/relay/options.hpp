@@ -11,7 +11,7 @@ namespace idem::relay {
 using Millis = std::chrono::milliseconds;
 
 struct Options {
-    std::string dsn;                  // --dsn: libpq connection string or URI
+    std::string dsn;                  // --dsn: libpq connection string or URI ("": PG* variables)
     std::string relay;                // --relay: this relay's name (outbox_claim's relay)
     std::string sink;                 // --sink: "stdout" or an http:// / https:// URL
     std::vector<std::string> topics;  // --topics a,b: empty with --all-topics
@@ -21,7 +21,7 @@ struct Options {
     int parallel = 1;                 // --parallel: concurrent deliveries
     bool once = false;                // --once: deliver what is due, then exit
     bool metrics = false;             // --metrics-addr given
-    std::string metrics_host;         // numeric loopback address
+    std::string metrics_host;         // numeric address to listen on
     int metrics_port = 0;             // 0: any free port
     Millis poll_interval{1000};       // --poll-interval: claim at least this often
     Millis http_timeout{0};           // --http-timeout: 0 = min(10s, lease/3)
@@ -51,9 +51,10 @@ bool parse_duration(const std::string& text, Millis* out);
 // the text is not a size.
 bool parse_size(const std::string& text, std::int64_t* out);
 
-// "127.0.0.1:9187", "[::1]:9187", "localhost:9187". The host must be a
-// loopback address; it comes back numeric.
-bool parse_loopback_address(const std::string& text, std::string* host, int* port,
-                            std::string* error);
+// "127.0.0.1:9187", "[::1]:9187", "0.0.0.0:9187", ":9187" (every IPv4
+// address), "relay-1:9187" (a host name, resolved now). The host comes back
+// numeric.
+bool parse_listen_address(const std::string& text, std::string* host, int* port,
+                          std::string* error);
 
 }  // namespace idem::relay

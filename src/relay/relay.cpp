@@ -18,6 +18,11 @@ namespace {
 
 // While deliveries run, look at their results at least this often.
 constexpr auto kBusyWake = std::chrono::milliseconds(10);
+// A claim's transaction stays open while its events are delivered, so that
+// their acks and nacks commit with the claim and each event is written once;
+// when deliveries take longer than this, the claim is committed as it is
+// (the events in flight with their lease) and the rest settled later.
+constexpr auto kOpenClaimLimit = std::chrono::milliseconds(500);
 // After a transient database error (deadlock, statement cancelled, ...).
 constexpr auto kTransientRetry = std::chrono::milliseconds(200);
 // The lag gauge's refresh when there are no progress lines.
@@ -66,15 +71,19 @@ int Relay::run() {
         if (!db_.connected() && now >= reconnect_at_) reconnect(now);
         if (!held_.empty()) settle_held(now);
         if (db_.connected() && now >= retry_db_at_) {
-            flush_acks(now);
-            if (db_.connected()) flush_nacks(now);
-            if (db_.connected()) flush_releases(now);
+            if (open_txn_ != 0) {
+                if (open_claim_ready(now)) commit_open_claim(now);
+            } else {
+                flush_acks(now);
+                if (db_.connected()) flush_nacks(now);
+                if (db_.connected()) flush_releases(now);
+                if (db_.connected() && !stopping_) claim(now);
+            }
         }
-        if (db_.connected() && !stopping_ && now >= retry_db_at_) claim(now);
         now = Clock::now();
         if (tick_interval().count() > 0 && now >= next_progress_) progress(now, false);
 
-        if (stopping_ && in_flight_ == 0 && flushed()) break;
+        if (stopping_ && in_flight_ == 0 && flushed() && open_txn_ == 0) break;
         if (options_.once && once_done_ && in_flight_ == 0 && flushed()) break;
         const bool only_unwritten = in_flight_ == static_cast<std::int64_t>(unwritten());
         if (!db_.connected() && !flushed()) {
@@ -174,6 +183,13 @@ void Relay::take_results() {
 // Where an outcome goes; final failures wait while the sink check cannot
 // tell a misconfigured sink from undeliverable events.
 void Relay::judge(Delivery&& delivery) {
+    if (void_txns_.count(delivery.event.txn) != 0) {
+        // Its claim was rolled back: the event is pending again, not ours.
+        resolved(delivery);
+        if (--void_out_ == 0) void_txns_.clear();
+        return;
+    }
+    if (open_txn_ != 0 && delivery.event.txn == open_txn_) --open_out_;
     if (delivery.outcome.verdict == Verdict::Skip) {
         ++stats_.skipped;
         to_release_.push_back(std::move(delivery));
@@ -247,6 +263,7 @@ bool Relay::database_unavailable(DbStatus status, const std::string& error,
 
 void Relay::connection_lost(const std::string& error, Clock::time_point now) {
     log_warning("database connection lost: %s; reconnecting", error.c_str());
+    if (open_txn_ != 0) void_open_claim("the connection was lost");
     stats_.connected = false;
     lost_since_ = now;
     backoff_.reset();
@@ -282,11 +299,7 @@ void Relay::flush_acks(Clock::time_point now) {
     if (to_ack_.empty()) return;
     std::vector<std::int64_t> ids;
     ids.reserve(to_ack_.size());
-    bool keyed = false;
-    for (const Delivery& d : to_ack_) {
-        ids.push_back(d.event.id);
-        keyed = keyed || d.event.key.has_value();
-    }
+    for (const Delivery& d : to_ack_) ids.push_back(d.event.id);
     std::int64_t changed = 0;
     std::string error;
     const DbStatus status = db_.ack(ids, &changed, &error);
@@ -296,20 +309,29 @@ void Relay::flush_acks(Clock::time_point now) {
         fail(error + "; " + std::to_string(ids.size()) +
              " delivered event(s) not acked (they will be delivered again when their lease runs "
              "out); stopping");
+        for (const Delivery& d : to_ack_) resolved(d);
     } else {
-        stats_.delivered += ids.size();
-        for (const std::int64_t id : ids) waiting_retry_.erase(id);
-        const double wall = wall_seconds();
-        for (const Delivery& d : to_ack_) {
-            const double delay = wall - d.event.enqueued_at;
-            stats_.delay_seconds.observe(delay);
-            interval_max_delay_ = std::max(interval_max_delay_, delay);
-        }
-        // The next event of an acked key may be due now.
-        if (keyed) due_ = true;
+        acked(to_ack_);
     }
-    for (const Delivery& d : to_ack_) resolved(d);
     to_ack_.clear();
+}
+
+// Acked events: counted, their delays observed, resolved.
+void Relay::acked(const std::vector<Delivery>& deliveries) {
+    bool keyed = false;
+    const double wall = wall_seconds();
+    for (const Delivery& d : deliveries) {
+        keyed = keyed || d.event.key.has_value();
+        waiting_retry_.erase(d.event.id);
+        if (d.outcome.duplicate) ++stats_.duplicates;
+        const double delay = wall - d.event.enqueued_at;
+        stats_.delay_seconds.observe(delay);
+        interval_max_delay_ = std::max(interval_max_delay_, delay);
+        resolved(d);
+    }
+    stats_.delivered += deliveries.size();
+    // The next event of an acked key may be due now.
+    if (keyed) due_ = true;
 }
 
 void Relay::flush_nacks(Clock::time_point now) {
@@ -317,7 +339,6 @@ void Relay::flush_nacks(Clock::time_point now) {
     for (; done < to_nack_.size(); ++done) {
         const Delivery& d = to_nack_[done];
         const Event& event = d.event;
-        const bool retryable = d.outcome.verdict == Verdict::Retry;
         if (now >= event.lease_until) {
             // Its lease ran out while the database was away: the event is
             // someone else's again (or will be); the lease's expiry counts the attempt.
@@ -327,11 +348,10 @@ void Relay::flush_nacks(Clock::time_point now) {
             continue;
         }
         std::string state, error;
-        // Errors are stored: keep them short.
-        const std::string message = d.outcome.error.substr(0, 1000);
-        const std::optional<std::int64_t> retry_in =
-            retry_in_ms(d.outcome.retry_in, event.attempt, db_.retry_settings());
-        const DbStatus status = db_.nack(event.id, message, retryable, retry_in, &state, &error);
+        std::optional<std::int64_t> retry_in;
+        const NackRequest request = nack_request(d, &retry_in);
+        const DbStatus status = db_.nack(event.id, request.message, request.retryable, retry_in,
+                                         &state, &error);
         if (database_unavailable(status, error, now)) break;
         if (status == DbStatus::Fatal) {
             ++stats_.db_errors;
@@ -344,26 +364,44 @@ void Relay::flush_nacks(Clock::time_point now) {
             done = to_nack_.size();
             break;
         }
-        const std::string what = "event " + std::to_string(event.id) + " (topic " + event.topic +
-                                 (event.key ? ", key " + *event.key : std::string()) + ")";
-        if (state == "dead") {
-            ++stats_.dead;
-            waiting_retry_.erase(event.id);
-            log_warning("%s is dead after attempt %d: %s", what.c_str(), event.attempt,
-                        d.outcome.error.c_str());
-        } else if (state == "pending") {
-            ++stats_.retried;
-            waiting_retry_.insert(event.id);
-            if (retry_in)
-                log_info("%s attempt %d failed, retry in %lld ms: %s", what.c_str(), event.attempt,
-                         static_cast<long long>(*retry_in), d.outcome.error.c_str());
-            else
-                log_info("%s attempt %d failed, will be retried: %s", what.c_str(), event.attempt,
-                         d.outcome.error.c_str());
-        }
+        nacked(d, state, retry_in);
     }
     for (std::size_t i = 0; i < done; ++i) resolved(to_nack_[i]);
     to_nack_.erase(to_nack_.begin(), to_nack_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+NackRequest Relay::nack_request(const Delivery& d, std::optional<std::int64_t>* retry_in) const {
+    NackRequest request;
+    request.id = d.event.id;
+    // Errors are stored: keep them short.
+    request.message = d.outcome.error.substr(0, 1000);
+    request.retryable = d.outcome.verdict == Verdict::Retry;
+    *retry_in = retry_in_ms(d.outcome.retry_in, d.event.attempt, db_.retry_settings());
+    request.retry_in_ms = *retry_in;
+    return request;
+}
+
+// A nack written: the event's state after it, counted and logged.
+void Relay::nacked(const Delivery& d, const std::string& state,
+                   const std::optional<std::int64_t>& retry_in) {
+    const Event& event = d.event;
+    const std::string what = "event " + std::to_string(event.id) + " (topic " + event.topic +
+                             (event.key ? ", key " + *event.key : std::string()) + ")";
+    if (state == "dead") {
+        ++stats_.dead;
+        waiting_retry_.erase(event.id);
+        log_warning("%s is dead after attempt %d: %s", what.c_str(), event.attempt,
+                    d.outcome.error.c_str());
+    } else if (state == "pending") {
+        ++stats_.retried;
+        waiting_retry_.insert(event.id);
+        if (retry_in)
+            log_info("%s attempt %d failed, retry in %lld ms: %s", what.c_str(), event.attempt,
+                     static_cast<long long>(*retry_in), d.outcome.error.c_str());
+        else
+            log_info("%s attempt %d failed, will be retried: %s", what.c_str(), event.attempt,
+                     d.outcome.error.c_str());
+    }
 }
 
 void Relay::flush_releases(Clock::time_point now) {
@@ -406,7 +444,10 @@ void Relay::flush_releases(Clock::time_point now) {
     to_release_.clear();
 }
 
-bool Relay::may_claim() const { return !stopping_ && claim_size() > 0; }
+// Not while deliveries of a rolled-back claim still run: their events are
+// pending again, and another claim could hand out the next event of a key
+// before the late delivery ends.
+bool Relay::may_claim() const { return !stopping_ && void_out_ == 0 && claim_size() > 0; }
 
 // While the sink check is undecided, no more events are out than it needs.
 int Relay::claim_size() const {
@@ -420,15 +461,18 @@ int Relay::claim_size() const {
 
 void Relay::claim(Clock::time_point now) {
     if (db_.take_notified()) due_ = true;
+    if (!may_claim()) return;
     const int want = claim_size();
-    if (want == 0) return;
     if (options_.once && in_flight_ == 0 && flushed()) due_ = true;
     if (!due_ && now < next_poll_) return;
     const bool all_resolved = in_flight_ == 0 && flushed();
     std::vector<Event> events;
     std::string error;
-    const DbStatus status = db_.claim(want, options_.max_in_flight_bytes - in_flight_bytes_,
-                                      in_flight_ == 0, &events, &error);
+    ClaimArgs args;
+    args.count = want;
+    args.bytes_left = options_.max_in_flight_bytes - in_flight_bytes_;
+    args.first_anyway = in_flight_ == 0;
+    const DbStatus status = db_.begin_claim(args, &events, &error);
     ++stats_.claims;
     stats_.notifications = db_.notifications();
     if (database_unavailable(status, error, now)) return;
@@ -437,18 +481,30 @@ void Relay::claim(Clock::time_point now) {
         fail(error);
         return;
     }
+    take_claimed(std::move(events), want, all_resolved, now);
+}
+
+// The events a claim handed out: to the delivery threads, or (past
+// --max-in-flight-bytes, fetched without their payload) back. They belong
+// to the transaction now open.
+void Relay::take_claimed(std::vector<Event>&& events, int want, bool all_resolved,
+                         Clock::time_point now) {
     const int got = static_cast<int>(events.size());
     due_ = got == want;  // a full batch: there is probably more
     nothing_claimed_ = got == 0;
     next_poll_ = now + options_.poll_interval;
     if (options_.once && got == 0 && all_resolved) once_done_ = true;
     if (got == 0) return;
+    open_txn_ = next_txn_++;
+    open_since_ = now;
+    open_out_ = 0;
     stats_.claimed += events.size();
     std::vector<Event> deliver;
     deliver.reserve(events.size());
     for (Event& event : events) {
         ++in_flight_;
         in_flight_bytes_ += event.bytes();
+        event.txn = open_txn_;
         if (event.fits) {
             deliver.push_back(std::move(event));
         } else {
@@ -461,9 +517,161 @@ void Relay::claim(Clock::time_point now) {
         }
     }
     for (const Event& event : deliver) sizer_.claimed(event.bytes());
+    open_out_ = static_cast<std::int64_t>(deliver.size());
     stats_.in_flight = in_flight_;
     stats_.in_flight_bytes = in_flight_bytes_;
     if (!deliver.empty()) pool_.submit(std::move(deliver));
+}
+
+// Commit when every event of the claim has its outcome, or when waiting
+// longer would hold its rows (and a lost connection would lose its
+// deliveries' outcomes) for too long.
+bool Relay::open_claim_ready(Clock::time_point now) const {
+    return open_out_ == 0 || now - open_since_ >= std::min<Clock::duration>(kOpenClaimLimit,
+                                                                            options_.lease / 4);
+}
+
+// One round trip: the open claim's acks, nacks and releases (and the acks
+// and releases of earlier claims), COMMIT, and the next claim in a new
+// transaction. Failures that the sink check holds back and events still
+// being delivered are left out: the COMMIT writes them as claimed (in
+// flight, under their lease), and they are settled later on their own.
+void Relay::commit_open_claim(Clock::time_point now) {
+    Settlement settlement;
+    std::vector<Delivery> acks, nacks, releases;
+    std::vector<std::optional<std::int64_t>> retry_ins;
+    for (Delivery& d : to_ack_) {
+        settlement.acks.push_back(d.event.id);
+        acks.push_back(std::move(d));
+    }
+    to_ack_.clear();
+    std::vector<Delivery> later_nacks;
+    for (Delivery& d : to_nack_) {
+        if (d.event.txn == open_txn_) {
+            std::optional<std::int64_t> retry_in;
+            settlement.nacks.push_back(nack_request(d, &retry_in));
+            retry_ins.push_back(retry_in);
+            nacks.push_back(std::move(d));
+        } else {
+            later_nacks.push_back(std::move(d));
+        }
+    }
+    to_nack_.swap(later_nacks);
+    std::vector<Delivery> later_releases;
+    const bool can_release = db_.can_release() && release_works_;
+    for (Delivery& d : to_release_) {
+        const bool ours = d.event.txn == open_txn_ || now < d.event.lease_until;
+        if (can_release && ours) {
+            settlement.releases.push_back(d.event.id);
+            releases.push_back(std::move(d));
+        } else {
+            later_releases.push_back(std::move(d));
+        }
+    }
+    to_release_.swap(later_releases);
+
+    // The next claim goes in the same round trip unless failures of earlier
+    // claims wait to be written on their own (a nack may fail alone).
+    const bool all_resolved = in_flight_ == static_cast<std::int64_t>(acks.size() + nacks.size() +
+                                                                      releases.size()) &&
+                              flushed();
+    if (db_.take_notified()) due_ = true;
+    const bool claim_next = may_claim() && to_nack_.empty() && to_release_.empty() &&
+                            (due_ || now >= next_poll_ || (options_.once && all_resolved));
+    ClaimArgs args;
+    if (claim_next) {
+        std::int64_t settled_bytes = 0;
+        for (const auto* group : {&acks, &nacks, &releases})
+            for (const Delivery& d : *group) settled_bytes += d.event.bytes();
+        const std::int64_t left = in_flight_ - static_cast<std::int64_t>(acks.size() + nacks.size() +
+                                                                       releases.size());
+        args.count = sizer_.want(left, in_flight_bytes_ - settled_bytes);
+        if (check_.state() == SinkCheck::State::Undecided)
+            args.count = std::min<int>(args.count, std::max(0, check_.still_to_try() -
+                                                                   static_cast<int>(left)));
+        args.bytes_left = options_.max_in_flight_bytes - (in_flight_bytes_ - settled_bytes);
+        args.first_anyway = left == 0;
+    }
+    const bool with_claim = claim_next && args.count > 0;
+    SettleResult result;
+    std::vector<Event> events;
+    std::string error;
+    const DbStatus status =
+        db_.commit_round(settlement, &result, with_claim ? &args : nullptr, &events, &error);
+    if (with_claim) ++stats_.claims;
+    stats_.notifications = db_.notifications();
+    if (status != DbStatus::Ok) {
+        // Earlier claims' outcomes are still to write; the open claim's
+        // events are pending again.
+        for (Delivery& d : acks)
+            if (d.event.txn != open_txn_) to_ack_.push_back(std::move(d));
+        for (Delivery& d : releases)
+            if (d.event.txn != open_txn_) to_release_.push_back(std::move(d));
+        const std::size_t lost = std::count_if(acks.begin(), acks.end(), [this](const Delivery& d) {
+            return d.event.txn == open_txn_;
+        });
+        for (const Delivery& d : acks)
+            if (d.event.txn == open_txn_) resolved(d);
+        for (const Delivery& d : nacks) resolved(d);
+        for (const Delivery& d : releases)
+            if (d.event.txn == open_txn_) resolved(d);
+        void_open_claim(error);
+        if (database_unavailable(status, error, now)) return;
+        ++stats_.db_errors;
+        fail(error + "; " + std::to_string(lost) +
+             " delivered event(s) not acked: their claim did not commit, they are pending again "
+             "and will be delivered again; stopping");
+        return;
+    }
+    acked(acks);
+    for (std::size_t i = 0; i < nacks.size(); ++i)
+        nacked(nacks[i], i < result.nack_states.size() ? result.nack_states[i] : "", retry_ins[i]);
+    for (const Delivery& d : nacks) resolved(d);
+    if (!releases.empty()) {
+        stats_.released += static_cast<std::uint64_t>(result.released);
+        log_info("%zu event(s) not attempted released back to pending (%s)", releases.size(),
+                 releases.front().outcome.error.c_str());
+        for (const Delivery& d : releases) resolved(d);
+        due_ = true;
+    }
+    // Events still out or held now stand as committed claims.
+    open_txn_ = 0;
+    open_out_ = 0;
+    if (with_claim) take_claimed(std::move(events), args.count, all_resolved, now);
+}
+
+// The open transaction did not commit: its events are pending again. What
+// is known of them is dropped, and deliveries of them still running are
+// dropped when they end.
+void Relay::void_open_claim(const std::string& why) {
+    const std::uint64_t txn = open_txn_;
+    std::size_t delivered = 0;
+    auto drop = [this, txn, &delivered](std::vector<Delivery>& list, bool count) {
+        std::vector<Delivery> kept;
+        for (Delivery& d : list) {
+            if (d.event.txn == txn) {
+                if (count) ++delivered;
+                resolved(d);
+            } else {
+                kept.push_back(std::move(d));
+            }
+        }
+        list.swap(kept);
+    };
+    drop(to_ack_, true);
+    drop(to_nack_, false);
+    drop(to_release_, false);
+    drop(held_, false);
+    if (open_out_ > 0) {
+        void_txns_.insert(txn);
+        void_out_ += open_out_;
+    }
+    open_txn_ = 0;
+    open_out_ = 0;
+    if (delivered > 0)
+        log_warning("%zu delivered event(s) not acked: their claim's transaction did not commit "
+                    "(%s); they are pending again and will be delivered again",
+                    delivered, why.c_str());
 }
 
 Millis Relay::tick_interval() const {
@@ -474,7 +682,7 @@ Millis Relay::tick_interval() const {
 
 void Relay::progress(Clock::time_point now, bool final_line) {
     std::string lag = "n/a";
-    if (lag_enabled_ && db_.connected() && !final_line) {
+    if (lag_enabled_ && db_.connected() && !final_line && open_txn_ == 0) {
         double seconds = 0;
         std::string error;
         const DbStatus status = db_.outbox_lag(&seconds, &error);
@@ -504,14 +712,15 @@ void Relay::progress(Clock::time_point now, bool final_line) {
     const double rate =
         interval > 0 ? static_cast<double>(delivered - last_delivered_) / interval : 0.0;
     log_info("%sdelivered=%llu retried=%llu dead=%llu in_flight=%lld lag=%s delay_max=%.3fs "
-             "rate=%.1f/s db=%s waiting_retry=%zu released=%llu not_attempted=%llu",
+             "rate=%.1f/s db=%s waiting_retry=%zu released=%llu not_attempted=%llu duplicates=%llu",
              final_line ? "stopped: " : "", static_cast<unsigned long long>(delivered),
              static_cast<unsigned long long>(stats_.retried.load()),
              static_cast<unsigned long long>(stats_.dead.load()),
              static_cast<long long>(in_flight_), lag.c_str(), interval_max_delay_, rate,
              db_.connected() ? "up" : "down", waiting_retry_.size(),
              static_cast<unsigned long long>(stats_.released.load()),
-             static_cast<unsigned long long>(left_to_lease_));
+             static_cast<unsigned long long>(left_to_lease_),
+             static_cast<unsigned long long>(stats_.duplicates.load()));
     last_delivered_ = delivered;
     last_progress_ = now;
     interval_max_delay_ = 0;
@@ -524,7 +733,10 @@ void Relay::wait(Clock::time_point now) {
     if (db_.take_notified()) due_ = true;
     Clock::time_point until = now + std::chrono::seconds(3600);
     auto before = [&until](Clock::time_point t) { until = std::min(until, t); };
-    if (db_.connected()) {
+    if (db_.connected() && open_txn_ != 0) {
+        if (open_out_ == 0) before(retry_db_at_);
+        before(open_since_ + std::min<Clock::duration>(kOpenClaimLimit, options_.lease / 4));
+    } else if (db_.connected()) {
         if (!flushed()) before(retry_db_at_);
         if (may_claim()) {
             if (due_ || (options_.once && in_flight_ == 0 && flushed())) before(retry_db_at_);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -43,6 +44,16 @@ private:
     void flush_nacks(Clock::time_point now);
     void flush_releases(Clock::time_point now);
     void claim(Clock::time_point now);
+    bool open_claim_ready(Clock::time_point now) const;
+    void commit_open_claim(Clock::time_point now);
+    void take_claimed(std::vector<Event>&& events, int want, bool all_resolved,
+                      Clock::time_point now);
+    void void_open_claim(const std::string& why);
+    void acked(const std::vector<Delivery>& deliveries);
+    void nacked(const Delivery& delivery, const std::string& state,
+                const std::optional<std::int64_t>& retry_in);
+    NackRequest nack_request(const Delivery& delivery,
+                             std::optional<std::int64_t>* retry_in) const;
     bool may_claim() const;
     int claim_size() const;
     void progress(Clock::time_point now, bool final_line);
@@ -87,6 +98,15 @@ private:
     Clock::time_point lost_since_{};
     Backoff backoff_;
     int reconnect_attempts_ = 0;
+
+    // The claim of the open transaction: its events are written once, at
+    // the COMMIT that carries their acks and nacks (see relay.cpp).
+    std::uint64_t next_txn_ = 1;
+    std::uint64_t open_txn_ = 0;                 // 0: no transaction open
+    Clock::time_point open_since_{};
+    std::int64_t open_out_ = 0;                  // its events still being delivered
+    std::unordered_set<std::uint64_t> void_txns_;  // rolled back: late outcomes are dropped
+    std::int64_t void_out_ = 0;                  // their events still being delivered
 
     bool stopping_ = false;
     bool abandoned_ = false;

@@ -1,12 +1,35 @@
 #include "relay/sink.hpp"
 
+#include <cstring>
+#include <strings.h>
+
+#include "relay/amqp_sink.hpp"
 #include "relay/http_sink.hpp"
+#include "relay/nats_sink.hpp"
 #include "relay/stdout_sink.hpp"
 
 namespace idem::relay {
 
+namespace {
+
+bool starts_with_scheme(const std::string& url, const char* scheme) {
+    const std::size_t length = strlen(scheme);
+    return url.size() >= length + 3 && strncasecmp(url.c_str(), scheme, length) == 0 &&
+           url.compare(length, 3, "://") == 0;
+}
+
+}  // namespace
+
+void Sink::deliver_group(const std::vector<const Event*>& events, std::vector<Outcome>* outcomes) {
+    outcomes->clear();
+    outcomes->reserve(events.size());
+    for (const Event* event : events) outcomes->push_back(deliver(*event));
+}
+
 std::unique_ptr<SinkTarget> make_sink_target(const Options& options, std::string* error) {
     if (options.sink == "stdout") return std::make_unique<StdoutTarget>(options.http_timeout);
+    if (starts_with_scheme(options.sink, "nats")) return make_nats_target(options, error);
+    if (starts_with_scheme(options.sink, "amqp")) return make_amqp_target(options, error);
     return make_http_target(options, error);
 }
 

@@ -2,8 +2,10 @@
 // opens one Sink per delivery thread (a Sink is used by one thread only).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "relay/event.hpp"
 #include "relay/options.hpp"
@@ -15,6 +17,12 @@ public:
     virtual ~Sink() = default;
     // Delivers one event; never throws. Ack only once the sink has it.
     virtual Outcome deliver(const Event& event) = 0;
+    // Delivers events of distinct keys together, so that they may go out in
+    // any order (a broker's batch of publishes whose confirms come back
+    // asynchronously); (*outcomes)[i] is events[i]'s. Never throws. By
+    // default one at a time.
+    virtual void deliver_group(const std::vector<const Event*>& events,
+                               std::vector<Outcome>* outcomes);
 };
 
 class SinkTarget {
@@ -24,6 +32,9 @@ public:
     // The longest one delivery may take (an event is not started when its
     // lease would run out before that).
     virtual Millis max_delivery_time() const = 0;
+    // Events one delivery thread hands to deliver_group at once (1: one by
+    // one). A group takes at most max_delivery_time() as a whole.
+    virtual std::size_t group_size() const { return 1; }
     // Set once the sink cannot deliver anything any more (stdout closed): the
     // relay stops.
     virtual std::string fatal_error() const { return {}; }

@@ -84,6 +84,10 @@ std::string Stats::prometheus(const std::string& relay) const {
             "Events not attempted or not judged, released back to pending without counting an "
             "attempt.",
             released);
+    counter("idem_relay_duplicates_total",
+            "Delivered events the broker already had (a JetStream PubAck marked duplicate: a "
+            "repeat dropped by the stream).",
+            duplicates);
     counter("idem_relay_claims_total", "outbox_claim calls.", claims);
     counter("idem_relay_notifications_total", "Notifications received on idempotency_outbox.",
             notifications);

@@ -31,6 +31,7 @@ struct Stats {
     std::atomic<std::uint64_t> dead{0};         // nacked, dead
     std::atomic<std::uint64_t> skipped{0};      // claimed, not attempted (released or left to the lease)
     std::atomic<std::uint64_t> released{0};     // back to pending by outbox_release
+    std::atomic<std::uint64_t> duplicates{0};   // acked, the broker had them already
     std::atomic<std::uint64_t> claims{0};       // outbox_claim calls
     std::atomic<std::uint64_t> notifications{0};
     std::atomic<std::uint64_t> reconnects{0};   // connections made after a loss

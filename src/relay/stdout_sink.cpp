@@ -51,10 +51,27 @@ public:
     Outcome deliver(const Event& event) override {
         std::string line = stdout_line(event);
         line += '\n';
+        return write_lines(line);
+    }
+
+    // One write and one flush for the group's lines: a pipe's reader has
+    // read either all of them or not all.
+    void deliver_group(const std::vector<const Event*>& events,
+                       std::vector<Outcome>* outcomes) override {
+        std::string lines;
+        for (const Event* event : events) {
+            lines += stdout_line(*event);
+            lines += '\n';
+        }
+        outcomes->assign(events.size(), write_lines(lines));
+    }
+
+private:
+    Outcome write_lines(const std::string& lines) {
         std::lock_guard<std::mutex> lock(stdout_mutex);
         if (stdout_errno.load() != 0) return Outcome::skip(error_text(stdout_errno.load()));
         errno = 0;
-        if (fwrite(line.data(), 1, line.size(), stdout) != line.size() || fflush(stdout) != 0) {
+        if (fwrite(lines.data(), 1, lines.size(), stdout) != lines.size() || fflush(stdout) != 0) {
             const int error = errno != 0 ? errno : EIO;
             stdout_errno.store(error);
             clearerr(stdout);
@@ -73,7 +90,6 @@ public:
         return Outcome::ack();
     }
 
-private:
     bool pipe_;
     Millis bound_;
 };

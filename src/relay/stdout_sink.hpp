@@ -19,6 +19,10 @@ public:
     explicit StdoutTarget(Millis bound);
     std::unique_ptr<Sink> open() override;
     Millis max_delivery_time() const override { return pipe_ ? bound_ : Millis(0); }
+    // Lines of many events go out with one write in a file; in a pipe one
+    // at a time, so that a reader that stops (| head -1) takes exactly
+    // the lines it read.
+    std::size_t group_size() const override { return pipe_ ? 1 : 1000; }
     std::string fatal_error() const override;
     std::string describe() const override { return pipe_ ? "stdout (a pipe)" : "stdout"; }
 

@@ -1,5 +1,7 @@
 #include "relay/worker_pool.hpp"
 
+#include <algorithm>
+
 namespace idem::relay {
 
 namespace {
@@ -13,7 +15,8 @@ constexpr auto kWakeInterval = std::chrono::milliseconds(2);
 }  // namespace
 
 WorkerPool::WorkerPool(SinkTarget& target, int threads, const WakePipe& wake, Stats& stats)
-    : target_(target), wake_(wake), stats_(stats) {
+    : target_(target), wake_(wake), stats_(stats),
+      threads_count_(static_cast<std::size_t>(std::max(1, threads))) {
     threads_.reserve(static_cast<std::size_t>(threads));
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
 }
@@ -54,35 +57,69 @@ void WorkerPool::stop() {
     threads_.clear();
 }
 
+// Takes up to the sink's group size of the queued events at a time, shared
+// out among the threads so that none idles while another holds many.
 void WorkerPool::run() {
     std::unique_ptr<Sink> sink = target_.open();
     const Millis longest = target_.max_delivery_time();
+    const std::size_t group_size = std::max<std::size_t>(1, target_.group_size());
+    const std::size_t threads = threads_count_;
+    std::vector<Delivery> taken;
+    std::vector<const Event*> group;
+    std::vector<std::size_t> slots;
+    std::vector<Outcome> outcomes;
     for (;;) {
-        Delivery delivery;
         bool abandon;
+        taken.clear();
         {
             std::unique_lock<std::mutex> lock(mutex_);
             work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
             if (queue_.empty()) return;
-            delivery.event = std::move(queue_.front());
-            queue_.pop_front();
+            const std::size_t share = (queue_.size() + threads - 1) / threads;
+            const std::size_t count = std::min(group_size, std::max<std::size_t>(1, share));
+            for (std::size_t i = 0; i < count; ++i) {
+                taken.emplace_back();
+                taken.back().event = std::move(queue_.front());
+                queue_.pop_front();
+            }
             abandon = abandon_;
         }
         const Clock::time_point start = Clock::now();
-        if (abandon) {
-            delivery.outcome = Outcome::skip("the relay is stopping");
-        } else if (start + longest >= delivery.event.lease_until) {
-            // Delivering now could outlive the lease and race another relay.
-            delivery.outcome = Outcome::skip("its lease would run out during the delivery");
-        } else {
-            delivery.outcome = sink->deliver(delivery.event);
-            delivery.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-            stats_.delivery_seconds.observe(delivery.seconds);
+        group.clear();
+        slots.clear();
+        for (std::size_t i = 0; i < taken.size(); ++i) {
+            Delivery& delivery = taken[i];
+            if (abandon) {
+                delivery.outcome = Outcome::skip("the relay is stopping");
+            } else if (start + longest >= delivery.event.lease_until) {
+                // Delivering now could outlive the lease and race another relay.
+                delivery.outcome = Outcome::skip("its lease would run out during the delivery");
+            } else {
+                group.push_back(&delivery.event);
+                slots.push_back(i);
+            }
+        }
+        if (!group.empty()) {
+            if (group.size() == 1) {
+                outcomes.assign(1, sink->deliver(*group.front()));
+            } else {
+                sink->deliver_group(group, &outcomes);
+            }
+            const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+            // Each event's share of the group's time: what one delivery costs.
+            const double share = seconds / static_cast<double>(group.size());
+            for (std::size_t j = 0; j < slots.size(); ++j) {
+                Delivery& delivery = taken[slots[j]];
+                delivery.outcome = j < outcomes.size() ? std::move(outcomes[j])
+                                                       : Outcome::retry("the sink gave no outcome");
+                delivery.seconds = share;
+                stats_.delivery_seconds.observe(seconds);
+            }
         }
         bool wake;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            results_.push_back(std::move(delivery));
+            for (Delivery& delivery : taken) results_.push_back(std::move(delivery));
             const Clock::time_point now = Clock::now();
             wake = queue_.empty() || results_.size() >= kWakeAfterResults ||
                    now - last_wake_ >= kWakeInterval;

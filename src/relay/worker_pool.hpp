@@ -1,5 +1,5 @@
 // The delivery threads (--parallel): each owns one Sink and takes claimed
-// events from a queue; results go back to the database thread, which is
+// events from a queue, one at a time or in groups (SinkTarget::group_size); results go back to the database thread, which is
 // woken through the wake pipe. No libpq here.
 #pragma once
 
@@ -45,6 +45,7 @@ private:
     std::vector<Delivery> results_;
     bool stopping_ = false;
     bool abandon_ = false;
+    std::size_t threads_count_;
     Clock::time_point last_wake_{};
     std::vector<std::thread> threads_;
 };

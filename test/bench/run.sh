@@ -947,9 +947,12 @@ if want idem_relay; then
         echo
         echo "## idem-relay end to end"
         echo
-        echo "\`test/relay/bench.sh\`: a backlog delivered by one \`--once\` run to stdout and to a"
-        echo "local HTTP receiver (a single Python process, which bounds the HTTP figures), and the"
-        echo "delay from the enqueuing commit to arrival at a steady load."
+        echo "\`test/relay/bench.sh\`: one backlog of 100,000 events (--batch 100) drained by the"
+        echo "hand-written FOR UPDATE SKIP LOCKED loop (test/bench/hand_loop.cpp), by the extension's"
+        echo "claim + ack in SQL, and by idem-relay to stdout, NATS JetStream and RabbitMQ (servers of"
+        echo "its own on loopback), with the CPU of the relay, PostgreSQL and the broker; scaling with"
+        echo "--parallel and several relays; the delay from the enqueuing commit to arrival at a steady"
+        echo "1,000 events/s."
         echo
         echo '```'
         echo "$relay_report" | grep -v '^== '

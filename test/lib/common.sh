@@ -6,19 +6,22 @@ IDEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 IDEM_OS_USER=${IDEM_OS_USER:-postgres}
 
 # The Debian packages a group of suites needs against PostgreSQL MAJOR:
-#   core       build, unit, pg_regress, isolation and TAP suites
-#   harnesses  the host-only harnesses (stress, chaos, relay, examples, bench)
+#   core       build (idem-relay with its NATS and RabbitMQ sinks), unit,
+#              pg_regress, isolation and TAP suites
+#   harnesses  the host-only harnesses (stress, chaos, relay, brokers,
+#              examples, bench)
 #   packaging  `make deb` (the PostgreSQL Debian build tooling)
 idem_packages_for() {
     local major=$1 group; shift
     for group in "$@"; do
         case $group in
             core) echo "postgresql-$major postgresql-server-dev-$major libpq-dev libipc-run-perl
-                g++ make cmake pkg-config libgtest-dev libcurl4-openssl-dev" ;;
+                g++ make cmake pkg-config libgtest-dev libcurl4-openssl-dev libnats-dev
+                librabbitmq-dev" ;;
             harnesses) echo "postgresql-contrib python3 python3-psycopg2 nodejs gnuplot-nox
                 python3-psycopg python3-psycopg-pool python3-venv python3-pip python3-fastapi
                 python3-httpx python3-pytest python3-uvicorn curl prometheus prometheus-postgres-exporter
-                python3-matplotlib" ;;
+                python3-matplotlib nats-server rabbitmq-server python3-pika" ;;
             packaging) echo "postgresql-server-dev-all debhelper build-essential fakeroot" ;;
         esac
     done
@@ -44,8 +47,28 @@ ensure_packages() {
         echo "missing packages (${missing[*]}) and not root: install them first" >&2
         return 1
     fi
+    # The broker packages would start system services (RabbitMQ on 5672,
+    # NATS on 4222); the harnesses run brokers of their own, so packages
+    # installed here start none and the brokers' services stay disabled.
+    local policy=/usr/sbin/policy-rc.d made_policy= status
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# idempotency tests: no service starts while they install packages\nexit 101\n' >"$policy" &&
+            chmod 755 "$policy" && made_policy=yes
+    fi
     apt-get update -qq &&
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    status=$?
+    [ -n "$made_policy" ] && rm -f "$policy"
+    if [ -d /run/systemd/system ]; then
+        for pkg in "${missing[@]}"; do
+            case $pkg in
+                rabbitmq-server | nats-server)
+                    systemctl disable --now "$pkg" >/dev/null 2>&1 &&
+                        log "$pkg: its system service disabled (the tests run their own)" ;;
+            esac
+        done
+    fi
+    return "$status"
 }
 
 # The pg_config of the newest installed PostgreSQL, unless PG_CONFIG is set.

@@ -34,9 +34,25 @@ in_root "$root" sh -c 'cd /tmp/debs && apt-get -o Acquire::Check-Valid-Until=fal
 
 fail() { echo "package install test: $*" >&2; exit 1; }
 
-# The unit the package ships is where systemd looks for it.
-[ -f "$root/usr/lib/systemd/system/idem-relay@.service" ] ||
-    [ -f "$root/lib/systemd/system/idem-relay@.service" ] || fail "no idem-relay@.service"
+# The unit the package ships is where systemd looks for it, with the
+# example of a relay's options and the folder the instances read them from.
+unit=$(ls "$root"/usr/lib/systemd/system/idem-relay@.service "$root"/lib/systemd/system/idem-relay@.service \
+    2>/dev/null | head -n 1)
+[ -n "$unit" ] || fail "no idem-relay@.service"
+[ -f "$root/usr/share/doc/idem-relay/examples/NAME.conf" ] || fail "no example NAME.conf"
+[ -d "$root/etc/idem-relay" ] || fail "no /etc/idem-relay"
+# systemd's own check of the unit as shipped, where the host has it (no
+# systemd runs here): an instance of the template, its ExecStart pointed at
+# the binary the package installed into the root.
+if command -v systemd-analyze >/dev/null 2>&1; then
+    units=$(mktemp -d)
+    sed "s|/usr/bin/idem-relay|$root/usr/bin/idem-relay|" "$unit" >"$units/idem-relay@.service"
+    ln -s idem-relay@.service "$units/idem-relay@pkgtest.service"
+    # It exits 0 on directives it ignores: any word from it is a failure.
+    verdict=$(systemd-analyze verify "$units/idem-relay@pkgtest.service" 2>&1) && [ -z "$verdict" ] ||
+        fail "systemd-analyze verify idem-relay@pkgtest.service: $verdict"
+    rm -rf "$units"
+fi
 
 # A cluster as Debian makes them, on a Unix socket only: the host's network
 # is shared with the root.

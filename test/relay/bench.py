@@ -1,7 +1,20 @@
 #!/usr/bin/python3
-"""idem-relay benchmark driver (see bench.sh): end-to-end throughput to stdout
-and to the local HTTP receiver, and the delay from the enqueuing transaction's
-commit to delivery at a steady load. Needs psycopg2 (python3-psycopg2)."""
+"""idem-relay benchmark driver (see bench.sh). Needs psycopg2.
+
+Throughput: every run starts from the same backlog (bench.outbox_prefill:
+EVENTS events of topic 'orders' over 1000 keys), in idempotency.outbox for
+idem-relay and in bench.outbox (the same columns and indexes) for the
+hand-written loop (test/bench/hand_loop.cpp), after a VACUUM and a
+CHECKPOINT; a run is timed from the start of its processes to their exit
+(--once), and the events delivered are counted in the table. The variants
+run ROUNDS times in rotating order; the median is reported, with its ratio
+to the hand loop's median. Beside the wall time: the CPU seconds of the
+relay processes, of PostgreSQL (all of the cluster's processes) and of the
+broker, which share the machine's cores.
+
+Latency: a steady RATE events/s for SECONDS s, one event per transaction
+from a few producer connections, to a running relay; the delay from each
+commit's return to the event's arrival at the sink's consumer."""
 import argparse
 import json
 import os
@@ -15,6 +28,11 @@ try:
     import psycopg2
 except ImportError:
     sys.exit("bench.py needs psycopg2 (apt-get install python3-psycopg2)")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import brokers  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def connect(dsn):
@@ -37,85 +55,247 @@ def percentile(values, p):
     return ordered[k]
 
 
-def throughput(a, conn, name, sink, topic, events, keys, extra):
-    """Bulk-enqueues `events` events, then times one --once run that delivers them."""
-    key = "NULL" if keys == 0 else "'k' || (g %%%% %d)" % keys
-    sql(conn, "SELECT count(idempotency.outbox_enqueue(%%s, jsonb_build_object('seq', g, 'pad', repeat('x', 100)), %s))"
-        " FROM generate_series(1, %%s) g" % key, (topic, events))
-    args = [a.relay, "--dsn", a.relay_dsn, "--relay", "bench-" + name, "--sink", sink,
-            "--topics", topic, "--once", "--progress-interval", "0"] + extra
-    start = time.time()
-    with open(os.devnull, "w") as devnull:
-        rc = subprocess.run(args, stdout=devnull, stderr=subprocess.PIPE, timeout=600).returncode
-    seconds = time.time() - start
-    delivered = sql(conn, "SELECT count(*) FROM idempotency.outbox WHERE topic = %s AND state = 'delivered'",
-                    (topic,))[0][0]
-    rate = delivered / seconds if seconds > 0 else 0
-    print("  %-44s %7d events in %6.2f s = %8.0f events/s%s"
-          % (name, delivered, seconds, rate, "" if rc == 0 and delivered == events else
-             "  (exit %d, %d of %d delivered)" % (rc, delivered, events)), flush=True)
-    return rate
+def cpu_seconds(pids):
+    """utime + stime of the processes (those still there)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / TICKS
 
 
-def latency(a, conn, name, sink, topic, receiver_log, extra):
-    """A steady load of one event per transaction; the delay from each commit's
-    return to the event's arrival at the sink."""
-    arrivals = {}
-    args = [a.relay, "--dsn", a.relay_dsn, "--relay", "bench-" + name, "--sink", sink,
+def children_of(postmaster):
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if int(open("/proc/%s/stat" % entry).read().rsplit(")", 1)[1].split()[1]) == postmaster:
+                    children.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return children
+
+
+def cluster_cpu(postmaster, children):
+    """CPU seconds of the whole cluster so far: the postmaster's own, its
+    children that ended and were reaped (cutime + cstime) and CHILDREN, the
+    running ones."""
+    total = 0
+    try:
+        fields = open("/proc/%d/stat" % postmaster).read().rsplit(")", 1)[1].split()
+        total += sum(int(f) for f in fields[11:15])
+    except (OSError, IndexError, ValueError):
+        pass
+    return total / TICKS + cpu_seconds(children)
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.conn = connect(a.dsn)
+        self.postmaster = int(open(a.postmaster_pid).readline())
+        self.broker_pids = {"nats": a.nats_pid, "amqp": a.amqp_pid}
+
+    def reset(self, target):
+        """The same backlog again: the events of earlier runs deleted, the
+        table vacuumed, EVENTS events enqueued, a checkpoint."""
+        sql(self.conn, "DELETE FROM idempotency.outbox")
+        sql(self.conn, "TRUNCATE bench.outbox")
+        sql(self.conn, "VACUUM ANALYZE idempotency.outbox")
+        sql(self.conn, "SELECT bench.outbox_prefill(%s, %s)", (self.a.events, target))
+        sql(self.conn, "VACUUM ANALYZE %s" % ("bench.outbox" if target == "plain" else "idempotency.outbox"))
+        sql(self.conn, "CHECKPOINT")
+        if self.a.nats_port:
+            brokers.js(self.a.nats_port, "STREAM.PURGE.BENCH")
+        if self.a.amqp_port:
+            brokers.amqp_purge(self.a.amqp_port, "orders")
+
+    def delivered(self, target):
+        table = "bench.outbox" if target == "plain" else "idempotency.outbox"
+        return sql(self.conn, "SELECT count(*) FROM %s WHERE state = 'delivered'" % table)[0][0]
+
+    def run(self, variant):
+        """One timed run; (events/s, CPU seconds of relay, PostgreSQL, broker)."""
+        target = "plain" if variant["hand"] else "extension"
+        self.reset(target)
+        procs = []
+        broker_pid = self.broker_pids.get(variant.get("broker"))
+        running = children_of(self.postmaster)
+        pg_before = cluster_cpu(self.postmaster, running)
+        broker_before = cpu_seconds([broker_pid]) if broker_pid else 0
+        start = time.time()
+        with open(os.devnull, "w") as devnull:
+            for n in range(variant["processes"]):
+                if variant.get("pgbench"):
+                    args = [self.a.pgbench, "-n", "-c", "1", "-f", self.a.sql_loop,
+                            "-t", str(self.a.events // self.a.batch + 10), self.a.relay_dsn]
+                elif variant["hand"]:
+                    args = [self.a.hand_loop, self.a.relay_dsn, str(self.a.batch)]
+                else:
+                    args = [self.a.relay, "--dsn", self.a.relay_dsn, "--relay", "bench-%d" % n,
+                            "--sink", variant["sink"], "--topics", "orders", "--once",
+                            "--batch", str(self.a.batch), "--progress-interval", "0"] + variant["extra"]
+                procs.append(subprocess.Popen(args, stdout=devnull, stderr=subprocess.PIPE))
+            usage = 0.0
+            failures = []
+            for p in procs:
+                _, status, rusage = os.wait4(p.pid, 0)
+                p.returncode = os.waitstatus_to_exitcode(status)
+                usage += rusage.ru_utime + rusage.ru_stime
+                if p.returncode != 0:
+                    failures.append("exit %d: %s" % (p.returncode, p.stderr.read().decode()[-300:]))
+        seconds = time.time() - start
+        # The processes the run started (its backends) have ended and been
+        # reaped: their time is in the postmaster's children time.
+        deadline = time.time() + 10
+        while time.time() < deadline and set(children_of(self.postmaster)) - set(running):
+            time.sleep(0.01)
+        pg_cpu = cluster_cpu(self.postmaster, [p for p in running if os.path.exists("/proc/%d" % p)]) - pg_before
+        broker_cpu = cpu_seconds([broker_pid]) - broker_before if broker_pid else 0
+        delivered = self.delivered(target)
+        if delivered != self.a.events or failures:
+            print("    (%s: %d of %d delivered; %s)" % (variant["name"], delivered, self.a.events,
+                                                      "; ".join(failures)), flush=True)
+        return delivered / seconds, usage, pg_cpu, broker_cpu, seconds
+
+    def throughput(self, variants):
+        results = {v["name"]: [] for v in variants}
+        for r in range(self.a.rounds):
+            # Rotating order: no variant always runs first (or last).
+            for i in range(len(variants)):
+                v = variants[(i + r) % len(variants)]
+                results[v["name"]].append(self.run(v))
+        return results
+
+
+def report(title, variants, results, baseline):
+    print(title, flush=True)
+    base = statistics.median([r[0] for r in results[baseline]])
+    print("  %-46s %10s %7s %9s %9s %9s %8s" % ("", "events/s", "ratio", "wall s", "relay cpu",
+                                              "pg cpu", "broker"))
+    for v in variants:
+        runs = results[v["name"]]
+        rates = [r[0] for r in runs]
+        median_run = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+        print("  %-46s %10.0f %6.2fx %9.2f %9.2f %9.2f %8s%s" % (
+            v["name"], statistics.median(rates), statistics.median(rates) / base, median_run[4],
+            median_run[1], median_run[2], "%.2f" % median_run[3] if v.get("broker") else "-",
+            "" if len(rates) == 1 else "   (runs: %s)" % ", ".join("%.0f" % x for x in rates)),
+            flush=True)
+
+
+# ------------------------------------------------------------------ latency
+class Arrivals:
+    """seq -> arrival time, filled by a consumer thread."""
+
+    def __init__(self):
+        self.times = {}
+        self.stop = threading.Event()
+
+    def note(self, body):
+        try:
+            seq = json.loads(body)["seq"]
+        except (ValueError, KeyError, TypeError):
+            return
+        self.times.setdefault(seq, time.time())
+
+
+def consume_stdout(relay, arrivals):
+    for line in relay.stdout:
+        try:
+            arrivals.note(json.dumps(json.loads(line)["payload"]))
+        except (ValueError, KeyError):
+            pass
+
+
+def consume_nats(port, subject, arrivals, ready):
+    nats = brokers.Nats(port, timeout=1.0)
+    nats.subscribe(subject)
+    nats.sock.sendall(b"PING\r\n")
+    ready.set()
+    while not arrivals.stop.is_set():
+        try:
+            _, _, data = nats.next_message()
+        except OSError:
+            continue
+        arrivals.note(data)
+    nats.sock.close()
+
+
+def consume_amqp(port, queue, arrivals, ready):
+    connection, channel = brokers.amqp_channel(port)
+    ready.set()
+    for method, _, body in channel.consume(queue, auto_ack=True, inactivity_timeout=0.2):
+        if arrivals.stop.is_set():
+            break
+        if method is not None:
+            arrivals.note(body)
+    channel.cancel()
+    connection.close()
+
+
+def latency(a, name, sink, topic, extra, consumer=None):
+    arrivals = Arrivals()
+    args = [a.relay, "--dsn", a.relay_dsn, "--relay", "lat-" + topic, "--sink", sink,
             "--topics", topic, "--progress-interval", "0"] + extra
     relay = subprocess.Popen(args, stdout=subprocess.PIPE if sink == "stdout" else subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-
-    def read_stdout():
-        for line in relay.stdout:
-            now = time.time()
-            try:
-                arrivals[json.loads(line)["payload"]["seq"]] = now
-            except (ValueError, KeyError, TypeError):
-                pass
-
-    reader = None
+                             stderr=subprocess.DEVNULL, text=True)
+    threads = []
+    ready = threading.Event()
     if sink == "stdout":
-        reader = threading.Thread(target=read_stdout, daemon=True)
-        reader.start()
-    time.sleep(1.0)  # the relay is up and idle
+        threads.append(threading.Thread(target=consume_stdout, args=(relay, arrivals), daemon=True))
+        ready.set()
+    elif consumer is not None:
+        threads.append(threading.Thread(target=consumer, args=(arrivals, ready), daemon=True))
+    for t in threads:
+        t.start()
+    ready.wait(10)
+    time.sleep(1.0)  # the relay is connected and idle
 
-    producer = psycopg2.connect(a.dsn)
-    commits = {}
     count = int(a.rate * a.seconds)
-    start = time.time()
-    with producer.cursor() as cur:
-        for seq in range(1, count + 1):
-            due = start + (seq - 1) / a.rate
-            pause = due - time.time()
-            if pause > 0:
-                time.sleep(pause)
-            cur.execute("SELECT idempotency.outbox_enqueue(%s, jsonb_build_object('seq', %s), %s)",
-                        (topic, seq, "k%d" % (seq % 50)))
-            producer.commit()
-            commits[seq] = time.time()
-    producer.close()
+    commits = {}
+    producers = max(1, a.producers)
+    lock = threading.Lock()
+    start = time.time() + 0.2
 
+    def produce(first):
+        conn = psycopg2.connect(a.dsn)
+        with conn.cursor() as cur:
+            for seq in range(first, count + 1, producers):
+                due = start + (seq - 1) / a.rate
+                pause = due - time.time()
+                if pause > 0:
+                    time.sleep(pause)
+                cur.execute("SELECT idempotency.outbox_enqueue(%s, jsonb_build_object('seq', %s), %s)",
+                            (topic, seq, "k%d" % (seq % 50)))
+                conn.commit()
+                with lock:
+                    commits[seq] = time.time()
+        conn.close()
+
+    workers = [threading.Thread(target=produce, args=(i + 1,)) for i in range(producers)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    achieved = count / (max(commits.values()) - start) if commits else 0
     deadline = time.time() + 30
-    while time.time() < deadline:
-        if sink != "stdout":
-            arrivals.clear()
-            with open(receiver_log) as f:
-                for line in f:
-                    e = json.loads(line)
-                    if e.get("topic") == topic and e.get("seq") is not None:
-                        arrivals.setdefault(e["seq"], e["t"])
-        if len(arrivals) >= count:
-            break
-        time.sleep(0.2)
+    while time.time() < deadline and len(arrivals.times) < count:
+        time.sleep(0.1)
+    arrivals.stop.set()
     relay.terminate()
     try:
         relay.wait(timeout=30)
     except subprocess.TimeoutExpired:
         relay.kill()
-    delays = [(arrivals[s] - commits[s]) * 1000 for s in commits if s in arrivals]
-    print("  %-44s %5d events at %4.0f/s: commit-to-delivery median %6.2f ms, p99 %6.2f ms, max %6.2f ms%s"
-          % (name, len(delays), a.rate, statistics.median(delays) if delays else float("nan"),
+    for t in threads:
+        t.join(5)
+    delays = [(arrivals.times[s] - commits[s]) * 1000 for s in commits if s in arrivals.times]
+    print("  %-34s %6d events at %5.0f/s: median %7.2f ms, p99 %7.2f ms, max %7.2f ms%s"
+          % (name, len(delays), achieved, statistics.median(delays) if delays else float("nan"),
              percentile(delays, 99), max(delays) if delays else float("nan"),
              "" if len(delays) == count else "  (%d of %d arrived)" % (len(delays), count)), flush=True)
 
@@ -125,30 +305,85 @@ def main():
     p.add_argument("--dsn", required=True, help="superuser DSN for the load")
     p.add_argument("--relay-dsn", required=True)
     p.add_argument("--relay", required=True, help="the idem-relay binary")
-    p.add_argument("--http", required=True, help="receiver URL")
-    p.add_argument("--receiver-log", required=True)
-    p.add_argument("--events", type=int, default=20000)
-    p.add_argument("--http-events", type=int, default=5000)
-    p.add_argument("--rate", type=float, default=200)
+    p.add_argument("--hand-loop", required=True, help="the hand-written loop's binary")
+    p.add_argument("--pgbench", required=True, help="pgbench, for the SQL loop")
+    p.add_argument("--sql-loop", required=True, help="pgbench script: one claim + ack transaction")
+    p.add_argument("--postmaster-pid", required=True, help="the cluster's postmaster.pid")
+    p.add_argument("--http", help="receiver URL")
+    p.add_argument("--receiver-log")
+    p.add_argument("--nats-port", type=int)
+    p.add_argument("--nats-pid", type=int)
+    p.add_argument("--amqp-port", type=int)
+    p.add_argument("--amqp-pid", type=int)
+    p.add_argument("--events", type=int, default=100000)
+    p.add_argument("--batch", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rate", type=float, default=1000)
     p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--producers", type=int, default=4)
     a = p.parse_args()
-    conn = connect(a.dsn)
+    bench = Bench(a)
+    nats_sink = "nats://127.0.0.1:%d/bench" % a.nats_port if a.nats_port else None
+    amqp_sink = "amqp://guest:guest@127.0.0.1:%d/" % a.amqp_port if a.amqp_port else None
 
-    print("throughput (bulk-enqueued backlog, one --once run, durable commits):", flush=True)
-    throughput(a, conn, "stdout, no key, --batch 100", "stdout", "tp_stdout_100", a.events, 0, [])
-    throughput(a, conn, "stdout, no key, --batch 1000", "stdout", "tp_stdout_1000", a.events, 0,
-               ["--batch", "1000"])
-    throughput(a, conn, "stdout, 1000 keys, --batch 1000", "stdout", "tp_stdout_keys", a.events, 1000,
-               ["--batch", "1000"])
-    throughput(a, conn, "http, no key, --parallel 1", a.http, "tp_http_1", a.http_events, 0, [])
-    throughput(a, conn, "http, no key, --parallel 4", a.http, "tp_http_4", a.http_events, 0,
-               ["--parallel", "4"])
-    throughput(a, conn, "http, 1000 keys, --parallel 4", a.http, "tp_http_keys", a.http_events, 1000,
-               ["--parallel", "4"])
-    print("latency (steady load, one event per transaction, 50 keys; from the commit's return):",
+    def relay(name, sink, extra=(), processes=1, broker=None):
+        return {"name": name, "hand": False, "sink": sink, "extra": list(extra),
+                "processes": processes, "broker": broker}
+
+    def hand(name, processes=1):
+        return {"name": name, "hand": True, "processes": processes}
+
+    # The extension's claim and ack alone: what the relay builds on.
+    sql_loop = {"name": "outbox_claim + outbox_ack in SQL (pgbench)", "hand": False,
+                "pgbench": True, "processes": 1}
+
+    main_variants = [hand("hand-written SKIP LOCKED loop, stdout"), sql_loop]
+    main_variants.append(relay("idem-relay, stdout", "stdout"))
+    if nats_sink:
+        main_variants.append(relay("idem-relay, NATS JetStream", nats_sink, broker="nats"))
+    if amqp_sink:
+        main_variants.append(relay("idem-relay, RabbitMQ", amqp_sink, broker="amqp"))
+    results = bench.throughput(main_variants)
+    report("throughput: a backlog of %d events over 1000 keys, --batch %d, one process, median of %d"
+           % (a.events, a.batch, a.rounds), main_variants, results, main_variants[0]["name"])
+
+    scale_variants = [hand("hand loop, 1 process"), hand("hand loop, 2 processes", 2),
+                      hand("hand loop, 4 processes", 4),
+                      relay("idem-relay stdout, --parallel 2", "stdout", ["--parallel", "2"]),
+                      relay("idem-relay stdout, --parallel 4", "stdout", ["--parallel", "4"]),
+                      relay("idem-relay stdout, 2 relays", "stdout", processes=2),
+                      relay("idem-relay stdout, 4 relays", "stdout", processes=4)]
+    if nats_sink:
+        scale_variants.append(relay("idem-relay NATS, --parallel 4", nats_sink, ["--parallel", "4"],
+                                    broker="nats"))
+        scale_variants.append(relay("idem-relay NATS, 2 relays", nats_sink, processes=2, broker="nats"))
+    if amqp_sink:
+        scale_variants.append(relay("idem-relay RabbitMQ, --parallel 4", amqp_sink, ["--parallel", "4"],
+                                    broker="amqp"))
+        scale_variants.append(relay("idem-relay RabbitMQ, 2 relays", amqp_sink, processes=2,
+                                    broker="amqp"))
+    results = bench.throughput(scale_variants)
+    report("scaling: the same backlog, ratios to one hand loop", scale_variants, results,
+           scale_variants[0]["name"])
+
+    if a.http:
+        http_variants = [hand("hand loop, stdout"),
+                         relay("idem-relay, HTTP (Python receiver), --parallel 4", a.http,
+                               ["--parallel", "4"])]
+        results = bench.throughput(http_variants)
+        report("HTTP: the same backlog to the local receiver (a single Python process bounds it)",
+               http_variants, results, http_variants[0]["name"])
+
+    print("latency: %.0f events/s for %.0f s, one event per transaction from %d producers, 50 keys;"
+          " from the commit's return to arrival at the consumer:" % (a.rate, a.seconds, a.producers),
           flush=True)
-    latency(a, conn, "stdout", "stdout", "lat_stdout", a.receiver_log, [])
-    latency(a, conn, "http, --parallel 4", a.http, "lat_http", a.receiver_log, ["--parallel", "4"])
+    latency(a, "stdout", "stdout", "lat_stdout", [])
+    if nats_sink:
+        latency(a, "NATS JetStream (subscriber)", nats_sink, "lat_nats", [],
+                lambda arr, ready: consume_nats(a.nats_port, "bench.lat_nats", arr, ready))
+    if amqp_sink:
+        latency(a, "RabbitMQ (consumer)", amqp_sink, "lat_amqp", [],
+                lambda arr, ready: consume_amqp(a.amqp_port, "lat_amqp", arr, ready))
 
 
 if __name__ == "__main__":

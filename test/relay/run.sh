@@ -4,10 +4,12 @@
 #
 #   cli        --help documents every option; bad options (no --topics nor
 #              --all-topics among them) exit 2 with a message, a sink's
-#              password unprinted; an unreachable database or a database
-#              without the extension exit 1 with a message
+#              password unprinted; --version is the project's version; an
+#              unreachable database or a database without the extension exit
+#              1 with a message
 #   stdout     the stdout sink's JSON lines; --once; a delayed event and a
-#              rolled-back one are not delivered
+#              rolled-back one are not delivered; without --dsn the PG*
+#              variables apply
 #   scripted   200, 204 and a 200 whose body never ends ack; 409 (+
 #              Retry-After), 500, 408, 425, 503, 429 + Retry-After, a reset
 #              connection and a response slower than --http-timeout are
@@ -39,7 +41,7 @@
 #   drain      SIGTERM: exit 0 within bounds, nothing left in flight
 #   once       --once delivers what is due and exits
 #   notify     wakes on LISTEN (poll interval 60 s), progress lines on stderr,
-#              Prometheus metrics and /healthz on --metrics-addr
+#              Prometheus metrics and /healthz on --metrics-addr 0.0.0.0:0
 #   final      over the whole run: every committed event delivered (or dead as
 #              scripted), never a rolled-back one, per-key order, duplicates
 #              only with the same Idempotency-Key
@@ -52,6 +54,7 @@
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/../lib/common.sh"
+. "$here/harness.sh"
 
 port=${RELAY_TEST_PORT:-54440}
 bindir=$(pg_bindir)
@@ -81,33 +84,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ok() { number=$((number + 1)); passed=$((passed + 1)); echo "ok $number - $1"; }
-not_ok() {
-    number=$((number + 1)); failed=$((failed + 1)); echo "not ok $number - $1"
-    [ $# -gt 1 ] && printf '  %s\n' "${@:2}"
-    return 0
-}
-# check NAME COMMAND...: ok when the command succeeds.
-check() { local name=$1; shift; if "$@"; then ok "$name"; else not_ok "$name"; fi; }
-
-sql() { as_pg "$bindir/psql" -X -q -At -h "$dir" -p "$port" -U postgres -d "$db" -v ON_ERROR_STOP=1 "$@"; }
-# wait_until SECONDS COMMAND...: polls every 0.1 s.
-wait_until() {
-    local limit=$1; shift
-    local deadline=$((SECONDS + limit))
-    while ! "$@"; do
-        [ "$SECONDS" -ge "$deadline" ] && return 1
-        sleep 0.1
-    done
-}
-sql_is() { [ "$(sql -c "$1" 2>/dev/null)" = "$2" ]; }
 received() { grep -c "\"topic\":\"$1\"" "$dir/receiver.jsonl" 2>/dev/null || true; }
 received_at_least() { [ "$(received "$1")" -ge "$2" ]; }
 live() { sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = '$1' AND state IN ('pending', 'in_flight')"; }
-states() {
-    sql -c "SELECT coalesce(string_agg(state || '=' || n, ' ' ORDER BY state), '') FROM
-            (SELECT state::text, count(*) AS n FROM idempotency.outbox WHERE topic = '$1' GROUP BY 1) s"
-}
 dump() {
     sql -F '|' -c "SELECT id, topic, translate(coalesce(key, ''), E'\n|', '  '), state, attempts,
                           coalesce(payload->>'expect', ''), translate(coalesce(dedup_key, ''), E'\n|', '  '),
@@ -117,38 +96,6 @@ dump() {
 # DSN of the application-like role (USAGE on schema idempotency only).
 dsn="host=$dir port=$port dbname=$db user=relay_app"
 
-# start_relay NAME ARGS...: runs idem-relay in the background with stdout
-# and stderr in $dir/NAME.out and $dir/NAME.err; sets relay_pid. (Not under
-# timeout(1), which would pass our signals on twice; every wait below is
-# bounded and the cleanup kills what is left.)
-start_relay() {
-    local name=$1; shift
-    "$relay_bin" --relay "$name" "$@" >"$dir/$name.out" 2>"$dir/$name.err" &
-    relay_pid=$!
-    pids+=("$relay_pid")
-}
-# stop_relay PID SECONDS [SIGNAL]: SIGTERM (or SIGNAL), then the exit status
-# (124 when it did not exit in time, and then it is killed).
-stop_relay() {
-    local pid=$1 limit=$2 signal=${3:-TERM}
-    kill -"$signal" "$pid" 2>/dev/null
-    local deadline=$((SECONDS + limit))
-    while kill -0 "$pid" 2>/dev/null; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            kill -KILL "$pid" 2>/dev/null
-            wait "$pid" 2>/dev/null
-            return 124
-        fi
-        sleep 0.05
-    done
-    wait "$pid"
-}
-# once NAME SECONDS ARGS...: a --once run in the foreground; its exit status.
-once() {
-    local name=$1 limit=$2; shift 2
-    timeout -s KILL "$limit" "$relay_bin" --relay "$name" --once "$@" >"$dir/$name.out" 2>"$dir/$name.err"
-}
-show_err() { echo "  --- $1.err:"; tail -n "${2:-15}" "$dir/$1.err" | sed 's/^/  /'; }
 
 # ---------------------------------------------------------------- setup
 [ -x "$relay_bin" ] || { echo "idem-relay not found at $relay_bin: run make install first" >&2; echo "0 passed, 1 failed"; exit 1; }
@@ -205,7 +152,7 @@ bad_option() {  # bad_option EXPECTED-MESSAGE ARGS...
         not_ok "bad command line exits 2: $*" "status $status: $(head -c 300 "$dir/bad.err")"
     fi
 }
-bad_option "--dsn is required"
+bad_option "--relay is required"
 bad_option "unknown option" --dsn "$dsn" --relay r --sink stdout --bogus
 bad_option "--sink is required" --dsn "$dsn" --relay r
 bad_option "--batch must be" --dsn "$dsn" --relay r --sink stdout --batch 0
@@ -214,7 +161,9 @@ bad_option "--parallel must be" --dsn "$dsn" --relay r --sink stdout --parallel 
 bad_option "--lease must be" --dsn "$dsn" --relay r --sink stdout --lease 30x
 bad_option "--sink must be" --dsn "$dsn" --relay r --sink ftp://example
 bad_option "not a valid URL" --dsn "$dsn" --relay r --sink "http://" --all-topics
-bad_option "loopback" --dsn "$dsn" --relay r --sink stdout --metrics-addr 0.0.0.0:9187
+bad_option "cannot resolve" --dsn "$dsn" --relay r --sink stdout --all-topics --metrics-addr no-such-host.invalid:9187
+bad_option "nats://host" --dsn "$dsn" --relay r --sink "nats://" --all-topics
+bad_option "no host" --dsn "$dsn" --relay r --sink "amqp://u:s3cret@/v" --all-topics
 bad_option "shorter than --lease" --dsn "$dsn" --relay r --sink stdout --all-topics --lease 2s --http-timeout 5s
 bad_option "needs a value" --dsn "$dsn" --relay r --sink stdout --topics
 bad_option "--topics or --all-topics is required" --dsn "$dsn" --relay r --sink stdout
@@ -229,6 +178,10 @@ if [ "$status" -eq 2 ] && grep -q "user:\*\*\*@" "$dir/bad.err" && ! grep -q s3c
 else
     not_ok "a sink URL that does not parse: its password is not printed" "status $status: $(head -c 300 "$dir/bad.err")"
 fi
+
+# --version is the project's single version, the extension's default_version.
+version=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$here/../../idempotency.control")
+check "--version says idem-relay $version" test "$("$relay_bin" --version)" = "idem-relay $version"
 
 timeout -s KILL 30 "$relay_bin" --dsn "host=$dir/nowhere port=1 dbname=x connect_timeout=3" \
     --relay r --sink stdout --all-topics --once >"$dir/unreachable.out" 2>"$dir/unreachable.err"
@@ -287,6 +240,13 @@ check "stdout: the three due events delivered, the delayed one still pending" \
     test "$(states s_stdout)" = "delivered=3 pending=1"
 check "stdout: the delayed event was never handed out" \
     sql_is "SELECT attempts FROM idempotency.outbox WHERE payload->>'name' = 'later'" 0
+
+# Without --dsn, libpq's PG* variables say where the database is.
+sql -c "SELECT idempotency.outbox_enqueue('s_pgenv', '{\"n\": 1}')" >/dev/null
+PGHOST=$dir PGPORT=$port PGDATABASE=$db PGUSER=relay_app once pgenv 60 --sink stdout --topics s_pgenv
+status=$?
+check "no --dsn: PGHOST, PGPORT, PGDATABASE and PGUSER apply (exit $status, $(states s_pgenv))" \
+    test "$status" -eq 0 -a "$(states s_pgenv)" = "delivered=1"
 
 # ---------------------------------------------------------------- scripted
 log "scripted HTTP responses"
@@ -812,10 +772,11 @@ check "once: the receiver got each due event once" test "$(received s_once)" = 5
 # ---------------------------------------------------------------- notify, progress, metrics
 log "LISTEN wake-up, progress and metrics"
 start_relay notify --dsn "host=$dir port=$port dbname=$db user=relay_monitor" --sink "$sink" \
-    --topics s_notify --poll-interval 60s --progress-interval 1s --metrics-addr 127.0.0.1:0
+    --topics s_notify --poll-interval 60s --progress-interval 1s --metrics-addr 0.0.0.0:0
 notify_pid=$relay_pid
-wait_until 15 grep -q "metrics on http://127.0.0.1:" "$dir/notify.err"
-metrics_port=$(sed -nE 's|.*metrics on http://127.0.0.1:([0-9]+)/metrics.*|\1|p' "$dir/notify.err" | head -n 1)
+# Any address: here every IPv4 address, reached through loopback.
+wait_until 15 grep -q "metrics on http://0.0.0.0:" "$dir/notify.err"
+metrics_port=$(sed -nE 's|.*metrics on http://0.0.0.0:([0-9]+)/metrics.*|\1|p' "$dir/notify.err" | head -n 1)
 sleep 1.5  # the first claims are done; only a notification can wake it now
 sent=$($python -c 'import time; print(time.time())')
 sql -c "SELECT idempotency.outbox_enqueue('s_notify', '{\"seq\": 1}', 'n1')" >/dev/null
@@ -866,7 +827,7 @@ log "final count"
 once final 60 --dsn "$dsn" --sink "$sink" \
     --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big
 check "final: a last --once run exits 0" test $? -eq 0
-sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pipe', 's_trim_a', 's_trim_b') OR payload->>'expect' = 'pending'"
+sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pgenv', 's_pipe', 's_trim_a', 's_trim_b') OR payload->>'expect' = 'pending'"
 dump
 check "final: every committed event delivered (or dead as scripted), never a rolled-back one" \
     $python "$here/check.py" complete "$dir/receiver.jsonl" "$dir/outbox.dump" --discarded "$dead_ids"

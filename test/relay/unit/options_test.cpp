@@ -81,7 +81,8 @@ TEST(RelayOptions, HelpAndVersion) {
     for (const char* option : {"--dsn", "--relay", "--sink", "--topics", "--all-topics", "--batch",
                                "--lease", "--parallel", "--once", "--metrics-addr",
                                "--max-in-flight-bytes", "409", "Retry-After", "misconfigured",
-                               "released", "Exit status"})
+                               "released", "Exit status", "nats://", "Nats-Msg-Id", "PubAck",
+                               "amqp://", "message_id", "unroutable", "PGHOST", "0.0.0.0:9187"})
         EXPECT_NE(text.find(option), std::string::npos) << option;
 }
 
@@ -91,7 +92,7 @@ TEST(RelayOptions, Errors) {
         const char* message;
     };
     const std::vector<Case> cases = {
-        {{}, "--dsn is required"},
+        {{}, "--relay is required"},
         {{"--dsn", "x", "--sink", "stdout"}, "--relay is required"},
         {{"--dsn", "x", "--relay", "r"}, "--sink is required"},
         {required({"--bogus"}), "unknown option"},
@@ -105,12 +106,13 @@ TEST(RelayOptions, Errors) {
         {required({"--lease", "-1s"}), "--lease"},
         {required({"--lease", "10 s"}), "--lease"},
         {required({"--topics", "a,,b"}), "empty topic"},
-        {required({"--metrics-addr", "192.168.1.1:80"}), "loopback"},
+        {required({"--metrics-addr", "no-such-host.invalid:80"}), "cannot resolve"},
         {required({"--metrics-addr", "127.0.0.1"}), "HOST:PORT"},
         {required({"--metrics-addr", "127.0.0.1:70000"}), "port"},
         {required({"--lease", "5s", "--http-timeout", "5s"}), "shorter than --lease"},
         {required({"--once=yes"}), "takes no value"},
         {{"--dsn", "x", "--relay", "r", "--sink", "ftp://host/"}, "--sink must be"},
+        {{"--relay", "r", "--sink", "nats:/host"}, "--sink must be"},
         {base(), "--topics or --all-topics is required"},
         {base({"--topics", "a", "--all-topics"}), "exclude each other"},
         {base({"--topics", "a, ,b"}), "empty topic"},
@@ -178,17 +180,39 @@ TEST(RelayOptions, Durations) {
     EXPECT_FALSE(parse_duration("nan", &d));
 }
 
-TEST(RelayOptions, LoopbackAddresses) {
+TEST(RelayOptions, ListenAddresses) {
     std::string host, error;
     int port = -1;
-    ASSERT_TRUE(parse_loopback_address("localhost:0", &host, &port, &error)) << error;
-    EXPECT_EQ(host, "127.0.0.1");
+    ASSERT_TRUE(parse_listen_address("localhost:0", &host, &port, &error)) << error;
+    EXPECT_TRUE(host == "127.0.0.1" || host == "::1") << host;
     EXPECT_EQ(port, 0);
-    ASSERT_TRUE(parse_loopback_address("127.0.0.2:9187", &host, &port, &error)) << error;
-    ASSERT_TRUE(parse_loopback_address("[::1]:9187", &host, &port, &error)) << error;
+    ASSERT_TRUE(parse_listen_address("127.0.0.2:9187", &host, &port, &error)) << error;
+    ASSERT_TRUE(parse_listen_address("[::1]:9187", &host, &port, &error)) << error;
     EXPECT_EQ(host, "::1");
     EXPECT_EQ(port, 9187);
-    EXPECT_FALSE(parse_loopback_address("0.0.0.0:9187", &host, &port, &error));
-    EXPECT_FALSE(parse_loopback_address("[::]:9187", &host, &port, &error));
-    EXPECT_FALSE(parse_loopback_address("example.com:9187", &host, &port, &error));
+    // Any address, so that a scraper elsewhere (another container) reaches it.
+    ASSERT_TRUE(parse_listen_address("0.0.0.0:9187", &host, &port, &error)) << error;
+    EXPECT_EQ(host, "0.0.0.0");
+    ASSERT_TRUE(parse_listen_address("[::]:9187", &host, &port, &error)) << error;
+    EXPECT_EQ(host, "::");
+    ASSERT_TRUE(parse_listen_address("10.1.2.3:9187", &host, &port, &error)) << error;
+    EXPECT_EQ(host, "10.1.2.3");
+    ASSERT_TRUE(parse_listen_address(":9187", &host, &port, &error)) << error;
+    EXPECT_EQ(host, "0.0.0.0");
+    EXPECT_FALSE(parse_listen_address("no-such-host.invalid:9187", &host, &port, &error));
+    EXPECT_FALSE(parse_listen_address("0.0.0.0", &host, &port, &error));
+}
+
+TEST(RelayOptions, DsnIsOptional) {
+    const ParseResult r = parse({"--relay", "r1", "--sink", "stdout", "--all-topics"});
+    ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+    EXPECT_EQ(r.options.dsn, "");
+}
+
+TEST(RelayOptions, BrokerSinks) {
+    for (const char* sink : {"nats://127.0.0.1:4222", "amqp://guest:guest@127.0.0.1/%2F"}) {
+        const ParseResult r = parse({"--relay", "r1", "--sink", sink, "--all-topics"});
+        ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+        EXPECT_EQ(r.options.sink, sink);
+    }
 }

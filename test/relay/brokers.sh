@@ -1,0 +1,384 @@
+#!/usr/bin/env bash
+# idem-relay against the real brokers: a throwaway cluster, a NATS server
+# with JetStream (as the OS user nats) and a RabbitMQ node (as the OS user
+# rabbitmq, with its own node name, Erlang port mapper and data folder), all
+# on 127.0.0.1 ports of their own and stopped afterwards. Scenarios, for
+# each broker:
+#
+#   order      --parallel 4 --once: every event arrives once, in per-key
+#              order, with the idempotency key as Nats-Msg-Id / message_id
+#              (its dedup_key where it has one), RabbitMQ's persistent
+#   kill       the relay is SIGKILLed while events it published are not
+#              acked in the outbox (caught by freezing it until the broker
+#              holds more than the outbox has acked); the next relay
+#              publishes them again: the JetStream stream holds each event
+#              once (the PubAcks said duplicate), RabbitMQ's repeats carry
+#              the same message_id; every event arrives, per-key order
+#   outage     the broker stops under a running relay: deliveries fail and
+#              are retried (attempts counted, the error stored), nothing is
+#              acked; after the broker restarts every event arrives (each
+#              once in the stream), those from before the stop kept
+#   drain      SIGTERM: exit 0 in bounds, nothing left in flight, exactly
+#              the events acked are at the broker
+#   RabbitMQ only:
+#   unroutable a message no queue takes (mandatory) is not acked: it is
+#              retried, delivered once its queue exists, dead after
+#              idempotency.outbox_max_attempts
+#   nack       a queue that refuses publishes (x-overflow reject-publish):
+#              the nacked event is retried, delivered once there is room
+#
+# Run as root after the extension and idem-relay are installed (make
+# install); needs nats-server, rabbitmq-server, python3-pika and an
+# idem-relay built with libnats-dev and librabbitmq-dev. Prints "ok N - ..."
+# or "not ok N - ..." lines and ends with "N passed, N failed". Settings:
+# BROKER_TEST_PORT (54460: PostgreSQL; NATS, AMQP, the RabbitMQ node's
+# distribution port and its port mapper take the next four), IDEM_RELAY.
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../lib/common.sh"
+. "$here/harness.sh"
+. "$here/broker_servers.sh"
+
+port=${BROKER_TEST_PORT:-54460}
+nats_port=$((port + 1))
+amqp_port=$((port + 2))
+amqp_dist_port=$((port + 3))
+epmd_port=$((port + 4))
+bindir=$(pg_bindir)
+relay_bin=${IDEM_RELAY:-$bindir/idem-relay}
+python=/usr/bin/python3
+brokers="$python $here/brokers.py"
+db=broker_test
+passed=0
+failed=0
+number=0
+pids=()
+
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-brokers.XXXXXX") || exit 1
+chmod 755 "$dir"
+
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; kill -CONT "$pid" 2>/dev/null; done
+    stop_brokers
+    stop_cluster "$dir"
+    if [ "$failed" -eq 0 ] && [ -z "${RELAY_TEST_KEEP:-}" ]; then
+        rm -rf "$dir"
+    else
+        echo "outputs kept in $dir" >&2
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+give_up() { echo "brokers: $1" >&2; [ $# -gt 1 ] && tail -n 20 "$2" >&2; echo "$passed passed, $((failed + 1)) failed"; exit 1; }
+
+# ---------------------------------------------------------------- setup
+[ -x "$relay_bin" ] || give_up "idem-relay not found at $relay_bin: run make install first"
+for tool in nats-server /usr/lib/rabbitmq/bin/rabbitmq-server epmd; do
+    command -v "$tool" >/dev/null || give_up "$tool is missing (install nats-server and rabbitmq-server)"
+done
+$python -c 'import pika' 2>/dev/null || give_up "python3-pika is missing"
+log "broker tests: cluster in $dir, ports $port-$epmd_port"
+start_cluster "$dir" "$port" "log_min_messages = warning" "max_connections = 40" ||
+    give_up "could not start the cluster" "$dir/server.log"
+as_pg "$bindir/createdb" -h "$dir" -p "$port" -U postgres "$db" || give_up "createdb failed"
+sql <<'SQL' || give_up "setup failed"
+CREATE EXTENSION idempotency;
+CREATE ROLE relay_app LOGIN;
+SELECT idempotency.grant_relay('relay_app');
+-- Short backoffs keep the retries quick; an outage must not kill events.
+ALTER DATABASE broker_test SET idempotency.retry_base_delay = '100ms';
+ALTER DATABASE broker_test SET idempotency.retry_max_delay = '500ms';
+ALTER DATABASE broker_test SET idempotency.outbox_max_attempts = 1000;
+SQL
+dsn="host=$dir port=$port dbname=$db user=relay_app"
+
+prepare_brokers || give_up "cannot prepare the brokers' folders"
+
+for scheme in nats amqp; do
+    "$relay_bin" --relay r --sink "$scheme://127.0.0.1:1" --all-topics --once >/dev/null 2>"$dir/built.err" </dev/null
+    grep -q "built without" "$dir/built.err" && give_up "idem-relay was built without the $scheme:// sink" "$dir/built.err"
+done
+
+log "starting NATS (JetStream) on 127.0.0.1:$nats_port"
+start_nats || give_up "NATS did not start" "$dir/nats/server.log"
+log "starting RabbitMQ on 127.0.0.1:$amqp_port"
+started=$SECONDS
+start_rabbitmq || give_up "RabbitMQ did not start" "$dir/rabbitmq/server.out"
+log "RabbitMQ up after $((SECONDS - started)) s"
+nats_sink="nats://127.0.0.1:$nats_port/outbox"
+amqp_sink="amqp://guest:guest@127.0.0.1:$amqp_port/"
+
+# ---------------------------------------------------------------- helpers
+# enqueue TOPIC COUNT KEYS: COUNT events over KEYS keys (every 7th without a
+# key, every 5th with a dedup_key); writes $dir/TOPIC.ids ("id message-id").
+enqueue() {
+    local topic=$1 count=$2 keys=$3
+    sql -c "SELECT idempotency.outbox_enqueue('$topic',
+                jsonb_build_object('seq', g, 'pad', repeat('x', 200)),
+                CASE WHEN g % 7 = 0 THEN NULL ELSE 'k' || (g % $keys) END,
+                '{\"X-Custom\": \"yes\"}',
+                CASE WHEN g % 5 = 0 THEN '$topic-' || g END)
+            FROM generate_series(1, $count) g" >/dev/null
+    write_ids "$topic"
+}
+write_ids() {
+    sql -F ' ' -c "SELECT id, coalesce(dedup_key, 'outbox-' || id) FROM idempotency.outbox
+                    WHERE topic = '$1' ORDER BY id" >"$dir/$1.ids"
+}
+delivered_at_least() { [ "$(delivered "$1")" -ge "$2" ]; }
+delivered() { sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = '$1' AND state = 'delivered'"; }
+all_delivered() { sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = '$1' AND state <> 'delivered'" 0; }
+# retried_while_down TOPIC REGEX [FIRST-ID]: of the events from FIRST-ID on,
+# some attempted at least twice and failed with an error that REGEX
+# matches, none delivered.
+retried_while_down() {
+    sql_is "SELECT count(*) FILTER (WHERE attempts >= 2 AND state = 'pending' AND last_error ~ '$2') > 0
+                   AND count(*) FILTER (WHERE state = 'delivered') = 0
+              FROM idempotency.outbox WHERE topic = '$1' AND id >= ${3:-0}" t
+}
+# catch_unacked PID APP TOPIC COUNT-COMMAND...: freezes the relay (SIGSTOP)
+# until its backend runs no statement, then compares what the broker holds
+# with what the outbox has acked; SIGKILLs the relay once the broker holds
+# more (events published, their acks not committed), else lets it go on
+# and looks again. Sets caught to "held acked".
+catch_unacked() {
+    local pid=$1 app=$2 topic=$3 held acked deadline=$((SECONDS + 120))
+    shift 3
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        kill -STOP "$pid" 2>/dev/null || return 1
+        if wait_until 10 sql_is "SELECT count(*) FROM pg_stat_activity
+                                  WHERE application_name = '$app' AND state = 'active'" 0; then
+            held=$("$@")
+            acked=$(delivered "$topic")
+            if [ -n "$held" ] && [ "$held" -gt "$acked" ]; then
+                kill -KILL "$pid"
+                caught="$held $acked"
+                return 0
+            fi
+        fi
+        kill -CONT "$pid"
+        wait_until 5 grows_beyond "${held:-0}" "$@"
+    done
+    return 1
+}
+grows_beyond() { local n=$1 now; shift; now=$("$@"); [ -n "$now" ] && [ "$now" -gt "$n" ]; }
+# final_line NAME: the relay's last progress line.
+final_line() { grep 'stopped:' "$dir/$1.err" | tail -n 1; }
+
+# ---------------------------------------------------------------- scenarios
+# The scenarios' topics start with the broker's initial: n_..., r_...
+topic_of() { local initial=${1:0:1}; echo "${initial,,}"; }
+# run_order BROKER SINK DUMP-COMMAND...: the order scenario; the dump
+# command gets the output file as its last argument.
+run_order() {
+    local broker=$1 sink=$2 topic=$(topic_of "$1")_order
+    shift 2
+    enqueue "$topic" 1200 30
+    once "${topic}1" 120 --dsn "$dsn" --sink "$sink" --topics "$topic" --parallel 4 --batch 50
+    local status=$?
+    check "$broker order: --once --parallel 4 exits 0 ($(states "$topic"))" \
+        test "$status" -eq 0 -a "$(states "$topic")" = "delivered=1200"
+    "$@" "$dir/$topic.dump"
+    local verdict
+    verdict=$($brokers check "$dir/$topic.dump" "$dir/$topic.ids" --once)
+    check "$broker order: every event once, per-key order, the idempotency key as message id ($verdict)" \
+        $brokers check "$dir/$topic.dump" "$dir/$topic.ids" --once
+}
+
+run_kill() {
+    local broker=$1 sink=$2 count_command=$3 topic=$(topic_of "$1")_kill once_flag=$4
+    shift 4
+    enqueue "$topic" 4000 50
+    start_relay "${topic}1" --dsn "$dsn application_name=${topic}1" --sink "$sink" --topics "$topic" \
+        --parallel 2 --batch 50 --lease 3s --http-timeout 1s --progress-interval 0
+    local pid=$relay_pid
+    caught="0 0"
+    if catch_unacked "$pid" "${topic}1" "$topic" $count_command; then
+        wait "$pid" 2>/dev/null
+        ok "$broker kill: SIGKILLed with ${caught% *} event(s) at the broker and ${caught#* } acked"
+    else
+        not_ok "$broker kill: caught the relay between publish and ack"; show_err "${topic}1"
+        kill -KILL "$pid" 2>/dev/null; kill -CONT "$pid" 2>/dev/null
+    fi
+    start_relay "${topic}2" --dsn "$dsn" --sink "$sink" --topics "$topic" --parallel 2 --batch 50 \
+        --lease 3s --http-timeout 1s --progress-interval 0
+    local pid2=$relay_pid
+    if wait_until 120 all_delivered "$topic"; then ok "$broker kill: the next relay delivers every event"
+    else not_ok "$broker kill: the next relay delivers every event" "$(states "$topic")"; show_err "${topic}2"; fi
+    stop_relay "$pid2" 20
+    check "$broker kill: SIGTERM exits 0" test $? -eq 0
+    "$@" "$dir/$topic.dump"
+    local verdict
+    verdict=$($brokers check "$dir/$topic.dump" "$dir/$topic.ids" $once_flag)
+    check "$broker kill: every event arrived, per-key order, repeats with the same message id ($verdict)" \
+        $brokers check "$dir/$topic.dump" "$dir/$topic.ids" $once_flag
+    kill_final=$(final_line "${topic}2")
+}
+
+# run_outage BROKER SINK STOP START PATTERN DUMP-COMMAND...
+run_outage() {
+    local broker=$1 sink=$2 stop=$3 start=$4 pattern=$5 topic=$(topic_of "$1")_outage
+    shift 5
+    enqueue "$topic" 100 10
+    start_relay "${topic}1" --dsn "$dsn" --sink "$sink" --topics "$topic" --parallel 2 --batch 20 \
+        --lease 5s --http-timeout 1s --progress-interval 0
+    local pid=$relay_pid
+    wait_until 60 all_delivered "$topic"
+    check "$broker outage: delivered before the stop ($(states "$topic"))" all_delivered "$topic"
+    "$stop"
+    local first
+    first=$(sql -c "SELECT min(idempotency.outbox_enqueue('$topic', jsonb_build_object('seq', 1000 + g), 'k' || (g % 10)))
+                      FROM generate_series(1, 100) g")
+    write_ids "$topic"
+    if wait_until 60 retried_while_down "$topic" "$pattern" "$first"; then
+        ok "$broker outage: while it is down, deliveries fail and are retried, none acked"
+    else
+        not_ok "$broker outage: while it is down, deliveries fail and are retried, none acked" "$(states "$topic")"
+        sql -c "SELECT attempts, state, last_error FROM idempotency.outbox WHERE topic = '$topic' AND id >= $first ORDER BY id LIMIT 3"
+    fi
+    check "$broker outage: the relay keeps running" kill -0 "$pid"
+    "$start"
+    check "$broker outage: $broker restarted" test $? -eq 0
+    if wait_until 120 all_delivered "$topic"; then ok "$broker outage: after the restart every event is delivered"
+    else not_ok "$broker outage: after the restart every event is delivered" "$(states "$topic")"; show_err "${topic}1"; fi
+    stop_relay "$pid" 20
+    check "$broker outage: SIGTERM exits 0" test $? -eq 0
+    "$@" "$dir/$topic.dump"
+    local verdict
+    verdict=$($brokers check "$dir/$topic.dump" "$dir/$topic.ids" --once)
+    check "$broker outage: each event once at the broker, those from before the stop kept ($verdict)" \
+        $brokers check "$dir/$topic.dump" "$dir/$topic.ids" --once
+}
+
+# run_drain BROKER SINK DUMP-COMMAND...
+run_drain() {
+    local broker=$1 sink=$2 topic=$(topic_of "$1")_drain
+    shift 2
+    enqueue "$topic" 20000 100
+    # Small claims: many transactions, so that SIGTERM finds some open.
+    start_relay "${topic}1" --dsn "$dsn" --sink "$sink" --topics "$topic" --parallel 2 --batch 5 \
+        --lease 20s --http-timeout 5s --progress-interval 0
+    local pid=$relay_pid
+    wait_until 60 delivered_at_least "$topic" 200
+    local started=$SECONDS
+    stop_relay "$pid" 20
+    local status=$?
+    local acked; acked=$(delivered "$topic")
+    check "$broker drain: SIGTERM exits 0 in $((SECONDS - started)) s, $acked of 20000 acked" \
+        test "$status" -eq 0 -a "$acked" -lt 20000
+    check "$broker drain: nothing left in flight" \
+        sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = '$topic' AND state = 'in_flight'" 0
+    sql -F ' ' -c "SELECT id, coalesce(dedup_key, 'outbox-' || id) FROM idempotency.outbox
+                    WHERE topic = '$topic' AND state = 'delivered' ORDER BY id" >"$dir/$topic.ids"
+    "$@" "$dir/$topic.dump"
+    local verdict
+    verdict=$($brokers check "$dir/$topic.dump" "$dir/$topic.ids" --once)
+    check "$broker drain: the broker holds exactly the events acked ($verdict)" \
+        $brokers check "$dir/$topic.dump" "$dir/$topic.ids" --once
+    check "$broker drain: it said so on stderr" grep -q "stopping" "$dir/${topic}1.err"
+}
+
+# ---------------------------------------------------------------- NATS
+log "NATS JetStream"
+for topic in n_order n_kill n_outage n_drain; do
+    $brokers nats-stream "$nats_port" "${topic^^}" "outbox.$topic" || give_up "cannot create stream ${topic^^}"
+done
+run_order NATS "$nats_sink" $brokers nats-dump "$nats_port" N_ORDER
+subjects=$($python -c "import json,sys; print(sorted({json.loads(l)['subject'] for l in open(sys.argv[1])}))" "$dir/n_order.dump")
+check "NATS order: published to the subject prefix.topic ($subjects)" test "$subjects" = "['outbox.n_order']"
+check "NATS order: the payload and the event's own headers arrive" $python -c "
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+sys.exit(0 if all(l['payload']['pad'] == 'x' * 200 and l['headers'].get('X-Custom') == 'yes' for l in lines) else 1)" "$dir/n_order.dump"
+
+run_kill NATS "$nats_sink" "$brokers nats-count $nats_port N_KILL" --once $brokers nats-dump "$nats_port" N_KILL
+# The events the stream held unacked were all published again, and the
+# stream answered that it had them.
+duplicates=$(sed -nE 's/.* duplicates=([0-9]+).*/\1/p' <<<"$kill_final")
+unacked=$((${caught% *} - ${caught#* }))
+check "NATS kill: the $unacked unacked events published again, the stream said duplicate (duplicates=${duplicates:-?})" \
+    test "${duplicates:-0}" -ge "$unacked" -a "$unacked" -gt 0
+
+run_outage NATS "$nats_sink" stop_nats start_nats 'NATS|PubAck' $brokers nats-dump "$nats_port" N_OUTAGE
+run_drain NATS "$nats_sink" $brokers nats-dump "$nats_port" N_DRAIN
+
+# ---------------------------------------------------------------- RabbitMQ
+log "RabbitMQ"
+for topic in r_order r_kill r_outage r_drain; do
+    $brokers amqp-queue "$amqp_port" "$topic" || give_up "cannot declare queue $topic"
+done
+run_order RabbitMQ "$amqp_sink" $brokers amqp-dump "$amqp_port" r_order
+check "RabbitMQ order: persistent messages with the payload and the event's own headers" $python -c "
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+sys.exit(0 if all(l['persistent'] and l['payload']['pad'] == 'x' * 200 and l['headers'].get('X-Custom') == 'yes'
+                  for l in lines) else 1)" "$dir/r_order.dump"
+
+run_kill RabbitMQ "$amqp_sink" "$brokers amqp-count $amqp_port r_kill" "" $brokers amqp-dump "$amqp_port" r_kill
+repeated=$(sed -nE 's/.* ([0-9]+) repeated$/\1/p' <<<"$($brokers check "$dir/r_kill.dump" "$dir/r_kill.ids")")
+unacked=$((${caught% *} - ${caught#* }))
+check "RabbitMQ kill: the $unacked unacked events published again arrived twice ($repeated), with the same message_id" \
+    test "${repeated:-0}" -ge "$unacked" -a "$unacked" -gt 0
+
+run_outage RabbitMQ "$amqp_sink" stop_rabbitmq start_rabbitmq 'RabbitMQ|AMQP' $brokers amqp-dump "$amqp_port" r_outage
+run_drain RabbitMQ "$amqp_sink" $brokers amqp-dump "$amqp_port" r_drain
+
+log "RabbitMQ: unroutable messages and nacks"
+sql -c "SELECT idempotency.outbox_enqueue('r_nowhere', '{\"seq\": 1}', 'n')" >/dev/null
+start_relay unroutable --dsn "$dsn" --sink "$amqp_sink" --topics r_nowhere,r_full --lease 5s \
+    --http-timeout 1s --progress-interval 0
+unroutable_pid=$relay_pid
+if wait_until 60 retried_while_down r_nowhere unroutable; then
+    ok "RabbitMQ unroutable: not acked, retried with the reason stored"
+else
+    not_ok "RabbitMQ unroutable: not acked, retried with the reason stored" "$(states r_nowhere)"
+    sql -c "SELECT attempts, state, last_error FROM idempotency.outbox WHERE topic = 'r_nowhere'"
+fi
+$brokers amqp-queue "$amqp_port" r_nowhere
+wait_until 60 all_delivered r_nowhere
+check "RabbitMQ unroutable: delivered once a queue takes it ($(states r_nowhere))" all_delivered r_nowhere
+check "RabbitMQ unroutable: the queue holds it once" test "$($brokers amqp-count "$amqp_port" r_nowhere)" = 1
+
+# A queue that holds one message and refuses more: the broker nacks.
+$brokers amqp-queue "$amqp_port" r_full 1
+sql -c "SELECT idempotency.outbox_enqueue('r_full', jsonb_build_object('seq', g), 'f' || g) FROM generate_series(1, 2) g" >/dev/null
+wait_until 60 sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_full' AND state = 'pending'
+                       AND attempts >= 2 AND last_error LIKE '%nacked%'" 1
+check "RabbitMQ nack: the event the full queue refused is retried ($(states r_full))" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_full' AND state = 'pending'
+             AND attempts >= 2 AND last_error LIKE '%nacked%'" 1
+$brokers amqp-dump "$amqp_port" r_full "$dir/r_full.first"
+wait_until 60 all_delivered r_full
+check "RabbitMQ nack: delivered once the queue has room ($(states r_full))" all_delivered r_full
+stop_relay "$unroutable_pid" 20
+check "RabbitMQ unroutable: SIGTERM exits 0" test $? -eq 0
+
+# Past idempotency.outbox_max_attempts an unroutable event is a dead letter.
+sql -c "SELECT idempotency.outbox_enqueue('r_nowhere2', '{\"seq\": 1}')" >/dev/null
+start_relay unroutable2 --dsn "$dsn options='-c idempotency.outbox_max_attempts=2'" --sink "$amqp_sink" \
+    --topics r_nowhere2 --http-timeout 1s --lease 5s --progress-interval 0
+unroutable2_pid=$relay_pid
+wait_until 60 sql_is "SELECT state FROM idempotency.outbox WHERE topic = 'r_nowhere2'" dead
+check "RabbitMQ unroutable: dead after outbox_max_attempts (here 2: $(states r_nowhere2))" \
+    sql_is "SELECT state || ' ' || attempts FROM idempotency.outbox WHERE topic = 'r_nowhere2'" "dead 2"
+stop_relay "$unroutable2_pid" 20
+check "RabbitMQ unroutable: the dead letter says why" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_nowhere2' AND last_error LIKE '%unroutable%'" 1
+
+# ---------------------------------------------------------------- cleanup
+log "stopping the brokers"
+stop_brokers
+if brokers_gone; then
+    ok "the brokers are stopped: none of their processes left, none of their ports listening"
+else
+    not_ok "the brokers are stopped: none of their processes left, none of their ports listening" \
+        "$(ps -e -o pid,pgid,stat,user,args | awk -v gs=" ${broker_groups[*]} " 'index(gs, " " $2 " ")')" \
+        "$(ss -ltnp | grep -E "127\.0\.0\.1:($nats_port|$amqp_port|$amqp_dist_port|$epmd_port) ")"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

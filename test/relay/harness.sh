@@ -1,0 +1,62 @@
+# Helpers shared by the relay harnesses (run.sh, brokers.sh), sourced after
+# test/lib/common.sh. They read the caller's globals: dir (the run's
+# folder), port and db (its cluster), bindir, relay_bin, and they keep
+# passed, failed, number and pids.
+
+ok() { number=$((number + 1)); passed=$((passed + 1)); echo "ok $number - $1"; }
+not_ok() {
+    number=$((number + 1)); failed=$((failed + 1)); echo "not ok $number - $1"
+    [ $# -gt 1 ] && printf '  %s\n' "${@:2}"
+    return 0
+}
+# check NAME COMMAND...: ok when the command succeeds.
+check() { local name=$1; shift; if "$@"; then ok "$name"; else not_ok "$name"; fi; }
+
+sql() { as_pg "$bindir/psql" -X -q -At -h "$dir" -p "$port" -U postgres -d "$db" -v ON_ERROR_STOP=1 "$@"; }
+# wait_until SECONDS COMMAND...: polls every 0.1 s.
+wait_until() {
+    local limit=$1; shift
+    local deadline=$((SECONDS + limit))
+    while ! "$@"; do
+        [ "$SECONDS" -ge "$deadline" ] && return 1
+        sleep 0.1
+    done
+}
+sql_is() { [ "$(sql -c "$1" 2>/dev/null)" = "$2" ]; }
+states() {
+    sql -c "SELECT coalesce(string_agg(state || '=' || n, ' ' ORDER BY state), '') FROM
+            (SELECT state::text, count(*) AS n FROM idempotency.outbox WHERE topic = '$1' GROUP BY 1) s"
+}
+
+# start_relay NAME ARGS...: runs idem-relay in the background with stdout
+# and stderr in $dir/NAME.out and $dir/NAME.err; sets relay_pid. (Not under
+# timeout(1), which would pass our signals on twice; every wait below is
+# bounded and the cleanup kills what is left.)
+start_relay() {
+    local name=$1; shift
+    "$relay_bin" --relay "$name" "$@" >"$dir/$name.out" 2>"$dir/$name.err" &
+    relay_pid=$!
+    pids+=("$relay_pid")
+}
+# stop_relay PID SECONDS [SIGNAL]: SIGTERM (or SIGNAL), then the exit status
+# (124 when it did not exit in time, and then it is killed).
+stop_relay() {
+    local pid=$1 limit=$2 signal=${3:-TERM}
+    kill -"$signal" "$pid" 2>/dev/null
+    local deadline=$((SECONDS + limit))
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            kill -KILL "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+            return 124
+        fi
+        sleep 0.05
+    done
+    wait "$pid"
+}
+# once NAME SECONDS ARGS...: a --once run in the foreground; its exit status.
+once() {
+    local name=$1 limit=$2; shift 2
+    timeout -s KILL "$limit" "$relay_bin" --relay "$name" --once "$@" >"$dir/$name.out" 2>"$dir/$name.err"
+}
+show_err() { echo "  --- $1.err:"; tail -n "${2:-15}" "$dir/$1.err" | sed 's/^/  /'; }

@@ -1,0 +1,78 @@
+// nats:// and amqp:// sink URLs, and the subjects topics become.
+#include <gtest/gtest.h>
+
+#include "relay/broker_address.hpp"
+
+using namespace idem::relay;
+
+TEST(NatsUrl, ServersAndPrefix) {
+    NatsAddress a;
+    std::string error;
+    ASSERT_TRUE(parse_nats_url("nats://127.0.0.1:4222", &a, &error)) << error;
+    EXPECT_EQ(a.servers, "nats://127.0.0.1:4222");
+    EXPECT_EQ(a.prefix, "");
+    ASSERT_TRUE(parse_nats_url("nats://u:p@a:1,b:2/outbox.", &a, &error)) << error;
+    EXPECT_EQ(a.servers, "nats://u:p@a:1,nats://b:2");
+    EXPECT_EQ(a.prefix, "outbox");
+    ASSERT_TRUE(parse_nats_url("NATS://host/app.events", &a, &error)) << error;
+    EXPECT_EQ(a.prefix, "app.events");
+    EXPECT_FALSE(parse_nats_url("nats://", &a, &error));
+    EXPECT_FALSE(parse_nats_url("nats://a,,b", &a, &error));
+    EXPECT_FALSE(parse_nats_url("nats://host/a b", &a, &error));
+    EXPECT_FALSE(parse_nats_url("nats://host/a.*", &a, &error));
+    EXPECT_FALSE(parse_nats_url("nats://host/x?y=1", &a, &error));
+    EXPECT_FALSE(parse_nats_url("http://host", &a, &error));
+}
+
+TEST(NatsSubject, FromTopic) {
+    std::string subject, error;
+    ASSERT_TRUE(nats_subject("outbox", "order.paid", &subject, &error)) << error;
+    EXPECT_EQ(subject, "outbox.order.paid");
+    ASSERT_TRUE(nats_subject("", "orders", &subject, &error)) << error;
+    EXPECT_EQ(subject, "orders");
+    // Wildcards, spaces and '%' are written as %XX: two topics never share a subject.
+    ASSERT_TRUE(nats_subject("p", "a b*>%", &subject, &error)) << error;
+    EXPECT_EQ(subject, "p.a%20b%2A%3E%25");
+    ASSERT_TRUE(nats_subject("p", "caf\xc3\xa9", &subject, &error)) << error;
+    EXPECT_EQ(subject, "p.caf\xc3\xa9");
+    EXPECT_FALSE(nats_subject("p", ".a", &subject, &error));
+    EXPECT_FALSE(nats_subject("p", "a..b", &subject, &error));
+    EXPECT_FALSE(nats_subject("p", "a.", &subject, &error));
+    EXPECT_FALSE(nats_subject("p", "", &subject, &error));
+}
+
+TEST(AmqpUrl, Parts) {
+    AmqpAddress a;
+    std::string error;
+    ASSERT_TRUE(parse_amqp_url("amqp://127.0.0.1", &a, &error)) << error;
+    EXPECT_EQ(a.host, "127.0.0.1");
+    EXPECT_EQ(a.port, 5672);
+    EXPECT_EQ(a.user, "guest");
+    EXPECT_EQ(a.password, "guest");
+    EXPECT_EQ(a.vhost, "/");
+    EXPECT_EQ(a.exchange, "");
+    ASSERT_TRUE(parse_amqp_url("amqp://relay:p%40ss@mq:5673/prod?exchange=events", &a, &error))
+        << error;
+    EXPECT_EQ(a.host, "mq");
+    EXPECT_EQ(a.port, 5673);
+    EXPECT_EQ(a.user, "relay");
+    EXPECT_EQ(a.password, "p@ss");
+    EXPECT_EQ(a.vhost, "prod");
+    EXPECT_EQ(a.exchange, "events");
+    ASSERT_TRUE(parse_amqp_url("amqp://[::1]:5672/%2F", &a, &error)) << error;
+    EXPECT_EQ(a.host, "::1");
+    EXPECT_EQ(a.vhost, "/");
+    EXPECT_FALSE(parse_amqp_url("amqp://u:p@/v", &a, &error));
+    EXPECT_FALSE(parse_amqp_url("amqp://h:0", &a, &error));
+    EXPECT_FALSE(parse_amqp_url("amqp://h:99999", &a, &error));
+    EXPECT_FALSE(parse_amqp_url("amqp://h/v?queue=q", &a, &error));
+    EXPECT_FALSE(parse_amqp_url("amqp://h/%zz", &a, &error));
+}
+
+TEST(IdempotencyKey, DedupKeyOrOutboxId) {
+    Event e;
+    e.id = 42;
+    EXPECT_EQ(idempotency_key(e), "outbox-42");
+    e.dedup_key = "order-7";
+    EXPECT_EQ(idempotency_key(e), "order-7");
+}
