@@ -179,6 +179,12 @@ std::uint64_t execute(Statement& statement, const Params& params, long limit) {
     return SPI_processed;
 }
 
+std::uint64_t execute_due(Statement& statement, Micros cutoff, int batch) {
+    Params params;
+    params.add_timestamp(cutoff).add_int4(batch);
+    return execute(statement, params);
+}
+
 std::uint64_t execute_latest(Statement& statement, const Params& params) {
     without_statement_text([&] {
         const int rc = SPI_execute_snapshot(prepared(statement, statement.options),

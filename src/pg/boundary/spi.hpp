@@ -57,10 +57,19 @@ struct Params {
     }
     Params& add_int8(std::int64_t value) { return add(Int64GetDatum(value)); }
     Params& add_int4(std::int32_t value) { return add(Int32GetDatum(value)); }
+    Params& add_interval(Micros value) {
+        Interval* interval = static_cast<Interval*>(palloc0(sizeof(Interval)));
+        interval->time = value;
+        return add(IntervalPGetDatum(interval));
+    }
 };
 
 // Runs the statement (planning it on first use); returns SPI_processed.
 std::uint64_t execute(Statement& statement, const Params& params, long limit = 0);
+
+// A sweep's batch: the statement over the rows due by `cutoff` ($1), at most
+// `batch` of them ($2); returns SPI_processed.
+std::uint64_t execute_due(Statement& statement, Micros cutoff, int batch);
 
 // Runs the statement reading the newest committed data (a snapshot taken
 // now, whatever the isolation level), as checks of what other transactions

@@ -1,6 +1,8 @@
 // inbox_receive: the consumer-side inbox. A unique (source, message_id) row
 // inserted with ON CONFLICT DO NOTHING: a concurrent duplicate waits for the
 // first transaction and then sees its row (or takes its place after a rollback).
+#include "pg/inbox/inbox.hpp"
+
 #include "pg/boundary/args.hpp"
 #include "pg/shmem/due_table.hpp"
 #include "pg/boundary/guard.hpp"
@@ -35,7 +37,19 @@ Datum receive_body(FunctionCallInfo fcinfo) {
     PG_RETURN_BOOL(first_time);
 }
 
+// The retention purge of the sweeps: rows older than inbox_retention.
+Statement kPurgeInbox = {
+    "DELETE FROM @inbox@ WHERE ctid = ANY (ARRAY("
+    "  SELECT ctid FROM @inbox@ WHERE received_at <= $1 ORDER BY received_at "
+    "  LIMIT $2 FOR UPDATE SKIP LOCKED))",
+    2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+
 }  // namespace
+
+std::uint64_t purge_inbox(int batch) {
+    return execute_due(kPurgeInbox,
+                       GetCurrentTimestamp() - settings::seconds(settings::inbox_retention_s), batch);
+}
 
 }  // namespace idem::pg
 

@@ -80,4 +80,11 @@ void renew_lease(const KeyId& id, Micros lease_until);
 void release_to(const KeyId& id, Status next, Micros now);
 void delete_key(const KeyId& id);
 
+// The sweeps' batches (background workers, idem_maintenance()): each
+// changes at most `batch` keys and returns how many.
+std::uint64_t expire_key_leases(int batch);         // PROCESSING past its lease
+std::uint64_t expire_disconnected_keys(int batch);  // expire_on_disconnect: the holder has gone
+std::uint64_t settle_key_leases(int batch);         // finished keys filed for retention
+std::uint64_t purge_keys(int batch);                // past expires_at: deleted
+
 }  // namespace idem::pg

@@ -1,6 +1,8 @@
 // Resource locks: pooler-safe leases with fencing tokens (the durable form
 // of SET NX PX). A live lock is read without locking; only a free or expired
 // one is taken, by an upsert that waits for a concurrent taker to finish.
+#include "pg/locks/locks.hpp"
+
 #include <algorithm>
 
 #include "core/error.hpp"
@@ -141,7 +143,16 @@ Datum assert_body(FunctionCallInfo fcinfo) {
     PG_RETURN_VOID();
 }
 
+// The retention purge of the sweeps: expired locks.
+Statement kPurgeLocks = {
+    "DELETE FROM @locks@ WHERE ctid = ANY (ARRAY("
+    "  SELECT ctid FROM @locks@ WHERE expires_at <= $1 ORDER BY expires_at "
+    "  LIMIT $2 FOR UPDATE SKIP LOCKED))",
+    2, {TIMESTAMPTZOID, INT4OID}, nullptr};
+
 }  // namespace
+
+std::uint64_t purge_locks(int batch) { return execute_due(kPurgeLocks, GetCurrentTimestamp(), batch); }
 
 }  // namespace idem::pg
 

@@ -106,23 +106,8 @@ bool before(const ReadyRow& a, const ReadyRow& b) {
 // Locks and hands out up to `wanted` of the candidates; returns how many.
 std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions, int count,
                        int wanted, HandedOut sink, void* context) {
-    Params params;
-    params.add(PointerGetDatum(construct_array(versions, count, TIDOID, sizeof(ItemPointerData),
-                                               false, TYPALIGN_SHORT)));
-    params.add_timestamp(now).add_int4(request.max_attempts).add_int4(wanted);
-    params.add(held_ids());
-    const std::uint64_t handed = execute(kHandOut, params);
-    if (handed > 0) {
-        sink(handed, context);
-        auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * handed));
-        bool isnull = false;
-        for (std::uint64_t row = 0; row < handed; ++row)
-            ids[row] = DatumGetInt64(column(1, &isnull, row));
-        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
-                    static_cast<int>(handed));
-    }
-    SPI_freetuptable(SPI_tuptable);
-    return handed;
+    return hand_out_candidates(kHandOut, request, now, versions, count, wanted, sink, context,
+                               nullptr);
 }
 
 int compare_topics(const void* a, const void* b) {
@@ -230,6 +215,29 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
 }
 
 }  // namespace
+
+std::uint64_t hand_out_candidates(Statement& hand_out, const ClaimRequest& request, Micros now,
+                                  Datum* versions, int count, int wanted, HandedOut sink,
+                                  void* context, Datum* last) {
+    Params params;
+    params.add(PointerGetDatum(construct_array(versions, count, TIDOID, sizeof(ItemPointerData),
+                                               false, TYPALIGN_SHORT)));
+    params.add_timestamp(now).add_int4(request.max_attempts).add_int4(wanted);
+    params.add(held_ids());
+    const std::uint64_t handed = execute(hand_out, params);
+    if (handed > 0) {
+        sink(handed, context);
+        auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * handed));
+        bool isnull = false;
+        for (std::uint64_t row = 0; row < handed; ++row)
+            ids[row] = DatumGetInt64(column(1, &isnull, row));
+        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
+                    static_cast<int>(handed));
+        if (last != nullptr) *last = column(1, &isnull, handed - 1);
+    }
+    SPI_freetuptable(SPI_tuptable);
+    return handed;
+}
 
 std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut sink,
                            void* context) {

@@ -28,4 +28,15 @@ using HandedOut = void (*)(std::uint64_t count, void* context);
 std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut sink,
                            void* context);
 
+struct Statement;
+
+// Runs `hand_out` (a statement of the candidates' row versions $1, now $2,
+// the attempt cap $3, how many $4 and the ids this transaction holds $5),
+// passes the rows to `sink`, records the claims to write at commit
+// (outbox_held.hpp), and returns how many; *last, when given, gets the
+// greatest id handed out.
+std::uint64_t hand_out_candidates(Statement& hand_out, const ClaimRequest& request, Micros now,
+                                  Datum* versions, int count, int wanted, HandedOut sink,
+                                  void* context, Datum* last);
+
 }  // namespace idem::pg

@@ -143,24 +143,7 @@ bool is_candidate(OutboxKeySet keys, Holders* holders, std::uint64_t row) {
 // many, and in *last the greatest id handed out.
 std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions, int count,
                        int wanted, HandedOut sink, void* context, Datum* last) {
-    Params params;
-    params.add(PointerGetDatum(construct_array(versions, count, TIDOID, sizeof(ItemPointerData),
-                                               false, TYPALIGN_SHORT)));
-    params.add_timestamp(now).add_int4(request.max_attempts).add_int4(wanted);
-    params.add(held_ids());
-    const std::uint64_t handed = execute(kHandOut, params);
-    if (handed > 0) {
-        sink(handed, context);
-        auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * handed));
-        bool isnull = false;
-        for (std::uint64_t row = 0; row < handed; ++row)
-            ids[row] = DatumGetInt64(column(1, &isnull, row));
-        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
-                    static_cast<int>(handed));
-        *last = column(1, &isnull, handed - 1);
-    }
-    SPI_freetuptable(SPI_tuptable);
-    return handed;
+    return hand_out_candidates(kHandOut, request, now, versions, count, wanted, sink, context, last);
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "pg/boundary/guard.hpp"
-#include "pg/boundary/pause.hpp"
 #include "pg/shmem/shared_state.hpp"
 
 extern "C" {
@@ -13,6 +12,18 @@ extern "C" {
 namespace idem::pg {
 
 namespace {
+
+// Without preload there is nothing to wait on: a short, interruptible
+// sleep, growing from 1 ms to 50 ms by round, never past `deadline`.
+void pause_before_retry(int round, Micros deadline) {
+    const Micros step = std::min<Micros>(50, 1 << std::min(round, 6)) * kMillisecond;
+    const Micros left = deadline - GetCurrentTimestamp();
+    const long timeout_ms = static_cast<long>(std::max<Micros>(1, std::min(step, left) / kMillisecond));
+    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
+                    PG_WAIT_EXTENSION);
+    ResetLatch(MyLatch);
+    CHECK_FOR_INTERRUPTS();
+}
 
 // Channels to broadcast at commit; past the limit every channel is woken.
 constexpr int kMaxPending = 64;
