@@ -33,7 +33,9 @@ struct GaugeKey {
     char name[kMaxNameBytes + 1];  // zero-padded: keys compare as bytes
 };
 
-enum class CountState : std::uint64_t { Unknown, Counting, Known };
+// Stale: counting, but the rows changed behind the functions meanwhile
+// (request_sweep()): the recount that ends leaves the counts unknown.
+enum class CountState : std::uint64_t { Unknown, Counting, Known, Stale };
 
 // A name's counts, or (family 'd') a database's state: values[0] its
 // CountState, values[1] and values[2] the keys and outbox tables it counts.
@@ -203,6 +205,7 @@ bool counts_take_changes() {
     switch (state_of(database)) {
         case CountState::Known: return true;
         case CountState::Counting:
+        case CountState::Stale:
             return recount->database == MyDatabaseId && !recount_sees(committing_xid);
         case CountState::Unknown: return false;
     }
@@ -346,6 +349,10 @@ void forget_gauges(Oid database) {
     GaugeEntry* entry = database_entry(database, HASH_FIND);
     if (entry != nullptr && state_of(entry) == CountState::Known)
         set_state(entry, CountState::Unknown);
+    // A recount running now may have read before those rows: it must not
+    // end as known.
+    if (entry != nullptr && state_of(entry) == CountState::Counting)
+        set_state(entry, CountState::Stale);
     LWLockRelease(lock);
 }
 
@@ -459,7 +466,8 @@ void end_recount() {
     if (!recounting) return;
     LWLockAcquire(lock, LW_EXCLUSIVE);
     if (GaugeEntry* database = database_entry(MyDatabaseId, HASH_FIND))
-        set_state(database, CountState::Known);
+        set_state(database, state_of(database) == CountState::Stale ? CountState::Unknown
+                                                                    : CountState::Known);
     recount->database = InvalidOid;
     LWLockRelease(lock);
     recounting = false;
