@@ -93,7 +93,7 @@ bool outbox_id(const amqp_basic_properties_t& properties, std::int64_t* id) {
     return false;
 }
 
-class AmqpSink : public Sink {
+class AmqpSink : public GroupSink {
 public:
     AmqpSink(const AmqpAddress& address, Millis timeout, Millis connect_timeout,
              const std::atomic<bool>& aborted)
@@ -101,12 +101,6 @@ public:
           aborted_(aborted) {}
 
     ~AmqpSink() override { disconnect(true); }
-
-    Outcome deliver(const Event& event) override {
-        std::vector<Outcome> outcomes;
-        deliver_group({&event}, &outcomes);
-        return outcomes.front();
-    }
 
     void deliver_group(const std::vector<const Event*>& events,
                        std::vector<Outcome>* outcomes) override {
@@ -390,10 +384,7 @@ std::unique_ptr<SinkTarget> make_amqp_target(const Options& options, std::string
 namespace idem::relay {
 
 std::unique_ptr<SinkTarget> make_amqp_target(const Options& options, std::string* error) {
-    *error = "--sink '" + redact_url(options.sink) +
-             "': this idem-relay was built without RabbitMQ support (build it with "
-             "librabbitmq-dev installed)";
-    return nullptr;
+    return sink_not_built(options, "RabbitMQ", "librabbitmq-dev", error);
 }
 
 }  // namespace idem::relay

@@ -31,7 +31,7 @@ bool nats_reserved(std::string_view name) {
 
 std::string status_text(natsStatus status) { return natsStatus_GetText(status); }
 
-class NatsSink : public Sink {
+class NatsSink : public GroupSink {
 public:
     NatsSink(const NatsAddress& address, Millis timeout, Millis connect_timeout,
              const std::atomic<bool>& aborted)
@@ -39,12 +39,6 @@ public:
           aborted_(aborted) {}
 
     ~NatsSink() override { disconnect(); }
-
-    Outcome deliver(const Event& event) override {
-        std::vector<Outcome> outcomes;
-        deliver_group({&event}, &outcomes);
-        return outcomes.front();
-    }
 
     void deliver_group(const std::vector<const Event*>& events,
                        std::vector<Outcome>* outcomes) override {
@@ -277,10 +271,7 @@ std::unique_ptr<SinkTarget> make_nats_target(const Options& options, std::string
 namespace idem::relay {
 
 std::unique_ptr<SinkTarget> make_nats_target(const Options& options, std::string* error) {
-    *error = "--sink '" + redact_url(options.sink) +
-             "': this idem-relay was built without NATS support (build it with libnats-dev "
-             "installed)";
-    return nullptr;
+    return sink_not_built(options, "NATS", "libnats-dev", error);
 }
 
 }  // namespace idem::relay

@@ -25,6 +25,15 @@ public:
                                std::vector<Outcome>* outcomes);
 };
 
+// A sink whose deliveries go out in groups (a broker's batch of publishes):
+// one event is a group of one.
+class GroupSink : public Sink {
+public:
+    Outcome deliver(const Event& event) final;
+    void deliver_group(const std::vector<const Event*>& events,
+                       std::vector<Outcome>* outcomes) override = 0;
+};
+
 class SinkTarget {
 public:
     virtual ~SinkTarget() = default;
@@ -43,6 +52,11 @@ public:
     virtual void abort() {}
     virtual std::string describe() const = 0;
 };
+
+// For a sink this build has no client library of: nullptr, with *error
+// naming the Debian package to build it with.
+std::unique_ptr<SinkTarget> sink_not_built(const Options& options, const char* what,
+                                           const char* package, std::string* error);
 
 // The target for --sink; nullptr with *error set when it is not usable.
 std::unique_ptr<SinkTarget> make_sink_target(const Options& options, std::string* error);

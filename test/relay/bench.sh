@@ -22,15 +22,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/harness.sh"
 . "$here/broker_servers.sh"
 
-port=${BENCH_RELAY_PORT:-54450}
-nats_port=$((port + 1))
-amqp_port=$((port + 2))
-amqp_dist_port=$((port + 3))
-epmd_port=$((port + 4))
-bindir=$(pg_bindir)
-relay_bin=${IDEM_RELAY:-$bindir/idem-relay}
-python=/usr/bin/python3
-brokers="$python $here/brokers.py"
+broker_setup "${BENCH_RELAY_PORT:-54450}"
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
 
 [ -x "$relay_bin" ] || { echo "idem-relay not found at $relay_bin: run make install first" >&2; exit 1; }

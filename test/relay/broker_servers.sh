@@ -7,11 +7,24 @@
 # mapper, on ports of their own: nothing of the system's own service is
 # used, and nothing outlives the run.
 #
-# Callers set: dir, nats_port, amqp_port, amqp_dist_port, epmd_port, and
-# brokers (the command that runs brokers.py); broker_groups collects the
-# process groups, for stop_brokers.
+# Callers set dir and call broker_setup PORT (PostgreSQL's port; the
+# brokers take the next four); broker_groups collects the process groups,
+# for stop_brokers.
 
 broker_groups=()
+
+# broker_setup PORT: the ports, the binaries and the brokers.py command.
+broker_setup() {
+    port=$1
+    nats_port=$((port + 1))
+    amqp_port=$((port + 2))
+    amqp_dist_port=$((port + 3))
+    epmd_port=$((port + 4))
+    bindir=$(pg_bindir)
+    relay_bin=${IDEM_RELAY:-$bindir/idem-relay}
+    python=/usr/bin/python3
+    brokers="$python $here/brokers.py"
+}
 
 # group_alive PGID: a process of the group still runs (zombies do not
 # count: where PID 1 does not reap, helpers a broker left stay so).

@@ -39,15 +39,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/harness.sh"
 . "$here/broker_servers.sh"
 
-port=${BROKER_TEST_PORT:-54460}
-nats_port=$((port + 1))
-amqp_port=$((port + 2))
-amqp_dist_port=$((port + 3))
-epmd_port=$((port + 4))
-bindir=$(pg_bindir)
-relay_bin=${IDEM_RELAY:-$bindir/idem-relay}
-python=/usr/bin/python3
-brokers="$python $here/brokers.py"
+broker_setup "${BROKER_TEST_PORT:-54460}"
 db=broker_test
 passed=0
 failed=0
