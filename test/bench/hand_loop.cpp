@@ -5,8 +5,11 @@
 // when a batch comes back empty. Prepared statements, one connection; no
 // per-key order, leases, retries or payload escaping (the payload is
 // already JSON): everything idem-relay does on top costs it, not this.
+// With "ordered", the loop keeps per-key order as a user would write it:
+// an event is taken only when no earlier event of its key is undelivered
+// (a probe of the key-order index per candidate).
 //
-//   hand_loop CONNINFO BATCH     prints "N" (events published) on stderr
+//   hand_loop CONNINFO BATCH [ordered]   prints "N" (events published) on stderr
 #include <libpq-fe.h>
 
 #include <cstdio>
@@ -18,6 +21,17 @@ namespace {
 const char* const kTake =
     "SELECT id, topic, key, payload, headers, dedup_key FROM bench.outbox"
     " WHERE ready_at IS NOT NULL AND ready_at <= clock_timestamp()"
+    " ORDER BY ready_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
+
+const char* const kTakeOrdered =
+    "SELECT id, topic, key, payload, headers, dedup_key FROM bench.outbox o"
+    " WHERE ready_at IS NOT NULL AND ready_at <= clock_timestamp()"
+    "   AND NOT EXISTS (SELECT FROM bench.outbox p"
+    "        WHERE hashtextextended(p.key, hashtextextended(p.topic, 0))"
+    "              = hashtextextended(o.key, hashtextextended(o.topic, 0))"
+    "          AND COALESCE(p.key_seq, p.id) < COALESCE(o.key_seq, o.id)"
+    "          AND p.key = o.key AND p.topic = o.topic AND p.key IS NOT NULL"
+    "          AND p.state IN ('pending', 'in_flight'))"
     " ORDER BY ready_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
 const char* const kMark =
     "UPDATE bench.outbox SET state = 'delivered', delivered_at = clock_timestamp(),"
@@ -38,13 +52,14 @@ void run(PGconn* conn, const char* sql) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 3) {
-        std::fprintf(stderr, "usage: hand_loop CONNINFO BATCH\n");
+    const bool ordered = argc == 4 && std::string(argv[3]) == "ordered";
+    if (argc != 3 && !ordered) {
+        std::fprintf(stderr, "usage: hand_loop CONNINFO BATCH [ordered]\n");
         return 2;
     }
     PGconn* conn = PQconnectdb(argv[1]);
     if (PQstatus(conn) != CONNECTION_OK) die(conn, "connect");
-    PGresult* prepared = PQprepare(conn, "take", kTake, 0, nullptr);
+    PGresult* prepared = PQprepare(conn, "take", ordered ? kTakeOrdered : kTake, 0, nullptr);
     if (PQresultStatus(prepared) != PGRES_COMMAND_OK) die(conn, "prepare take");
     PQclear(prepared);
     prepared = PQprepare(conn, "mark", kMark, 0, nullptr);

@@ -87,20 +87,24 @@ AS $$
      ORDER BY c.relname;
 $$;
 
+-- The key of the backlog's i-th event: one of `keys` values, or none.
+CREATE FUNCTION bench.backlog_key(i int, keys int) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT CASE WHEN keys > 0 THEN (1 + abs(hashint4(i)) % keys)::text END $$;
+
 -- The backlog of the relay benchmark: n pending events in idempotency.outbox
 -- (target 'extension') or bench.outbox (target 'plain'), rows as
 -- outbox_enqueue writes them: topic 'orders', keys spread pseudo-randomly
--- over 1000 values (the same sequence in both tables), a small payload, due
--- now.
--- now. In idempotency.outbox the first event of each key is its head
--- (ready_at, 0.5.0 on); in bench.outbox every event is ready.
-CREATE FUNCTION bench.outbox_prefill(n int, target text) RETURNS void
+-- over `keys` values (the same sequence in both tables; 0: no key), a small
+-- payload, due now. In idempotency.outbox the first event of each key is its
+-- head (ready_at, 0.5.0 on); in bench.outbox every event is ready.
+CREATE FUNCTION bench.outbox_prefill(n int, target text, keys int DEFAULT 1000) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
     IF target = 'plain' THEN
         INSERT INTO bench.outbox (topic, key, payload, enqueued_at, available_at, updated_at, ready_at)
-        SELECT 'orders', (1 + abs(hashint4(i)) % 1000)::text,
+        SELECT 'orders', bench.backlog_key(i, keys),
                jsonb_build_object('order', i, 'amount', 1999, 'currency', 'EUR'),
                clock_timestamp(), clock_timestamp(), clock_timestamp(), clock_timestamp()
           FROM generate_series(1, n) AS i;
@@ -110,13 +114,13 @@ BEGIN
                                                  updated_at, ready_at)
                  SELECT ''orders'', k, jsonb_build_object(''order'', i, ''amount'', 1999, ''currency'', ''EUR''),
                         clock_timestamp(), clock_timestamp(), clock_timestamp(),
-                        CASE WHEN row_number() OVER (PARTITION BY k ORDER BY i) = 1
+                        CASE WHEN k IS NULL OR row_number() OVER (PARTITION BY k ORDER BY i) = 1
                              THEN clock_timestamp() END
-                   FROM (SELECT i, (1 + abs(hashint4(i)) % 1000)::text AS k
-                           FROM generate_series(1, $1) AS i) e ORDER BY i' USING n;
+                   FROM (SELECT i, bench.backlog_key(i, $2) AS k
+                           FROM generate_series(1, $1) AS i) e ORDER BY i' USING n, keys;
     ELSE
         INSERT INTO idempotency.outbox (topic, key, payload, enqueued_at, available_at, updated_at)
-        SELECT 'orders', (1 + abs(hashint4(i)) % 1000)::text,
+        SELECT 'orders', bench.backlog_key(i, keys),
                jsonb_build_object('order', i, 'amount', 1999, 'currency', 'EUR'),
                clock_timestamp(), clock_timestamp(), clock_timestamp()
           FROM generate_series(1, n) AS i;

@@ -2,9 +2,11 @@
 """idem-relay benchmark driver (see bench.sh). Needs psycopg2.
 
 Throughput: every run starts from the same backlog (bench.outbox_prefill:
-EVENTS events of topic 'orders' over 1000 keys), in idempotency.outbox for
+EVENTS events of topic 'orders', without a key or over 1000 keys), in
+idempotency.outbox for
 idem-relay and in bench.outbox (the same columns and indexes) for the
-hand-written loop (test/bench/hand_loop.cpp), after a VACUUM and a
+hand-written loops (test/bench/hand_loop.cpp, with or without per-key
+order), after a VACUUM and a
 CHECKPOINT; a run is timed from the start of its processes to their exit
 (--once), and the events delivered are counted in the table. The variants
 run ROUNDS times in rotating order; the median is reported, with its ratio
@@ -99,13 +101,14 @@ class Bench:
         self.postmaster = int(open(a.postmaster_pid).readline())
         self.broker_pids = {"nats": a.nats_pid, "amqp": a.amqp_pid}
 
-    def reset(self, target):
+    def reset(self, target, keys):
         """The same backlog again: the events of earlier runs deleted, the
-        table vacuumed, EVENTS events enqueued, a checkpoint."""
+        table vacuumed, EVENTS events over `keys` keys (0: no key) enqueued,
+        a checkpoint."""
         sql(self.conn, "DELETE FROM idempotency.outbox")
         sql(self.conn, "TRUNCATE bench.outbox")
         sql(self.conn, "VACUUM ANALYZE idempotency.outbox")
-        sql(self.conn, "SELECT bench.outbox_prefill(%s, %s)", (self.a.events, target))
+        sql(self.conn, "SELECT bench.outbox_prefill(%s, %s, %s)", (self.a.events, target, keys))
         sql(self.conn, "VACUUM ANALYZE %s" % ("bench.outbox" if target == "plain" else "idempotency.outbox"))
         sql(self.conn, "CHECKPOINT")
         if self.a.nats_port:
@@ -117,10 +120,10 @@ class Bench:
         table = "bench.outbox" if target == "plain" else "idempotency.outbox"
         return sql(self.conn, "SELECT count(*) FROM %s WHERE state = 'delivered'" % table)[0][0]
 
-    def run(self, variant):
+    def run(self, variant, keys):
         """One timed run; (events/s, CPU seconds of relay, PostgreSQL, broker)."""
         target = "plain" if variant["hand"] else "extension"
-        self.reset(target)
+        self.reset(target, keys)
         procs = []
         broker_pid = self.broker_pids.get(variant.get("broker"))
         running = children_of(self.postmaster)
@@ -134,6 +137,8 @@ class Bench:
                             "-t", str(self.a.events // self.a.batch + 10), self.a.relay_dsn]
                 elif variant["hand"]:
                     args = [self.a.hand_loop, self.a.relay_dsn, str(self.a.batch)]
+                    if variant.get("ordered"):
+                        args.append("ordered")
                 else:
                     args = [self.a.relay, "--dsn", self.a.relay_dsn, "--relay", "bench-%d" % n,
                             "--sink", variant["sink"], "--topics", "orders", "--once",
@@ -161,13 +166,13 @@ class Bench:
                                                       "; ".join(failures)), flush=True)
         return delivered / seconds, usage, pg_cpu, broker_cpu, seconds
 
-    def throughput(self, variants):
+    def throughput(self, variants, keys):
         results = {v["name"]: [] for v in variants}
         for r in range(self.a.rounds):
             # Rotating order: no variant always runs first (or last).
             for i in range(len(variants)):
                 v = variants[(i + r) % len(variants)]
-                results[v["name"]].append(self.run(v))
+                results[v["name"]].append(self.run(v, keys))
         return results
 
 
@@ -330,47 +335,52 @@ def main():
         return {"name": name, "hand": False, "sink": sink, "extra": list(extra),
                 "processes": processes, "broker": broker}
 
-    def hand(name, processes=1):
-        return {"name": name, "hand": True, "processes": processes}
+    def hand(name, processes=1, ordered=False):
+        return {"name": name, "hand": True, "processes": processes, "ordered": ordered}
 
     # The extension's claim and ack alone: what the relay builds on.
     sql_loop = {"name": "outbox_claim + outbox_ack in SQL (pgbench)", "hand": False,
                 "pgbench": True, "processes": 1}
 
-    main_variants = [hand("hand-written SKIP LOCKED loop, stdout"), sql_loop]
-    main_variants.append(relay("idem-relay, stdout", "stdout"))
-    if nats_sink:
-        main_variants.append(relay("idem-relay, NATS JetStream", nats_sink, broker="nats"))
-    if amqp_sink:
-        main_variants.append(relay("idem-relay, RabbitMQ", amqp_sink, broker="amqp"))
-    results = bench.throughput(main_variants)
-    report("throughput: a backlog of %d events over 1000 keys, --batch %d, one process, median of %d"
-           % (a.events, a.batch, a.rounds), main_variants, results, main_variants[0]["name"])
+    def sinks(prefix, extra=(), processes=1):
+        found = [relay(prefix + "stdout", "stdout", extra, processes)]
+        if nats_sink:
+            found.append(relay(prefix + "NATS JetStream", nats_sink, extra, processes, "nats"))
+        if amqp_sink:
+            found.append(relay(prefix + "RabbitMQ", amqp_sink, extra, processes, "amqp"))
+        return found
+
+    # Events without a key: no order to keep, the same work for the hand
+    # loop and the relay.
+    unkeyed = [hand("hand-written SKIP LOCKED loop, stdout"), sql_loop] + sinks("idem-relay, ")
+    results = bench.throughput(unkeyed, 0)
+    report("throughput: a backlog of %d events without a key, --batch %d, one process, median of %d"
+           % (a.events, a.batch, a.rounds), unkeyed, results, unkeyed[0]["name"])
+
+    # Events over 1000 keys: the relay hands a key's next event out only
+    # after its previous one is acked; so does the ordered hand loop, the
+    # baseline here. The unordered loop shows what the order costs.
+    keyed = [hand("hand loop keeping per-key order, stdout", ordered=True),
+             hand("hand loop without order, stdout"), sql_loop] + sinks("idem-relay, ")
+    results = bench.throughput(keyed, 1000)
+    report("throughput: a backlog of %d events over 1000 keys, --batch %d, one process, median of %d;"
+           " ratios to the hand loop that keeps per-key order" % (a.events, a.batch, a.rounds),
+           keyed, results, keyed[0]["name"])
 
     scale_variants = [hand("hand loop, 1 process"), hand("hand loop, 2 processes", 2),
-                      hand("hand loop, 4 processes", 4),
-                      relay("idem-relay stdout, --parallel 2", "stdout", ["--parallel", "2"]),
-                      relay("idem-relay stdout, --parallel 4", "stdout", ["--parallel", "4"]),
-                      relay("idem-relay stdout, 2 relays", "stdout", processes=2),
-                      relay("idem-relay stdout, 4 relays", "stdout", processes=4)]
-    if nats_sink:
-        scale_variants.append(relay("idem-relay NATS, --parallel 4", nats_sink, ["--parallel", "4"],
-                                    broker="nats"))
-        scale_variants.append(relay("idem-relay NATS, 2 relays", nats_sink, processes=2, broker="nats"))
-    if amqp_sink:
-        scale_variants.append(relay("idem-relay RabbitMQ, --parallel 4", amqp_sink, ["--parallel", "4"],
-                                    broker="amqp"))
-        scale_variants.append(relay("idem-relay RabbitMQ, 2 relays", amqp_sink, processes=2,
-                                    broker="amqp"))
-    results = bench.throughput(scale_variants)
-    report("scaling: the same backlog, ratios to one hand loop", scale_variants, results,
+                      hand("hand loop, 4 processes", 4)]
+    scale_variants += sinks("idem-relay --parallel 4, ", ["--parallel", "4"])
+    scale_variants += sinks("2 idem-relays, ", processes=2)
+    scale_variants.append(relay("4 idem-relays, stdout", "stdout", processes=4))
+    results = bench.throughput(scale_variants, 0)
+    report("scaling: the backlog without a key, ratios to one hand loop", scale_variants, results,
            scale_variants[0]["name"])
 
     if a.http:
         http_variants = [hand("hand loop, stdout"),
                          relay("idem-relay, HTTP (Python receiver), --parallel 4", a.http,
                                ["--parallel", "4"])]
-        results = bench.throughput(http_variants)
+        results = bench.throughput(http_variants, 0)
         report("HTTP: the same backlog to the local receiver (a single Python process bounds it)",
                http_variants, results, http_variants[0]["name"])
 

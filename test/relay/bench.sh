@@ -4,12 +4,15 @@
 # RabbitMQ node of its own (broker_servers.sh; 127.0.0.1 only, stopped
 # afterwards). bench.py prints, side by side in one run:
 #   - throughput on one backlog of BENCH_RELAY_EVENTS (100000) events, the
-#     same for every run, --batch BENCH_RELAY_BATCH (100): the hand-written
-#     FOR UPDATE SKIP LOCKED loop (test/bench/hand_loop.cpp) to stdout,
-#     the extension's outbox_claim + outbox_ack in SQL (pgbench), idem-relay
-#     to stdout, to JetStream and to RabbitMQ, the ratios to the hand loop,
-#     and where the CPU goes (relay, PostgreSQL, broker);
-#   - scaling: hand loops, --parallel and several relays on that backlog;
+#     same for every run, --batch BENCH_RELAY_BATCH (100), first without a
+#     key, then over 1000 keys: the hand-written FOR UPDATE SKIP LOCKED loop
+#     (test/bench/hand_loop.cpp; over keys also in the form that keeps
+#     per-key order) to stdout, the extension's outbox_claim + outbox_ack in
+#     SQL (pgbench), idem-relay to stdout, to JetStream and to RabbitMQ, the
+#     ratios to the hand loop of the same semantics, and where the CPU goes
+#     (relay, PostgreSQL, broker);
+#   - scaling: hand loops, --parallel and several relays on the backlog
+#     without a key;
 #   - commit-to-delivery delay (median, p99) at a steady BENCH_RATE (1000)
 #     events/s for BENCH_RELAY_SECONDS (10) s, to stdout and both brokers.
 # Run as root after make install. Settings: BENCH_RELAY_PORT (54450: the
