@@ -60,6 +60,18 @@ SELECT pg_temp.written() - :before AS written_by_claim_and_ack;
 COMMIT;
 SELECT * FROM pg_temp.events();
 
+-- Two relays' claims in one transaction, acked by one call: each event is
+-- written once, delivered, with the relay that claimed it.
+SELECT pg_temp.fresh();
+BEGIN;
+SELECT pg_temp.written() AS before \gset
+SELECT pg_temp.claim('r1', 1);
+SELECT pg_temp.claim('r2', 2);
+SELECT idempotency.outbox_ack(ARRAY[pg_temp.id(1), pg_temp.id(3), pg_temp.id(4)]) AS acked;
+SELECT pg_temp.written() - :before AS written_by_claims_and_ack;
+COMMIT;
+SELECT * FROM pg_temp.events();
+
 -- Claimed and committed: the claim is written then, in flight with its lease.
 SELECT pg_temp.fresh();
 BEGIN;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "pg/boundary/arrays.hpp"
+#include "pg/boundary/text_bytes.hpp"
 #include "pg/outbox/outbox_claim_walk.hpp"
 #include "pg/outbox/outbox_heads.hpp"
 #include "pg/outbox/outbox_held.hpp"
@@ -111,12 +112,8 @@ std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions,
 }
 
 int compare_topics(const void* a, const void* b) {
-    const text* x = *static_cast<const text* const*>(a);
-    const text* y = *static_cast<const text* const*>(b);
-    const std::size_t lx = VARSIZE_ANY_EXHDR(x);
-    const std::size_t ly = VARSIZE_ANY_EXHDR(y);
-    const int c = std::memcmp(VARDATA_ANY(x), VARDATA_ANY(y), std::min(lx, ly));
-    return c != 0 ? c : (lx < ly ? -1 : (lx > ly ? 1 : 0));
+    return compare_text_bytes(*static_cast<const text* const*>(a),
+                              *static_cast<const text* const*>(b));
 }
 
 // The claim's sources: its distinct topics, or every topic.

@@ -8,6 +8,7 @@
 #include "pg/boundary/arrays.hpp"
 #include "pg/shmem/due_table.hpp"
 #include "pg/boundary/guard.hpp"
+#include "pg/boundary/text_bytes.hpp"
 #include "pg/shmem/metrics.hpp"
 #include "pg/outbox/outbox_claim.hpp"
 #include "pg/outbox/outbox_counts.hpp"
@@ -157,8 +158,11 @@ std::uint64_t ack_held_and_others(Datum ids, Micros now) {
     Datum* others = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     int held_count = 0;
     int other_count = 0;
+    const text* one_relay = nullptr;  // while every held event has the same
     for (int i = 0; i < count; ++i) {
         if (const text* relay = settle_held(DatumGetInt64(elements[i]))) {
+            if (held_count == 0) one_relay = relay;
+            else if (one_relay != nullptr && !same_text_bytes(one_relay, relay)) one_relay = nullptr;
             relays[held_count] = PointerGetDatum(relay);
             held[held_count++] = elements[i];
         } else {
@@ -167,8 +171,9 @@ std::uint64_t ack_held_and_others(Datum ids, Micros now) {
     }
     std::uint64_t changed = 0;
     if (held_count > 0)
-        changed += ack_held_events(int8_array(held, held_count), text_array(relays, held_count),
-                                   now);
+        changed += ack_held_events(int8_array(held, held_count),
+                                   one_relay != nullptr ? Datum(0) : text_array(relays, held_count),
+                                   one_relay, now);
     if (other_count > 0) changed += ack_events(int8_array(others, other_count), now);
     return changed;
 }

@@ -11,6 +11,7 @@
 #include "pg/boundary/owner_scope.hpp"
 #include "pg/outbox/producer_turn.hpp"
 #include "pg/boundary/spi.hpp"
+#include "pg/boundary/text_bytes.hpp"
 
 extern "C" {
 #include "access/xact.h"
@@ -89,14 +90,6 @@ Oid writer = InvalidOid;  // the functions' owner does the checks
 std::uint32_t* taken = nullptr;
 int taken_count = 0;
 
-int compare_text(const text* a, const text* b) {
-    const std::size_t la = VARSIZE_ANY_EXHDR(a);
-    const std::size_t lb = VARSIZE_ANY_EXHDR(b);
-    const int c = std::memcmp(VARDATA_ANY(a), VARDATA_ANY(b), std::min(la, lb));
-    if (c != 0) return c;
-    return la < lb ? -1 : (la > lb ? 1 : 0);
-}
-
 const text* copy_text(const text* value) {
     return reinterpret_cast<const text*>(
         DatumGetPointer(datumCopy(PointerGetDatum(value), false, -1)));
@@ -113,8 +106,8 @@ void add(Kind kind, const text* topic, const text* key, std::int64_t id, std::in
     }
     // Consecutive records of one key (a bulk enqueue) share the copies.
     const Record* last = record_count > 0 ? &records[record_count - 1] : nullptr;
-    const bool same = last != nullptr && compare_text(last->topic, topic) == 0 &&
-                      compare_text(last->key, key) == 0;
+    const bool same = last != nullptr && compare_text_bytes(last->topic, topic) == 0 &&
+                      compare_text_bytes(last->key, key) == 0;
     records[record_count++] =
         Record{kind, head, false, id, place, 0, same ? last->topic : copy_text(topic),
                same ? last->key : copy_text(key), same ? last->turn : producer_turn_of(topic, key),
@@ -133,14 +126,14 @@ void forget_all() {
 }
 
 bool same_key(const Record& a, const Record& b) {
-    return compare_text(a.topic, b.topic) == 0 && compare_text(a.key, b.key) == 0;
+    return compare_text_bytes(a.topic, b.topic) == 0 && compare_text_bytes(a.key, b.key) == 0;
 }
 
 // Records in turn, then (topic, key), then kind and id order.
 bool record_before(const Record& a, const Record& b) {
     if (a.turn != b.turn) return a.turn < b.turn;
-    if (const int c = compare_text(a.topic, b.topic)) return c < 0;
-    if (const int c = compare_text(a.key, b.key)) return c < 0;
+    if (const int c = compare_text_bytes(a.topic, b.topic)) return c < 0;
+    if (const int c = compare_text_bytes(a.key, b.key)) return c < 0;
     if (a.kind != b.kind) return a.kind < b.kind;
     return a.id < b.id;
 }

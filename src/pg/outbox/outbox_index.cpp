@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "pg/boundary/extension_objects.hpp"
+#include "pg/boundary/text_bytes.hpp"
 #include "pg/outbox/outbox_store.hpp"
 
 extern "C" {
@@ -257,11 +258,7 @@ std::int64_t key_hash(const text* topic, const text* key) {
         DirectFunctionCall2Coll(hashtextextended, l.key_collation, PointerGetDatum(key), seed));
 }
 
-bool same_text(Datum a, const text* b) {
-    const text* x = DatumGetTextPP(a);
-    return VARSIZE_ANY_EXHDR(x) == VARSIZE_ANY_EXHDR(b) &&
-           std::memcmp(VARDATA_ANY(x), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b)) == 0;
-}
+bool same_text(Datum a, const text* b) { return same_text_bytes(DatumGetTextPP(a), b); }
 
 // Positions the reader on the live events of (topic, key) with
 // low <= place <= high.

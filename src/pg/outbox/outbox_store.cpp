@@ -72,14 +72,26 @@ Statement kWriteClaims = {
     5, {INT8ARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4ARRAYOID},
     nullptr};
 
+#define ACK_HELD_RETURNING                                                      \
+    " AND o.state IN ('pending', 'in_flight') RETURNING o.id"                  \
+    IF_READY_ELSE(", o.topic, o.key, COALESCE(o.key_seq, o.id)",               \
+                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8")
+
+// Events claimed by several relays: each its own.
 Statement kAckHeld = {
     "UPDATE" OUTBOX "o SET state = 'delivered', attempts = o.attempts + 1, relay = h.relay, "
     "delivered_at = $3, lease_until = NULL, updated_at = $3" IF_READY(", ready_at = NULL") " "
     "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS h(id, relay) "
-    "WHERE o.id = h.id AND o.state IN ('pending', 'in_flight') RETURNING o.id"
-    IF_READY_ELSE(", o.topic, o.key, COALESCE(o.key_seq, o.id)",
-                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8"),
+    "WHERE o.id = h.id" ACK_HELD_RETURNING,
     3, {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID}, nullptr};
+
+// Events claimed by one relay (the usual case): an index scan of the ids,
+// no join.
+Statement kAckHeldOfOneRelay = {
+    "UPDATE" OUTBOX "o SET state = 'delivered', attempts = o.attempts + 1, relay = $2, "
+    "delivered_at = $3, lease_until = NULL, updated_at = $3" IF_READY(", ready_at = NULL") " "
+    "WHERE o.id = ANY ($1)" ACK_HELD_RETURNING,
+    3, {INT8ARRAYOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kLock = {
     "SELECT state, state::pg_catalog.text, attempts, "
@@ -248,10 +260,13 @@ void write_claims(const ClaimedEvents& events) {
     execute(kWriteClaims, params);
 }
 
-std::uint64_t ack_held_events(Datum ids, Datum relays, Micros now) {
+std::uint64_t ack_held_events(Datum ids, Datum relays, const text* one_relay, Micros now) {
     Params params;
-    params.add(ids).add(relays).add_timestamp(now);
-    const std::uint64_t acked = execute(kAckHeld, params);
+    if (one_relay != nullptr)
+        params.add(ids).add_text(one_relay).add_timestamp(now);
+    else
+        params.add(ids).add(relays).add_timestamp(now);
+    const std::uint64_t acked = execute(one_relay != nullptr ? kAckHeldOfOneRelay : kAckHeld, params);
     count_result_rows(EventsLeft::Delivered, 2, now);
     end_heads_in_result(2, now);
     return acked;

@@ -37,9 +37,9 @@ struct ClaimedEvents {
 };
 // Writes the claims: in flight, one more attempt, the lease and the relay.
 void write_claims(const ClaimedEvents& events);
-// Acks held events (ids, with the relays that claimed them), writing their
-// claims with the delivery.
-std::uint64_t ack_held_events(Datum ids, Datum relays, Micros now);
+// Acks held events (ids, with the relays that claimed them, or one_relay
+// when that relay claimed them all), writing their claims with the delivery.
+std::uint64_t ack_held_events(Datum ids, Datum relays, const text* one_relay, Micros now);
 
 struct EventState {
     Datum state;  // outbox_state enum value
