@@ -26,6 +26,7 @@ extern "C" {
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
+#include "utils/relcache.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
@@ -111,6 +112,91 @@ inline void init_single_range_table(EState* estate, Relation relation, LOCKMODE 
 #endif
 }
 
+// The columns the next change of that relation sets, as an UPDATE's SET
+// list names them (offset by FirstLowInvalidHeapAttributeNumber, as the
+// executor keeps them): triggers on columns look at them.
+inline void set_updated_columns(EState* estate, Bitmapset* columns) {
+#if PG_VERSION_NUM >= 160000
+    static_cast<RTEPermissionInfo*>(linitial(estate->es_rteperminfos))->updatedCols = columns;
+#else
+    exec_rt_fetch(1, estate)->updatedCols = columns;
+#endif
+}
+
+// The EvalPlanQual state that BEFORE ROW UPDATE and DELETE triggers are
+// given (they lock the row, which the caller already holds).
+inline void init_trigger_recheck(EPQState* epq, EState* estate) {
+#if PG_VERSION_NUM >= 160000
+    EvalPlanQualInit(epq, estate, nullptr, NIL, -1, NIL);
+#else
+    EvalPlanQualInit(epq, estate, nullptr, NIL, -1);
+#endif
+}
+
+// BEFORE ROW UPDATE and DELETE triggers of a row the caller has locked;
+// false when one of them skips the change.
+inline bool before_row_update(EState* estate, EPQState* epq, ResultRelInfo* target,
+                              ItemPointer tid, TupleTableSlot* row) {
+#if PG_VERSION_NUM >= 180000
+    return ExecBRUpdateTriggers(estate, epq, target, tid, nullptr, row, nullptr, nullptr, false);
+#elif PG_VERSION_NUM >= 160000
+    return ExecBRUpdateTriggers(estate, epq, target, tid, nullptr, row, nullptr, nullptr);
+#else
+    return ExecBRUpdateTriggers(estate, epq, target, tid, nullptr, row, nullptr);
+#endif
+}
+inline bool before_row_delete(EState* estate, EPQState* epq, ResultRelInfo* target,
+                              ItemPointer tid) {
+#if PG_VERSION_NUM >= 180000
+    return ExecBRDeleteTriggers(estate, epq, target, tid, nullptr, nullptr, nullptr, nullptr,
+                                false);
+#elif PG_VERSION_NUM >= 160000
+    return ExecBRDeleteTriggers(estate, epq, target, tid, nullptr, nullptr, nullptr, nullptr);
+#else
+    return ExecBRDeleteTriggers(estate, epq, target, tid, nullptr, nullptr);
+#endif
+}
+
+// What index entries a new version of an updated row needs: none for a
+// HOT update (from PostgreSQL 16 on, only the summarizing indexes' for one
+// that changed only their columns).
+enum class NewIndexEntries { None, All, SummarizingOnly };
+
+// The table access method's update of a row, waiting for a concurrent
+// change of it (a row the caller has locked has none).
+inline TM_Result update_row_waiting(Relation relation, ItemPointer tid, TupleTableSlot* row,
+                                    CommandId command, Snapshot snapshot, TM_FailureData* failure,
+                                    LockTupleMode* mode, NewIndexEntries* entries) {
+#if PG_VERSION_NUM >= 160000
+    TU_UpdateIndexes which = TU_None;
+    const TM_Result result = table_tuple_update(relation, tid, row, command, snapshot,
+                                                InvalidSnapshot, true, failure, mode, &which);
+    *entries = which == TU_None     ? NewIndexEntries::None
+               : which == TU_All    ? NewIndexEntries::All
+                                    : NewIndexEntries::SummarizingOnly;
+#else
+    bool all = false;
+    const TM_Result result = table_tuple_update(relation, tid, row, command, snapshot,
+                                                InvalidSnapshot, true, failure, mode, &all);
+    *entries = all ? NewIndexEntries::All : NewIndexEntries::None;
+#endif
+    return result;
+}
+
+// The index entries of the new version of an updated row.
+inline List* insert_updated_row_index_entries(ResultRelInfo* target, TupleTableSlot* row,
+                                              EState* estate, NewIndexEntries entries) {
+    if (target->ri_NumIndices == 0 || entries == NewIndexEntries::None) return NIL;
+#if PG_VERSION_NUM >= 160000
+    return ExecInsertIndexTuples(target, row, estate, true, false, nullptr, NIL,
+                                 entries == NewIndexEntries::SummarizingOnly);
+#else
+    return ExecInsertIndexTuples(target, row, estate, true, false, nullptr, NIL);
+#endif
+}
+
+// The index entries of an inserted row; with `arbiters`, a speculative
+// insertion's (a conflict in one of them sets *speculative_conflict).
 inline List* insert_index_entries(ResultRelInfo* target, TupleTableSlot* slot, EState* estate,
                                   bool* speculative_conflict, List* arbiters) {
 #if PG_VERSION_NUM >= 160000
@@ -118,6 +204,26 @@ inline List* insert_index_entries(ResultRelInfo* target, TupleTableSlot* slot, E
                                  false);
 #else
     return ExecInsertIndexTuples(target, slot, estate, false, true, speculative_conflict, arbiters);
+#endif
+}
+
+// The index entries of an inserted row, as INSERT makes them (a unique
+// index raises its violation).
+inline List* insert_new_row_index_entries(ResultRelInfo* target, TupleTableSlot* slot,
+                                          EState* estate) {
+#if PG_VERSION_NUM >= 160000
+    return ExecInsertIndexTuples(target, slot, estate, false, false, nullptr, NIL, false);
+#else
+    return ExecInsertIndexTuples(target, slot, estate, false, false, nullptr, NIL);
+#endif
+}
+
+// The relation's primary key index (InvalidOid: none).
+inline Oid primary_key_index(Relation relation) {
+#if PG_VERSION_NUM >= 180000
+    return RelationGetPrimaryKeyIndex(relation, false);
+#else
+    return RelationGetPrimaryKeyIndex(relation);
 #endif
 }
 
