@@ -23,13 +23,15 @@ struct PendingCounts {
 };
 PendingCounts pending[kLevels];
 bool anything_pending = false;
+int levels_used = 0;  // pending[0 .. levels_used) may hold counts
 
 int level_index(int nest_level) { return std::clamp(nest_level - 1, 0, kLevels - 1); }
 
 void clear_level(int index) { std::memset(&pending[index], 0, sizeof(PendingCounts)); }
 
 void flush_pending(SharedState* shared) {
-    for (PendingCounts& level : pending) {
+    for (int l = 0; l < levels_used; ++l) {
+        const PendingCounts& level = pending[l];
         for (int i = 0; i < kCounterCount; ++i)
             if (level.counters[i] != 0) pg_atomic_fetch_add_u64(&shared->counters[i], level.counters[i]);
         for (int i = 0; i < kBucketCount; ++i)
@@ -45,7 +47,8 @@ void on_transaction_end(XactEvent event, void*) {
     } else if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT) {
         return;  // pre-commit events: not yet decided
     }
-    std::memset(pending, 0, sizeof pending);
+    std::memset(pending, 0, sizeof(PendingCounts) * levels_used);
+    levels_used = 0;
     anything_pending = false;
 }
 
@@ -67,7 +70,9 @@ void on_subtransaction_end(SubXactEvent event, SubTransactionId, SubTransactionI
 
 PendingCounts& current_level() {
     anything_pending = true;
-    return pending[level_index(GetCurrentTransactionNestLevel())];
+    const int index = level_index(GetCurrentTransactionNestLevel());
+    levels_used = std::max(levels_used, index + 1);
+    return pending[index];
 }
 
 }  // namespace
