@@ -1,4 +1,4 @@
-// The indexes of a table written directly (pg/row_access.hpp), opened as
+// The indexes of a table written directly (boundary/row_access.hpp), opened as
 // the executor's ExecOpenIndices opens them, but with the IndexInfo of each
 // btree index (its columns, expressions and partial-index predicate, ready
 // to evaluate) built once per backend and kept until the index changes,

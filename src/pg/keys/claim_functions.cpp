@@ -1,5 +1,6 @@
 // SQL entry points that create or claim keys: idem_register, idem_claim,
-// and idem_get. The decisions are the core's; the SQL is key_store's.
+// and idem_get. The decisions are the core's; the table access is
+// key_store's and key_insert's.
 #include <algorithm>
 
 #include "core/claim_decision.hpp"
@@ -13,7 +14,6 @@
 #include "pg/shmem/metrics.hpp"
 #include "pg/keys/outcome.hpp"
 #include "pg/boundary/settings.hpp"
-#include "pg/boundary/spi.hpp"
 #include "pg/keys/transition_log.hpp"
 #include "pg/shmem/wakeup.hpp"
 
@@ -113,8 +113,8 @@ void answer_busy(const StoredKey* known, OutcomeFields* out) {
 // Whether this backend's last claim created its key. A claim first tries
 // what the last one needed: the insert of a new key (one step when the key
 // is new, as it mostly is for a worker draining a queue), or the read of an
-// existing one (one statement for a duplicate). A wrong guess costs a probe
-// of the primary key that changes nothing (a sequence value at most).
+// existing one (one index read for a duplicate). A wrong guess costs a
+// probe of the primary key that changes nothing.
 bool last_claim_created_key = true;
 
 // A new key, PROCESSING under a new token. Returns what the insert found.
@@ -180,7 +180,7 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
         return;
     for (int round = 0; round < kMaxRaceRounds; ++round) {
         StoredKey stored;
-        const bool found = read_key(args.id, RowLock::None, &stored);
+        const bool found = read_key(args.id, &stored);
         last_claim_created_key = !found;
         if (!found) {
             if (read_only) raise_read_only("idem_claim");
@@ -197,30 +197,36 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
         const int max_attempts = settings::max_attempts;
         ClaimDecision decision =
             decide_claim(stored.state, fingerprint_conflict(stored, args.request), now, max_attempts);
-        if (claim_may_change(decision)) {
-            if (read_only) raise_read_only("idem_claim");
-            // Lock the row and decide again on what is there now. A row that
-            // another transaction has locked is waited for (within the
-            // bound) without taking the lock, then read afresh.
-            StoredKey locked;
-            if (!read_key(args.id, RowLock::ForUpdateIfFree, &locked)) {
-                if (when_locked(args, stored, out) == Round::Answered) return;
-                continue;
-            }
-            stored = locked;
-            now = GetCurrentTimestamp();
-            decision = decide_claim(stored.state, fingerprint_conflict(stored, args.request), now,
-                                    max_attempts);
+        if (!claim_may_change(decision)) {
+            describe(stored, decision, out);
+            return;
         }
+        if (read_only) raise_read_only("idem_claim");
+        // Lock the row and decide again on what is there now. A row that
+        // another transaction has locked is waited for (within the bound)
+        // without taking the lock, then read afresh.
+        KeyRow locked;
+        StoredKey current;
+        if (!lock_key(args.id, true, &current, &locked)) {
+            close_key(&locked);
+            if (when_locked(args, stored, out) == Round::Answered) return;
+            continue;
+        }
+        stored = current;
+        now = GetCurrentTimestamp();
+        decision = decide_claim(stored.state, fingerprint_conflict(stored, args.request), now,
+                                max_attempts);
         describe(stored, decision, out);
         switch (decision.action) {
             case ClaimAction::Answer:
-                return;
+                break;
             case ClaimAction::Grant: {
                 const Grant grant{now + args.lease, args.request.fingerprint,
                                   args.request.has_fingerprint, decision.takeover,
                                   settings::max_attempts, settings::seconds(settings::retention_s)};
-                grant_claim(args.id, grant, now, &out->token.emplace(), &out->attempt);
+                if (grant_claim(&locked, stored, grant, now, &out->token.emplace(),
+                                &out->attempt) != Change::Done)
+                    elog(ERROR, "idempotency: a trigger on the keys table refused a claim");
                 out->status = Status::Processing;
                 count_on_commit(Counter::Claims);
                 note_due_on_commit(DueKind::KeyLease, grant.lease_until);
@@ -228,12 +234,13 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
                 log_transition(args.id.scope, args.id.key, stored.state.status, Status::Processing,
                                out->token, out->attempt,
                                decision.takeover ? "lease expired" : nullptr);
-                return;
+                break;
             }
             case ClaimAction::ExpireToFinal:
                 // The retention the expired claim decided, when it recorded one.
-                expire_lease(args.id, Status::FailedFinal, now,
-                             now + stored.retention.value_or(settings::seconds(settings::retention_s)));
+                (void)expire_lease(
+                    &locked, Status::FailedFinal, now,
+                    now + stored.retention.value_or(settings::seconds(settings::retention_s)));
                 out->status = Status::FailedFinal;
                 out->has_error = true;
                 out->error = CStringGetTextDatum("lease expired");
@@ -241,8 +248,10 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
                 log_transition(args.id.scope, args.id.key, Status::Processing, Status::FailedFinal,
                                stored.state.token, stored.state.attempts,
                                "lease expired, attempts exhausted");
-                return;
+                break;
         }
+        close_key(&locked);
+        return;
     }
     raise_race_lost();
 }
@@ -260,7 +269,6 @@ Datum claim_body(FunctionCallInfo fcinfo) {
     // of the key (or its lease runs out, or the wait ends), then asks again.
     const std::uint32_t channel = wake_channel(WaitTopic::Key, args.id.scope, args.id.key);
     OutcomeFields out;
-    connect_spi();
     for (int round = 0;; ++round) {
         if (wait) prepare_to_wait(channel);
         claim_once(args, &out);
@@ -273,7 +281,6 @@ Datum claim_body(FunctionCallInfo fcinfo) {
         CHECK_FOR_INTERRUPTS();
     }
     if (wait) stop_waiting();
-    finish_spi();
     count_answer_of(out.outcome);
     return outcome_datum(fcinfo, out);
 }
@@ -286,12 +293,11 @@ Datum register_body(FunctionCallInfo fcinfo) {
     const text* job_ref = optional_name_arg(fcinfo, 2, "job_ref");
 
     OutcomeFields out;
-    connect_spi();
     for (int round = 0;; ++round) {
         if (round == kMaxRaceRounds) raise_race_lost();
         const Micros now = GetCurrentTimestamp();
         StoredKey stored;
-        if (read_key(id, RowLock::None, &stored)) {
+        if (read_key(id, &stored)) {
             describe(stored,
                      decide_register(stored.state, fingerprint_conflict(stored, request), now),
                      &out);
@@ -323,7 +329,6 @@ Datum register_body(FunctionCallInfo fcinfo) {
             break;
         }
     }
-    finish_spi();
     count_answer_of(out.outcome);
     return outcome_datum(fcinfo, out);
 }
@@ -333,9 +338,7 @@ Datum get_body(FunctionCallInfo fcinfo) {
     id.key = name_arg(fcinfo, 0, "key");
     id.scope = scope_arg(fcinfo, 1);
     Datum row = 0;
-    connect_spi();
     const bool found = key_row(id, &row);
-    finish_spi();
     if (!found) PG_RETURN_NULL();
     return row;
 }

@@ -11,7 +11,6 @@
 #include "pg/shmem/metrics.hpp"
 #include "pg/keys/outcome.hpp"
 #include "pg/boundary/settings.hpp"
-#include "pg/boundary/spi.hpp"
 #include "pg/boundary/status_enum.hpp"
 #include "pg/keys/transition_log.hpp"
 #include "pg/shmem/wakeup.hpp"
@@ -58,17 +57,59 @@ const char* call_name(HolderCall call) {
                 key, scope, status_label(status), call_name(call));
 }
 
-// Locks the key's row and checks the holder's token. Returns the verdict
-// when it lets the call go on (Proceed, or AlreadyCompleted for complete).
-FenceVerdict lock_as_holder(HolderCall call, const KeyId& id, std::int64_t token,
-                            StoredKey* stored) {
-    if (!read_key(id, RowLock::ForUpdate, stored)) raise_no_such_key(id);
-    const FenceVerdict verdict = check_fence(call, stored->state, token);
+// Checks the holder's token on the key read. Returns the verdict when it
+// lets the call go on (Proceed, or AlreadyCompleted for complete). Any
+// other answer is given on the key's newest version, locked, as a locking
+// read of the key gives it (a concurrent change may be settling the key);
+// a refusal closes `row` and raises.
+FenceVerdict check_as_holder(HolderCall call, const KeyId& id, std::int64_t token,
+                             StoredKey* stored, KeyRow* row) {
+    FenceVerdict verdict = check_fence(call, stored->state, token);
+    if (verdict == FenceVerdict::Proceed) return verdict;
+    if (!row->table.found_locked) {
+        if (!lock_found_key(row, stored)) {
+            close_key(row);
+            raise_no_such_key(id);
+        }
+        verdict = check_fence(call, stored->state, token);
+    }
     if (verdict == FenceVerdict::StaleToken || verdict == FenceVerdict::WrongState) {
+        close_key(row);
         if (verdict == FenceVerdict::StaleToken) count_answer(Counter::StaleTokens);
         raise_refused(verdict, call, id, token, stored->state.status);
     }
     return verdict;
+}
+
+// Finds the key for a holder's call (locked at once when `lock`, else as
+// UPDATE finds it) and checks the token.
+FenceVerdict find_as_holder(HolderCall call, const KeyId& id, std::int64_t token, bool lock,
+                            StoredKey* stored, KeyRow* row) {
+    const bool found =
+        lock ? lock_key(id, false, stored, row) : find_key_to_change(id, stored, row);
+    if (!found) {
+        close_key(row);
+        raise_no_such_key(id);
+    }
+    return check_as_holder(call, id, token, stored, row);
+}
+
+// After a change that did not happen: Again means the row changed
+// concurrently (its newest version, locked, is decided on again); any
+// other answer ends the call.
+FenceVerdict after_change(Change change, HolderCall call, const KeyId& id, std::int64_t token,
+                          StoredKey* stored, KeyRow* row) {
+    if (change == Change::Gone) {
+        close_key(row);
+        raise_no_such_key(id);
+    }
+    if (change == Change::Skipped) {
+        close_key(row);
+        elog(ERROR, "idempotency: %s of key with token %lld found no row to change",
+             call_name(call), static_cast<long long>(token));
+    }
+    reread_key(row, stored);
+    return check_as_holder(call, id, token, stored, row);
 }
 
 KeyId key_id(FunctionCallInfo fcinfo, int key_arg, int scope_arg_index) {
@@ -86,36 +127,33 @@ Datum complete_body(FunctionCallInfo fcinfo) {
     const Micros retain =
         span_arg(fcinfo, 4, "retain").value_or(settings::seconds(settings::retention_s));
 
-    connect_spi();
-    // Logging a transition needs the state it leaves: read it first then.
-    std::optional<Status> from;
     StoredKey stored;
-    if (settings::log_transitions) {
-        lock_as_holder(HolderCall::Complete, id, token, &stored);
-        from = stored.state.status;
+    KeyRow row;
+    FenceVerdict verdict = find_as_holder(HolderCall::Complete, id, token, false, &stored, &row);
+    Micros now = 0;
+    while (verdict == FenceVerdict::Proceed) {
+        now = GetCurrentTimestamp();
+        const Change change = complete_key(&row, stored, result, has_result, now, now + retain);
+        if (change == Change::Done) break;
+        verdict = after_change(change, HolderCall::Complete, id, token, &stored, &row);
     }
-    const Micros now = GetCurrentTimestamp();
-    std::optional<Micros> claimed_at;
-    Status left = Status::Processing;
-    if (complete_by_holder(id, token, result, has_result, now, now + retain, &stored, &claimed_at,
-                           &left)) {
+    close_key(&row);
+    if (verdict == FenceVerdict::AlreadyCompleted) {
+        // A replay of an earlier complete: its stored outcome.
+        count_answer(Counter::Replays);
+    } else {
         count_on_commit(Counter::Completions);
         note_due_on_commit(DueKind::Retention, now + retain);
         // No lease_until: the sweep expired the lease and settled it.
         if (!stored.state.lease_until || *stored.state.lease_until < now)
             count_on_commit(Counter::LateCompletions);
-        if (claimed_at) observe_processing_on_commit(now - *claimed_at);
+        if (stored.claimed_at) observe_processing_on_commit(now - *stored.claimed_at);
         wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
-        log_transition(id.scope, id.key, from.value_or(left), Status::Completed,
-                       token, stored.state.attempts);
-    } else {
-        // Not completed now: a replay of an earlier complete, or a refusal.
-        if (lock_as_holder(HolderCall::Complete, id, token, &stored) == FenceVerdict::Proceed)
-            elog(ERROR, "idempotency: complete of key with token %lld found no row to change",
-                 static_cast<long long>(token));
-        count_answer(Counter::Replays);
+        log_transition(id.scope, id.key, stored.state.status, Status::Completed, token,
+                       stored.state.attempts);
+        stored.result = result;
+        stored.has_result = has_result;
     }
-    finish_spi();
 
     OutcomeFields out;
     out.outcome = Outcome::Completed;
@@ -136,24 +174,32 @@ Datum fail_body(FunctionCallInfo fcinfo) {
     if (PG_ARGISNULL(3)) throw_null_argument("retryable");
     const bool retryable = PG_GETARG_BOOL(3);
     const std::optional<Micros> retry_in = span_arg(fcinfo, 4, "retry_in");
-    connect_spi();
     StoredKey stored;
-    lock_as_holder(HolderCall::Fail, id, token, &stored);
-    // The attempt cap and retention its claim decided, when it recorded them.
-    const RetryPolicy policy{stored.state.max_attempts.value_or(settings::max_attempts),
-                             settings::ms(settings::retry_base_delay_ms),
-                             settings::ms(settings::retry_max_delay_ms)};
-    const Micros retention = stored.retention.value_or(settings::seconds(settings::retention_s));
-    const Micros now = GetCurrentTimestamp();
-    const FailDecision decision = decide_fail(stored.state.attempts, retryable, retry_in, policy,
-                                              pg_prng_double(&pg_global_prng_state));
-    std::optional<Micros> next_attempt_at;
+    KeyRow row;
+    FenceVerdict verdict = find_as_holder(HolderCall::Fail, id, token, false, &stored, &row);
+    FailDecision decision;
     std::optional<Micros> expires_at;
-    if (decision.delay) next_attempt_at = now + *decision.delay;
-    if (decision.next == Status::FailedFinal) expires_at = now + retention;
-    record_failure(id, decision.next, error, now, next_attempt_at, expires_at);
+    for (;;) {
+        // The attempt cap and retention its claim decided, when it recorded them.
+        const RetryPolicy policy{stored.state.max_attempts.value_or(settings::max_attempts),
+                                 settings::ms(settings::retry_base_delay_ms),
+                                 settings::ms(settings::retry_max_delay_ms)};
+        const Micros retention = stored.retention.value_or(settings::seconds(settings::retention_s));
+        const Micros now = GetCurrentTimestamp();
+        decision = decide_fail(stored.state.attempts, retryable, retry_in, policy,
+                               pg_prng_double(&pg_global_prng_state));
+        std::optional<Micros> next_attempt_at;
+        expires_at.reset();
+        if (decision.delay) next_attempt_at = now + *decision.delay;
+        if (decision.next == Status::FailedFinal) expires_at = now + retention;
+        const Change change =
+            record_failure(&row, decision.next, error, now, next_attempt_at, expires_at);
+        if (change == Change::Done) break;
+        verdict = after_change(change, HolderCall::Fail, id, token, &stored, &row);
+    }
+    (void)verdict;
+    close_key(&row);
     if (expires_at) note_due_on_commit(DueKind::Retention, *expires_at);
-    finish_spi();
     const bool final = decision.next == Status::FailedFinal;
     count_on_commit(final ? Counter::FailuresFinal : Counter::FailuresRetryable);
     wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
@@ -169,13 +215,18 @@ Datum heartbeat_body(FunctionCallInfo fcinfo) {
     const std::int64_t token = token_arg(fcinfo, 1);
     const Micros extend = lease_arg(fcinfo, 2, "extend");
 
-    connect_spi();
     StoredKey stored;
-    lock_as_holder(HolderCall::Heartbeat, id, token, &stored);
-    const Micros now = GetCurrentTimestamp();
-    renew_lease(id, now + extend);
+    KeyRow row;
+    find_as_holder(HolderCall::Heartbeat, id, token, false, &stored, &row);
+    Micros now = 0;
+    for (;;) {
+        now = GetCurrentTimestamp();
+        const Change change = renew_lease(&row, now + extend);
+        if (change == Change::Done) break;
+        after_change(change, HolderCall::Heartbeat, id, token, &stored, &row);
+    }
+    close_key(&row);
     note_due_on_commit(DueKind::KeyLease, now + extend);
-    finish_spi();
     PG_RETURN_TIMESTAMPTZ(now + extend);
 }
 
@@ -183,16 +234,16 @@ Datum release_body(FunctionCallInfo fcinfo) {
     const KeyId id = key_id(fcinfo, 0, 2);
     const std::int64_t token = token_arg(fcinfo, 1);
 
-    connect_spi();
     StoredKey stored;
-    lock_as_holder(HolderCall::Release, id, token, &stored);
+    KeyRow row;
+    find_as_holder(HolderCall::Release, id, token, true, &stored, &row);
     const Micros now = GetCurrentTimestamp();
     const ReleaseAction action = decide_release(stored.state);
     switch (action) {
-        case ReleaseAction::BackToReceived: release_to(id, Status::Received, now); break;
-        case ReleaseAction::Delete: delete_key(id); break;
+        case ReleaseAction::BackToReceived: (void)release_to(&row, stored, Status::Received, now); break;
+        case ReleaseAction::Delete: (void)delete_key(&row); break;
     }
-    finish_spi();
+    close_key(&row);
     wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
     log_transition(id.scope, id.key, stored.state.status,
                    action == ReleaseAction::BackToReceived ? std::optional<Status>(Status::Received)
@@ -205,10 +256,10 @@ Datum assert_owner_body(FunctionCallInfo fcinfo) {
     const KeyId id = key_id(fcinfo, 0, 2);
     const std::int64_t token = token_arg(fcinfo, 1);
 
-    connect_spi();
     StoredKey stored;
-    lock_as_holder(HolderCall::AssertOwner, id, token, &stored);
-    finish_spi();
+    KeyRow row;
+    find_as_holder(HolderCall::AssertOwner, id, token, true, &stored, &row);
+    close_key(&row);
     PG_RETURN_VOID();
 }
 

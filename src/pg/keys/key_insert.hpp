@@ -5,7 +5,9 @@
 // the caller decides how long to wait (see wait_for_end). The insert is
 // speculative, as PostgreSQL's own ON CONFLICT is: a concurrent insert of
 // the same key that slips in between is seen by the unique index, and ours
-// is taken back. Triggers on the table fire as for an INSERT.
+// is taken back. The primary key is probed first: a key that exists costs
+// no sequence value, no trigger and no row. Triggers on the table fire as
+// for an INSERT that inserts.
 #pragma once
 
 #include <cstdint>

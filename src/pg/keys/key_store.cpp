@@ -1,222 +1,155 @@
 #include "pg/keys/key_store.hpp"
 
 #include "pg/boundary/extension_objects.hpp"
-#include "pg/boundary/spi.hpp"
+#include "pg/keys/key_row.hpp"
 #include "pg/boundary/settings.hpp"
+#include "pg/boundary/spi.hpp"
 #include "pg/boundary/status_enum.hpp"
 #include "pg/keys/transition_log.hpp"
 #include "pg/shmem/metrics.hpp"
+
+extern "C" {
+#include "commands/sequence.h"
+}
 
 namespace idem::pg {
 
 namespace {
 
-// Columns of a key read, in this order, by kRead and the kReadForUpdate* statements.
-#define KEY_COLUMNS                                                                   \
-    "status, token, attempts, lease_until, next_attempt_at, fingerprint, result, "   \
-    "last_error, job_ref, lease_expired, registered, "                                \
-    "@if keys.max_attempts@max_attempts, retention"                                    \
-    "@else@NULL::pg_catalog.int4, NULL::pg_catalog.interval@end@"
-#define KEY_WHERE " WHERE scope = $1 AND key = $2"
-#define KEYS " @keys@ "
-#define NEXT_TOKEN "pg_catalog.nextval(@token_seq@)"
-// From 0.3.0 on the table has purge_at, the time the retention sweep finds
-// the key by; the statements that set expires_at keep it. Before, its sweep
-// indexes followed status and expires_at. The library serves databases not
-// yet updated, so each statement is written for the installed layout.
-#define IF_PURGE_AT(text) "@if keys.purge_at@" text "@end@"
-
-Statement kRead = {"SELECT " KEY_COLUMNS " FROM" KEYS KEY_WHERE, 2, {TEXTOID, TEXTOID}, nullptr};
-
-Statement kReadForUpdate = {
-    "SELECT " KEY_COLUMNS " FROM" KEYS KEY_WHERE " FOR NO KEY UPDATE", 2, {TEXTOID, TEXTOID},
-    nullptr};
-
-Statement kReadForUpdateIfFree = {
-    "SELECT " KEY_COLUMNS " FROM" KEYS KEY_WHERE " FOR NO KEY UPDATE SKIP LOCKED", 2,
-    {TEXTOID, TEXTOID}, nullptr};
-
 // Run in a subtransaction that is rolled back: it only waits for lockers.
-Statement kAwaitLockers = {
-    "SELECT 1 FROM" KEYS KEY_WHERE " FOR NO KEY UPDATE", 2, {TEXTOID, TEXTOID}, nullptr};
+// Only a claim that found the row held gets here, so it stays SQL.
+Statement kAwaitLockers = {"SELECT 1 FROM @keys@ WHERE scope = $1 AND key = $2 FOR NO KEY UPDATE",
+                           2,
+                           {TEXTOID, TEXTOID},
+                           nullptr};
 
-Statement kRow = {"SELECT k FROM" KEYS "k" KEY_WHERE, 2, {TEXTOID, TEXTOID}, nullptr};
-
-Statement kGrant = {
-    "UPDATE" KEYS "SET status = 'PROCESSING', token = " NEXT_TOKEN ", attempts = attempts + 1, "
-    "lease_until = $3, fingerprint = COALESCE(fingerprint, $4), claimed_at = $5, updated_at = $5, "
-    "next_attempt_at = NULL, expires_at = NULL, lease_expired = false, holder_pid = $6, "
-    "last_error = CASE WHEN $7 THEN 'lease expired' ELSE last_error END"
-    IF_PURGE_AT(", purge_at = NULL")
-    // A key the sweep settled is live again; one still live keeps its time,
-    // and with it its entry in the live keys' index.
-    "@if keys.active_since@, active_since = COALESCE(active_since, $5)@end@"
-    "@if keys.max_attempts@, max_attempts = $8, retention = $9@end@"
-    KEY_WHERE " RETURNING token, attempts",
-    9, {TEXTOID, TEXTOID, TIMESTAMPTZOID, BYTEAOID, TIMESTAMPTZOID, INT4OID, BOOLOID, INT4OID,
-        INTERVALOID}, nullptr};
-
-// The WHERE clause is check_fence(Complete) == Proceed, written in SQL so
-// that the common complete is one statement. It changes no indexed column
-// (lease_until stays until the sweep settles the ended lease, purge_at is
-// left to the sweep), so it is a HOT update; only a retention shorter than
-// the lease left sets purge_at at once, or the key would outlive it.
-Statement kComplete = {
-    "UPDATE" KEYS "SET status = 'COMPLETED', result = $4, completed_at = $5, updated_at = $5, "
-    "expires_at = $6, next_attempt_at = NULL, lease_expired = false, holder_pid = NULL"
-    IF_PURGE_AT(", purge_at = CASE WHEN lease_until IS NULL OR $6 < lease_until THEN $6 "
-                "ELSE purge_at END")
-    KEY_WHERE " AND token = $3 AND (status = 'PROCESSING' OR (lease_expired AND status IN "
-    "('FAILED_RETRYABLE', 'FAILED_FINAL'))) "
-    "RETURNING attempts, result, job_ref, lease_until, claimed_at, "
-    // The status a late completion left (as this statement's snapshot saw
-    // it: PROCESSING before the sweep expired the lease, FAILED_* after);
-    // read only when the lease had ended, by the subquery's lazy evaluation.
-    "CASE WHEN lease_until IS NULL OR lease_until < $5 THEN (SELECT o.status FROM" KEYS "o "
-    "  WHERE o.scope = $1 AND o.key = $2) END",
-    6, {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
-
-Statement kExpire = {
-    "UPDATE" KEYS "SET status = $3, last_error = 'lease expired', lease_expired = true, "
-    "next_attempt_at = $4, updated_at = $4, expires_at = $5, holder_pid = NULL"
-    IF_PURGE_AT(", purge_at = $5") KEY_WHERE,
-    5, {TEXTOID, TEXTOID, kStatusType, TIMESTAMPTZOID, TIMESTAMPTZOID}, nullptr};
-
-Statement kFail = {
-    "UPDATE" KEYS "SET status = $3, last_error = $4, updated_at = $5, next_attempt_at = $6, "
-    "expires_at = $7, lease_expired = false, holder_pid = NULL"
-    IF_PURGE_AT(", purge_at = $7") KEY_WHERE,
-    7, {TEXTOID, TEXTOID, kStatusType, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID},
-    nullptr};
-
-Statement kRenew = {
-    "UPDATE" KEYS "SET lease_until = $3 " KEY_WHERE " AND status = 'PROCESSING'",
-    3, {TEXTOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
-
-Statement kRelease = {
-    "UPDATE" KEYS "SET status = $3, token = NULL, attempts = attempts - 1, lease_until = NULL, "
-    "next_attempt_at = $4, updated_at = $4, claimed_at = NULL, expires_at = NULL, "
-    "lease_expired = false, holder_pid = NULL" IF_PURGE_AT(", purge_at = NULL") KEY_WHERE,
-    4, {TEXTOID, TEXTOID, kStatusType, TIMESTAMPTZOID}, nullptr};
-
-Statement kDelete = {"DELETE FROM" KEYS KEY_WHERE, 2, {TEXTOID, TEXTOID}, nullptr};
-
-Params key_params(const KeyId& id) {
-    Params params;
-    params.add_text(id.scope).add_text(id.key);
-    return params;
+// The primary key's values of a key: (scope, key).
+struct KeyValues {
+    Datum values[2];
+};
+KeyValues key_values(const KeyId& id) {
+    return KeyValues{{PointerGetDatum(id.scope), PointerGetDatum(id.key)}};
 }
 
-// An idem_status value of the installed extension.
-Datum status_value(Status status) { return status_datum(extension_objects().status_type, status); }
+const KeyColumns& columns_of(const KeyRow* key) { return key_columns(key->table.heap); }
 
-Datum interval_of(Micros value) {
-    Interval* interval = static_cast<Interval*>(palloc0(sizeof(Interval)));
-    interval->time = value;
-    return IntervalPGetDatum(interval);
+// A change of the key's row, written from a copy of it.
+KeyWrite begin_change(KeyRow* key) {
+    KeyWrite write{};
+    write.row = changed_row(&key->table);
+    write.at = &columns_of(key);
+    write.status_type = extension_objects().status_type;
+    return write;
+}
+
+Change apply(KeyRow* key, const KeyWrite& write) {
+    return update_found_row(&key->table, write.row, write.set, write.count);
 }
 
 }  // namespace
 
-bool read_key(const KeyId& id, RowLock lock, StoredKey* out) {
-    Statement& statement = lock == RowLock::ForUpdate         ? kReadForUpdate
-                           : lock == RowLock::ForUpdateIfFree ? kReadForUpdateIfFree
-                                                              : kRead;
-    if (execute(statement, key_params(id), 1) == 0) return false;
-
-    bool isnull = false;
-    KeyState& state = out->state;
-    state.status = status_from_datum(SPI_gettypeid(SPI_tuptable->tupdesc, 1), column(1, &isnull));
-    state.token = column_int8(2);
-    state.attempts = DatumGetInt32(column(3, &isnull));
-    state.lease_until = column_timestamp(4);
-    state.next_attempt_at = column_timestamp(5);
-    out->fingerprint = column_copy(6, &out->has_fingerprint);
-    out->result = column_copy(7, &out->has_result);
-    out->last_error = column_copy(8, &out->has_last_error);
-    out->job_ref = column_copy(9, &out->has_job_ref);
-    state.lease_expired = DatumGetBool(column(10, &isnull));
-    state.registered = DatumGetBool(column(11, &isnull));
-    const Datum cap = column(12, &isnull);
-    state.max_attempts = isnull ? std::nullopt : std::optional<std::int32_t>(DatumGetInt32(cap));
-    Micros retention = 0;
-    const Datum kept = column(13, &isnull);
-    out->retention.reset();
-    if (!isnull && interval_to_micros(DatumGetIntervalP(kept), &retention)) out->retention = retention;
-    return true;
-}
-
-bool wait_for_key_lockers(const KeyId& id, Micros timeout) {
-    return wait_within(kAwaitLockers, key_params(id), timeout);
+bool read_key(const KeyId& id, StoredKey* out) {
+    const ExtensionObjects& objects = extension_objects();
+    OpenTable table = open_to_read(objects.keys);
+    const KeyValues key = key_values(id);
+    const bool found = find_row(&table, key.values, RowLock::None);
+    if (found) read_stored_key(table.found, key_columns(table.heap), objects.status_type, out);
+    close_table(&table);
+    return found;
 }
 
 bool key_row(const KeyId& id, Datum* row) {
-    if (execute(kRow, key_params(id), 1) == 0) return false;
-    bool present = false;
-    *row = column_copy(1, &present);
-    return present;
+    OpenTable table = open_to_read(extension_objects().keys);
+    const KeyValues key = key_values(id);
+    const bool found = find_row(&table, key.values, RowLock::None);
+    if (found) *row = found_row_datum(&table);
+    close_table(&table);
+    return found;
 }
 
-void grant_claim(const KeyId& id, const Grant& grant, Micros now, std::int64_t* token,
-                 std::int32_t* attempts) {
-    Params params = key_params(id);
-    params.add_timestamp(grant.lease_until).add_datum(grant.fingerprint, grant.has_fingerprint);
-    params.add_timestamp(now).add_int4(MyProcPid).add(BoolGetDatum(grant.takeover));
-    params.add_int4(grant.max_attempts).add(interval_of(grant.retention));
-    if (execute(kGrant, params) != 1) elog(ERROR, "idempotency: claimed key vanished");
-    bool isnull = false;
-    *token = *column_int8(1);
-    *attempts = DatumGetInt32(column(2, &isnull));
-}
-
-bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool has_result,
-                        Micros now, Micros expires_at, StoredKey* out,
-                        std::optional<Micros>* claimed_at, Status* left) {
-    Params params = key_params(id);
-    params.add_int8(token).add_datum(result, has_result).add_timestamp(now);
-    params.add_timestamp(expires_at);
-    if (execute(kComplete, params) == 0) return false;
-    bool isnull = false;
-    out->state.status = Status::Completed;
-    out->state.token = token;
-    out->state.attempts = DatumGetInt32(column(1, &isnull));
-    out->result = column_copy(2, &out->has_result);
-    out->job_ref = column_copy(3, &out->has_job_ref);
-    out->state.lease_until = column_timestamp(4);
-    *claimed_at = column_timestamp(5);
-    const Datum was = column(6, &isnull);
-    *left = isnull ? Status::Processing
-                   : status_from_datum(SPI_gettypeid(SPI_tuptable->tupdesc, 6), was);
+bool find_key_to_change(const KeyId& id, StoredKey* out, KeyRow* row) {
+    const ExtensionObjects& objects = extension_objects();
+    row->table = open_to_write(objects.keys);
+    const KeyValues key = key_values(id);
+    if (!find_row(&row->table, key.values, RowLock::None)) return false;
+    read_stored_key(row->table.found, columns_of(row), objects.status_type, out);
     return true;
 }
 
-void expire_lease(const KeyId& id, Status next, Micros now, std::optional<Micros> expires_at) {
-    Params params = key_params(id);
-    params.add(status_value(next)).add_timestamp(now).add_timestamp(expires_at);
-    execute(kExpire, params);
+bool lock_key(const KeyId& id, bool skip_if_held, StoredKey* out, KeyRow* row) {
+    const ExtensionObjects& objects = extension_objects();
+    row->table = open_to_write(objects.keys);
+    const KeyValues key = key_values(id);
+    if (!find_row(&row->table, key.values,
+                  skip_if_held ? RowLock::ForUpdateIfFree : RowLock::ForUpdate))
+        return false;
+    read_stored_key(row->table.found, columns_of(row), objects.status_type, out);
+    return true;
 }
 
-void record_failure(const KeyId& id, Status next, const text* error, Micros now,
-                    std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at) {
-    Params params = key_params(id);
-    params.add(status_value(next)).add_text(error).add_timestamp(now);
-    params.add_timestamp(next_attempt_at).add_timestamp(expires_at);
-    execute(kFail, params);
+bool lock_found_key(KeyRow* row, StoredKey* out) {
+    if (!lock_found_row(&row->table)) return false;
+    reread_key(row, out);
+    return true;
 }
 
-void renew_lease(const KeyId& id, Micros lease_until) {
-    Params params = key_params(id);
-    params.add_timestamp(lease_until);
-    execute(kRenew, params);
+void reread_key(KeyRow* row, StoredKey* out) {
+    read_stored_key(row->table.found, columns_of(row), extension_objects().status_type, out);
 }
 
-void release_to(const KeyId& id, Status next, Micros now) {
-    Params params = key_params(id);
-    params.add(status_value(next)).add_timestamp(now);
-    execute(kRelease, params);
+void close_key(KeyRow* row) { close_table(&row->table); }
+
+bool wait_for_key_lockers(const KeyId& id, Micros timeout) {
+    Params params;
+    params.add_text(id.scope).add_text(id.key);
+    connect_spi();
+    const bool in_time = wait_within(kAwaitLockers, params, timeout);
+    finish_spi();
+    return in_time;
 }
 
-void delete_key(const KeyId& id) { execute(kDelete, key_params(id)); }
+Change grant_claim(KeyRow* key, const StoredKey& stored, const Grant& grant, Micros now,
+                   std::int64_t* token, std::int32_t* attempts) {
+    *token = nextval_internal(extension_objects().token_seq, false);
+    *attempts = stored.state.attempts + 1;
+    KeyWrite write = begin_change(key);
+    write_grant(&write, stored, grant, now, *token, *attempts);
+    return apply(key, write);
+}
+
+Change complete_key(KeyRow* key, const StoredKey& stored, Datum result, bool has_result, Micros now,
+                    Micros expires_at) {
+    KeyWrite write = begin_change(key);
+    write_completion(&write, stored, result, has_result, now, expires_at);
+    return apply(key, write);
+}
+
+Change expire_lease(KeyRow* key, Status next, Micros now, std::optional<Micros> expires_at) {
+    KeyWrite write = begin_change(key);
+    write_expiry(&write, next, now, expires_at);
+    return apply(key, write);
+}
+
+Change record_failure(KeyRow* key, Status next, const text* error, Micros now,
+                      std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at) {
+    KeyWrite write = begin_change(key);
+    write_failure(&write, next, error, now, next_attempt_at, expires_at);
+    return apply(key, write);
+}
+
+Change renew_lease(KeyRow* key, Micros lease_until) {
+    KeyWrite write = begin_change(key);
+    write_renewal(&write, lease_until);
+    return apply(key, write);
+}
+
+Change release_to(KeyRow* key, const StoredKey& stored, Status next, Micros now) {
+    KeyWrite write = begin_change(key);
+    write_release(&write, stored, next, now);
+    return apply(key, write);
+}
+
+bool delete_key(KeyRow* key) { return delete_found_row(&key->table); }
 
 // ---------------------------------------------------------------- sweeps
 

@@ -1,5 +1,10 @@
-// Where the SQL of idempotency keys lives: every statement that reads or
-// changes idempotency.idempotency_keys. Callers hold an SPI connection.
+// Where idempotency.idempotency_keys is read and changed: every read and
+// transition of a key, done directly on the table and its primary key
+// (pg/boundary/row_access.hpp) with the semantics of the SQL statements
+// they stand for. The columns and what each write puts in them are
+// pg/keys/key_row.hpp's; the insert of a new key is pg/keys/key_insert.hpp's.
+// No SPI connection is needed, except by the sweeps' batches at the end,
+// which stay SQL (cold paths, many rows each).
 #pragma once
 
 #include <cstdint>
@@ -7,6 +12,7 @@
 
 #include "core/key_state.hpp"
 #include "pg/boundary/postgres.hpp"
+#include "pg/boundary/row_access.hpp"
 
 namespace idem::pg {
 
@@ -16,7 +22,7 @@ struct KeyId {
 };
 
 // A stored key: its state for the decisions, and the values outcomes report
-// (copied out of SPI memory).
+// (copied into the caller's memory).
 struct StoredKey {
     KeyState state;
     Datum fingerprint;
@@ -27,23 +33,43 @@ struct StoredKey {
     bool has_last_error;
     Datum job_ref;
     bool has_job_ref;
-    std::optional<Micros> retention;  // the retention its claim decided, if recorded
+    std::optional<Micros> claimed_at;  // when the current token was granted
+    std::optional<Micros> retention;   // the retention its claim decided, if recorded
 };
 
-// ForUpdateIfFree locks the row only when no other transaction holds a
-// conflicting lock on it, and otherwise reads nothing (see wait_for_key_lockers).
-enum class RowLock { None, ForUpdate, ForUpdateIfFree };
+// A plain read (SELECT): false when the key does not exist in this step's
+// snapshot. Works in a read-only transaction and on a standby.
+bool read_key(const KeyId& id, StoredKey* out);
 
-// False when the key does not exist (in this statement's snapshot).
-bool read_key(const KeyId& id, RowLock lock, StoredKey* out);
+// The key's row as a composite datum of the table's row type, or false.
+bool key_row(const KeyId& id, Datum* row);
+
+// A key's row found by this call to be changed. Trivially destructible;
+// close it when done (a row lock stays until the transaction ends).
+struct KeyRow {
+    OpenTable table;
+};
+// Finds the key to change it, as UPDATE ... WHERE finds the row (no lock
+// yet): false when it does not exist. `row` must be closed either way.
+bool find_key_to_change(const KeyId& id, StoredKey* out, KeyRow* row);
+// Finds and locks it (SELECT ... FOR NO KEY UPDATE): false when it does not
+// exist, or, with `skip_if_held`, when another transaction holds a
+// conflicting lock on it (see wait_for_key_lockers).
+bool lock_key(const KeyId& id, bool skip_if_held, StoredKey* out, KeyRow* row);
+// Locks a key found without a lock, waiting for a concurrent change, and
+// reads its newest version: false when it went away.
+bool lock_found_key(KeyRow* row, StoredKey* out);
+// After a change that answered Change::Again: the newest version, locked.
+void reread_key(KeyRow* row, StoredKey* out);
+void close_key(KeyRow* row);
 
 // Waits until no other transaction holds a conflicting lock on the key's
 // row, without keeping a lock on it; false when `timeout` ran out first.
 bool wait_for_key_lockers(const KeyId& id, Micros timeout);
 
-// The key's row as a composite datum (copied out of SPI memory), or false.
-bool key_row(const KeyId& id, Datum* row);
-
+// The transitions of a key found to change. Each is one UPDATE (or DELETE)
+// of its row; see Change for what a concurrent change of the row answers.
+//
 // An existing key becomes PROCESSING under a new token; attempts grows by one.
 // A takeover ends an expired lease: it records 'lease expired' as last_error.
 // The claim's attempt cap and retention are recorded for the sweep.
@@ -55,30 +81,31 @@ struct Grant {
     std::int32_t max_attempts;
     Micros retention;
 };
-void grant_claim(const KeyId& id, const Grant& grant, Micros now, std::int64_t* token,
-                 std::int32_t* attempts);
+Change grant_claim(KeyRow* row, const StoredKey& stored, const Grant& grant, Micros now,
+                   std::int64_t* token, std::int32_t* attempts);
 
-// PROCESSING -> COMPLETED when `token` is current and the call is allowed
-// (check_fence's Proceed). False when no row qualified.
-// On success `out` holds the completed key (its lease_until as it was),
-// `claimed_at` when the token was granted and `left` the status it left.
-bool complete_by_holder(const KeyId& id, std::int64_t token, Datum result, bool has_result,
-                        Micros now, Micros expires_at, StoredKey* out,
-                        std::optional<Micros>* claimed_at, Status* left);
+// PROCESSING -> COMPLETED (check_fence's Proceed, checked by the caller).
+// It changes no indexed column (lease_until stays until the sweep settles
+// the ended lease, purge_at is left to the sweep), so it is a HOT update;
+// only a retention shorter than the lease left sets purge_at at once, or
+// the key would outlive it.
+Change complete_key(KeyRow* row, const StoredKey& stored, Datum result, bool has_result,
+                  Micros now, Micros expires_at);
 
 // A lease that ran out: FAILED_RETRYABLE or FAILED_FINAL with 'lease expired'.
-void expire_lease(const KeyId& id, Status next, Micros now, std::optional<Micros> expires_at);
+Change expire_lease(KeyRow* row, Status next, Micros now, std::optional<Micros> expires_at);
 
 // A failure the holder reported.
-void record_failure(const KeyId& id, Status next, const text* error, Micros now,
+Change record_failure(KeyRow* row, Status next, const text* error, Micros now,
                     std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at);
 
 // A heartbeat: a new lease for a PROCESSING key.
-void renew_lease(const KeyId& id, Micros lease_until);
+Change renew_lease(KeyRow* row, Micros lease_until);
 
-// A release: back to RECEIVED or FAILED_RETRYABLE with the attempt given back.
-void release_to(const KeyId& id, Status next, Micros now);
-void delete_key(const KeyId& id);
+// A release: back to RECEIVED with the attempt given back, or deleted.
+Change release_to(KeyRow* row, const StoredKey& stored, Status next, Micros now);
+// False when a trigger skipped it. The row must be locked.
+bool delete_key(KeyRow* row);
 
 // The sweeps' batches (background workers, idem_maintenance()): each
 // changes at most `batch` keys and returns how many.

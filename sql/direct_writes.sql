@@ -1,0 +1,148 @@
+-- The functions change their tables directly, not through SQL statements,
+-- with what INSERT and UPDATE do: row and statement triggers fire (on the
+-- columns an UPDATE would name, with transition tables), a BEFORE trigger's
+-- changes are what is written, constraints are checked, every index is kept
+-- (also one created or dropped between two calls of one session), and a
+-- complete stays a HOT update.
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS idempotency;
+RESET client_min_messages;
+
+CREATE TABLE public.fired (n serial PRIMARY KEY, what text NOT NULL);
+CREATE FUNCTION public.note_row() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    INSERT INTO public.fired (what)
+    VALUES (concat_ws(' ', TG_NAME, TG_WHEN, TG_OP,
+                      coalesce(row_to_json(NEW)->>'status', row_to_json(NEW)->>'state')));
+    RETURN NEW;
+END $f$;
+CREATE FUNCTION public.note_statement() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    INSERT INTO public.fired (what) VALUES (concat_ws(' ', TG_NAME, TG_WHEN, TG_OP, 'statement'));
+    RETURN NULL;
+END $f$;
+CREATE FUNCTION public.note_new_rows() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    INSERT INTO public.fired (what)
+    SELECT concat_ws(' ', TG_NAME, TG_OP, count(*), 'new row(s)', string_agg(status::text, ','))
+      FROM new_rows;
+    RETURN NULL;
+END $f$;
+-- A BEFORE trigger that changes the row: the change is what is stored.
+CREATE FUNCTION public.stamp_job() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    IF NEW.status = 'COMPLETED' THEN
+        NEW.job_ref := 'stamped by a trigger';
+    END IF;
+    RETURN NEW;
+END $f$;
+
+CREATE TRIGGER k_before_row BEFORE INSERT OR UPDATE ON idempotency.idempotency_keys
+    FOR EACH ROW EXECUTE FUNCTION public.note_row();
+CREATE TRIGGER k_after_row AFTER INSERT OR UPDATE OR DELETE ON idempotency.idempotency_keys
+    FOR EACH ROW EXECUTE FUNCTION public.note_row();
+CREATE TRIGGER k_lease_only BEFORE UPDATE OF lease_until ON idempotency.idempotency_keys
+    FOR EACH ROW EXECUTE FUNCTION public.note_row();
+CREATE TRIGGER k_before_statement BEFORE UPDATE ON idempotency.idempotency_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION public.note_statement();
+CREATE TRIGGER k_new_rows AFTER UPDATE ON idempotency.idempotency_keys
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.note_new_rows();
+CREATE TRIGGER k_stamp BEFORE UPDATE ON idempotency.idempotency_keys
+    FOR EACH ROW EXECUTE FUNCTION public.stamp_job();
+
+-- A claim inserts; a heartbeat changes lease_until (the column trigger
+-- fires); a complete does not (it leaves lease_until).
+SELECT token AS t FROM idempotency.idem_claim('direct-1', lease => '1 min') \gset
+SELECT idempotency.idem_heartbeat('direct-1', :t, '2 min') > now() AS renewed;
+SELECT outcome FROM idempotency.idem_complete('direct-1', :t, '{"ok": true}');
+SELECT status, job_ref, result FROM idempotency.idem_get('direct-1');
+SELECT what FROM public.fired ORDER BY n;
+TRUNCATE public.fired;
+
+-- A takeover and a failure are updates too; a release that deletes fires
+-- the delete triggers.
+SELECT token AS t FROM idempotency.idem_claim('direct-2', lease => '1 min') \gset
+SELECT idempotency.idem_fail('direct-2', :t, 'boom', true, retry_in => '0s');
+SELECT token AS t FROM idempotency.idem_claim('direct-2') \gset
+SELECT idempotency.idem_release('direct-2', :t);
+SELECT token AS t FROM idempotency.idem_claim('direct-3') \gset
+SELECT idempotency.idem_release('direct-3', :t);
+SELECT idempotency.idem_get('direct-3') IS NULL AS deleted;
+SELECT what FROM public.fired ORDER BY n;
+TRUNCATE public.fired;
+DROP TRIGGER k_before_row ON idempotency.idempotency_keys;
+DROP TRIGGER k_after_row ON idempotency.idempotency_keys;
+DROP TRIGGER k_lease_only ON idempotency.idempotency_keys;
+DROP TRIGGER k_before_statement ON idempotency.idempotency_keys;
+DROP TRIGGER k_new_rows ON idempotency.idempotency_keys;
+DROP TRIGGER k_stamp ON idempotency.idempotency_keys;
+
+-- A constraint added to the table is checked by a complete.
+ALTER TABLE idempotency.idempotency_keys
+    ADD CONSTRAINT direct_short_result CHECK (result IS NULL OR length(result::text) < 40) NOT VALID;
+SELECT token AS t FROM idempotency.idem_claim('direct-4') \gset
+\set VERBOSITY sqlstate
+SELECT idempotency.idem_complete('direct-4', :t, jsonb_build_object('long', repeat('x', 60)));
+\set VERBOSITY default
+SELECT outcome FROM idempotency.idem_complete('direct-4', :t, '{"short": 1}');
+ALTER TABLE idempotency.idempotency_keys DROP CONSTRAINT direct_short_result;
+
+-- An index created between two calls of this session gets the next rows'
+-- entries; one dropped is no longer written.
+SELECT outcome FROM idempotency.idem_claim('direct-5');
+CREATE INDEX direct_by_job ON idempotency.idempotency_keys (job_ref) WHERE job_ref LIKE 'direct%';
+SELECT outcome FROM idempotency.idem_register('direct-6', job_ref => 'direct job');
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+EXPLAIN (COSTS OFF) SELECT key FROM idempotency.idempotency_keys WHERE job_ref LIKE 'direct%' AND job_ref = 'direct job';
+SELECT key FROM idempotency.idempotency_keys WHERE job_ref LIKE 'direct%' AND job_ref = 'direct job';
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+DROP INDEX idempotency.direct_by_job;
+SELECT outcome FROM idempotency.idem_register('direct-7', job_ref => 'direct job 2');
+
+-- A column added with a default gets it in a new key's row.
+ALTER TABLE idempotency.idempotency_keys ADD COLUMN direct_extra int DEFAULT 7;
+SELECT outcome FROM idempotency.idem_claim('direct-9');
+SELECT key, direct_extra FROM idempotency.idempotency_keys WHERE key = 'direct-9';
+ALTER TABLE idempotency.idempotency_keys DROP COLUMN direct_extra;
+SELECT outcome FROM idempotency.idem_claim('direct-10');
+
+-- A complete changes no indexed column: a HOT update (the statistics are
+-- flushed after each statement, and read afresh).
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_upd AS upd, n_tup_hot_upd AS hot FROM pg_stat_user_tables
+ WHERE relid = 'idempotency.idempotency_keys'::regclass \gset
+SELECT token AS t FROM idempotency.idem_claim('direct-8') \gset
+SELECT pg_stat_force_next_flush();
+SELECT outcome FROM idempotency.idem_complete('direct-8', :t, '{"hot": true}');
+SELECT pg_stat_force_next_flush();
+SELECT pg_stat_clear_snapshot();
+SELECT n_tup_upd - :upd AS updates, n_tup_hot_upd - :hot AS hot_updates FROM pg_stat_user_tables
+ WHERE relid = 'idempotency.idempotency_keys'::regclass;
+
+-- The outbox: an enqueue is an INSERT with its triggers; a BEFORE trigger's
+-- change is what is stored.
+CREATE FUNCTION public.add_header() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    NEW.headers := coalesce(NEW.headers, '{}') || '{"via": "trigger"}';
+    RETURN NEW;
+END $f$;
+CREATE TRIGGER o_before_row BEFORE INSERT ON idempotency.outbox
+    FOR EACH ROW EXECUTE FUNCTION public.add_header();
+CREATE TRIGGER o_after_row AFTER INSERT ON idempotency.outbox
+    FOR EACH ROW EXECUTE FUNCTION public.note_row();
+CREATE TRIGGER o_after_statement AFTER INSERT ON idempotency.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION public.note_statement();
+SELECT idempotency.outbox_enqueue('direct.topic', '{"n": 1}', 'k1') AS id \gset
+SELECT topic, key, payload, headers, state FROM idempotency.outbox WHERE id = :id;
+SELECT what FROM public.fired ORDER BY n;
+DROP TRIGGER o_before_row ON idempotency.outbox;
+DROP TRIGGER o_after_row ON idempotency.outbox;
+DROP TRIGGER o_after_statement ON idempotency.outbox;
+DELETE FROM idempotency.outbox WHERE topic = 'direct.topic';
+
+DELETE FROM idempotency.idempotency_keys WHERE key LIKE 'direct-%';
+DROP TABLE public.fired;
+DROP FUNCTION public.note_row(), public.note_statement(), public.note_new_rows(),
+    public.stamp_job(), public.add_header();
