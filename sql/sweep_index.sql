@@ -96,6 +96,23 @@ SELECT outcome, status FROM idempotency.idem_complete('s-refile', (SELECT token 
 SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
 SELECT * FROM pg_temp.key('s-refile');
 
+-- A claim of a key not settled yet keeps the time it became live (and its
+-- entry in the live keys' index); a key the sweep settled is live again
+-- from its next claim.
+INSERT INTO t SELECT 'a1', token FROM idempotency.idem_claim('s-again');
+SELECT idempotency.idem_fail('s-again', (SELECT token FROM t WHERE label = 'a1'), 'boom', true, retry_in => '0s');
+SELECT active_since AS first_live FROM idempotency.idempotency_keys WHERE key = 's-again' \gset
+INSERT INTO t SELECT 'a2', token FROM idempotency.idem_claim('s-again');
+SELECT status, active_since = :'first_live' AS kept_its_time
+  FROM idempotency.idempotency_keys WHERE key = 's-again';
+SELECT idempotency.idem_fail('s-again', (SELECT token FROM t WHERE label = 'a2'), 'boom', true, retry_in => '0s');
+SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
+SELECT * FROM pg_temp.key('s-again');
+INSERT INTO t SELECT 'a3', token FROM idempotency.idem_claim('s-again');
+SELECT status, active_since > :'first_live' AS live_again
+  FROM idempotency.idempotency_keys WHERE key = 's-again';
+SELECT outcome FROM idempotency.idem_complete('s-again', (SELECT token FROM t WHERE label = 'a3'));
+
 -- The sweeps find their rows through their indexes, whatever the statistics
 -- say (on tables this small the planner would rather scan them): no
 -- sequential scan of the extension's tables in a maintenance run, and the
