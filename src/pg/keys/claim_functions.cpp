@@ -150,6 +150,7 @@ enum class Round { Answered, Retry };
 // may not wait (any more), or wait for that transaction within the bound.
 Round when_busy(const ClaimArgs& args, TransactionId other, const StoredKey* known,
                 OutcomeFields* out) {
+    hand_on_received_wakeup();
     if (GetCurrentTimestamp() >= args.deadline || !wait_for_end(other, args.deadline)) {
         answer_busy(known, out);
         return Round::Answered;
@@ -159,6 +160,7 @@ Round when_busy(const ClaimArgs& args, TransactionId other, const StoredKey* kno
 
 // The row of an existing key is locked by another transaction changing it.
 Round when_locked(const ClaimArgs& args, const StoredKey& known, OutcomeFields* out) {
+    hand_on_received_wakeup();
     const Micros left = args.deadline - GetCurrentTimestamp();
     if (left <= 0 || !wait_for_key_lockers(args.id, left)) {
         answer_busy(&known, out);
@@ -267,7 +269,7 @@ Datum claim_body(FunctionCallInfo fcinfo) {
 
     // A waiting claim sleeps until the holder's transaction commits a change
     // of the key (or its lease runs out, or the wait ends), then asks again.
-    const std::uint32_t channel = wake_channel(WaitTopic::Key, args.id.scope, args.id.key);
+    const std::uint64_t channel = wake_channel(WaitTopic::Key, args.id.scope, args.id.key);
     OutcomeFields out;
     for (int round = 0;; ++round) {
         if (wait) prepare_to_wait(channel);
@@ -277,7 +279,7 @@ Datum claim_body(FunctionCallInfo fcinfo) {
         // A busy answer has no lease to wait for: the transaction it waited
         // for is still running, or the bound is reached.
         const Micros lease_end = now + out.retry_after.value_or(0) + kMillisecond;
-        wait_for_wakeup(channel, std::min(args.deadline, lease_end), round);
+        wait_for_wakeup(std::min(args.deadline, lease_end), round);
         CHECK_FOR_INTERRUPTS();
     }
     if (wait) stop_waiting();

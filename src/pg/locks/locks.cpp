@@ -77,7 +77,7 @@ Datum lock_body(FunctionCallInfo fcinfo) {
 
     // A waiting caller sleeps until the holder's unlock commits, its lock
     // expires, or the wait ends.
-    const std::uint32_t channel = wake_channel(WaitTopic::Lock, resource);
+    const std::uint64_t channel = wake_channel(WaitTopic::Lock, resource);
     connect_spi();
     std::optional<std::int64_t> token;
     for (int round = 0;; ++round) {
@@ -85,7 +85,7 @@ Datum lock_body(FunctionCallInfo fcinfo) {
         Micros holder_until = 0;
         token = try_take(resource, owner, ttl, deadline, &holder_until);
         if (token || GetCurrentTimestamp() >= deadline) break;
-        wait_for_wakeup(channel, std::min(deadline, holder_until + kMillisecond), round);
+        wait_for_wakeup(std::min(deadline, holder_until + kMillisecond), round);
         CHECK_FOR_INTERRUPTS();
     }
     if (wait) stop_waiting();

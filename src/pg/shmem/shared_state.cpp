@@ -6,6 +6,7 @@
 #include "pg/shmem/due_table.hpp"
 #include "pg/shmem/gauges.hpp"
 #include "pg/shmem/notifier_table.hpp"
+#include "pg/shmem/waiter_table.hpp"
 
 extern "C" {
 #include "storage/ipc.h"
@@ -28,6 +29,7 @@ Size shared_memory_size() {
     size = add_size(size, notifier_table_size());
     size = add_size(size, ready_floor_size());
     size = add_size(size, gauges_size());
+    size = add_size(size, MAXALIGN(waiter_table_size()));
     return add_size(size, producer_turn_size());
 }
 
@@ -49,13 +51,13 @@ void start_shared_memory() {
         for (auto& bucket : state->buckets) pg_atomic_init_u64(&bucket, 0);
         SpinLockInit(&state->mutex);
         state->stats_reset = GetCurrentTimestamp();
-        for (auto& cv : state->wake) ConditionVariableInit(&cv);
     }
     init_due_table();
     init_notifier_table();
     init_ready_floor();
     init_producer_turns();
     init_gauges();
+    init_waiter_table();
     LWLockRelease(AddinShmemInitLock);
 }
 

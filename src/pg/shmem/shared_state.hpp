@@ -3,7 +3,7 @@
 // and what guards each:
 //   SharedState (here)      counters and histogram buckets: atomics;
 //                           stats_reset: the spinlock `mutex`, held only to
-//                           copy it; wake[]: condition variables.
+//                           copy it.
 //   the due table           per database, what is due and when: its LWLock
 //                           (shmem/due_table.hpp).
 //   the gauges              per database and scope or topic, the views'
@@ -14,13 +14,15 @@
 //                           spinlock (outbox/outbox_ready_floor.hpp).
 //   producer turns          commit counts per turn: atomics
 //                           (outbox/producer_turn.hpp).
+//   the waiter table        the sessions waiting for a key or a lock, by
+//                           hash: a spinlock per bucket; each session's
+//                           wake-up an atomic (shmem/waiter_table.hpp).
 #pragma once
 
 #include "pg/boundary/postgres.hpp"
 
 extern "C" {
 #include "port/atomics.h"
-#include "storage/condition_variable.h"
 #include "storage/spin.h"
 }
 
@@ -28,14 +30,12 @@ namespace idem::pg {
 
 inline constexpr int kCounterCount = 20;     // the idem_metrics bigint columns
 inline constexpr int kBucketCount = 10;      // processing_ms_buckets
-inline constexpr int kWakeSlots = 256;       // condition variables, chosen by hash
 
 struct SharedState {
     pg_atomic_uint64 counters[kCounterCount];
     pg_atomic_uint64 buckets[kBucketCount];
     slock_t mutex;                 // guards stats_reset
     TimestampTz stats_reset;
-    ConditionVariable wake[kWakeSlots];
 };
 
 // Null unless the library was preloaded (shared_preload_libraries).

@@ -1,12 +1,15 @@
 #include "pg/shmem/wakeup.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include "pg/boundary/guard.hpp"
-#include "pg/shmem/shared_state.hpp"
+#include "pg/shmem/waiter_table.hpp"
 
 extern "C" {
 #include "common/hashfn.h"
+#include "utils/memutils.h"
 }
 
 namespace idem::pg {
@@ -25,75 +28,107 @@ void pause_before_retry(int round, Micros deadline) {
     CHECK_FOR_INTERRUPTS();
 }
 
-// Channels to broadcast at commit; past the limit every channel is woken.
-constexpr int kMaxPending = 64;
-std::uint32_t pending[kMaxPending];
-int pending_count = 0;
-bool wake_everything = false;
+// The (sub)transaction nesting level this session registered at: an error
+// that aborts it (or an outer one) ends the wait; the module's own
+// subtransactions inside a wait (rolled back after waiting for a lock) do not.
+int registered_level = 0;
 
-ConditionVariable* channel_cv(SharedState* shared, std::uint32_t channel) {
-    return &shared->wake[channel % kWakeSlots];
-}
+// Channels to signal at commit, kept in TopMemoryContext (grown as needed).
+std::uint64_t* pending = nullptr;
+int pending_count = 0;
+int pending_capacity = 0;
+
+void forget_pending() { pending_count = 0; }
 
 void on_transaction_end(XactEvent event, void*) {
-    if (pending_count == 0 && !wake_everything) return;
     if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT) {
-        if (SharedState* shared = shared_state()) {
-            if (wake_everything)
-                for (auto& cv : shared->wake) ConditionVariableBroadcast(&cv);
-            else
-                for (int i = 0; i < pending_count; ++i)
-                    ConditionVariableBroadcast(channel_cv(shared, pending[i]));
-        }
-    } else if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT &&
-               event != XACT_EVENT_PREPARE) {
-        return;
+        if (pending_count == 0) return;
+        int signalled = 0;
+        for (int i = 0; i < pending_count; ++i) signalled += signal_waiters(pending[i]);
+        // What the commit cost its session, whatever waits: at most kFanOut
+        // signals per key or lock it freed.
+        if (signalled > 0)
+            elog(DEBUG1, "idempotency: the commit signalled %d waiting session(s) for %d key(s)",
+                 signalled, pending_count);
+        forget_pending();
+    } else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT) {
+        // An error while waiting leaves the table (handing on a wake-up).
+        unregister_waiter();
+        forget_pending();
+    } else if (event == XACT_EVENT_PREPARE) {
+        forget_pending();
     }
-    pending_count = 0;
-    wake_everything = false;
 }
 
-std::uint32_t hash_text(const text* value, std::uint32_t seed) {
+void on_subtransaction_end(SubXactEvent event, SubTransactionId, SubTransactionId, void*) {
+    if (event == SUBXACT_EVENT_ABORT_SUB && GetCurrentTransactionNestLevel() <= registered_level)
+        unregister_waiter();
+}
+
+std::uint64_t hash_text(const text* value, std::uint64_t seed) {
     if (value == nullptr) return seed;
-    return hash_combine(seed, hash_bytes(reinterpret_cast<const unsigned char*>(VARDATA_ANY(value)),
-                                         static_cast<int>(VARSIZE_ANY_EXHDR(value))));
+    return hash_bytes_extended(reinterpret_cast<const unsigned char*>(VARDATA_ANY(value)),
+                               static_cast<int>(VARSIZE_ANY_EXHDR(value)), seed);
 }
 
 }  // namespace
 
-std::uint32_t wake_channel(WaitTopic topic, const text* first, const text* second) {
-    return hash_text(second, hash_text(first, static_cast<std::uint32_t>(topic)));
+std::uint64_t wake_channel(WaitTopic topic, const text* first, const text* second) {
+    const std::uint64_t hash =
+        hash_text(second, hash_text(first, static_cast<std::uint64_t>(topic)));
+    return hash == 0 ? 1 : hash;
 }
 
-void prepare_to_wait(std::uint32_t channel) {
-    if (SharedState* shared = shared_state()) ConditionVariablePrepareToSleep(channel_cv(shared, channel));
+void prepare_to_wait(std::uint64_t channel) {
+    registered_level = GetCurrentTransactionNestLevel();
+    register_waiter(channel);
 }
 
-void wait_for_wakeup(std::uint32_t channel, Micros until, int round) {
-    SharedState* shared = shared_state();
-    if (shared == nullptr) {
+void wait_for_wakeup(Micros until, int round) {
+    if (!waiter_table_present()) {
         pause_before_retry(round, until);
         return;
     }
     const Micros left = until - GetCurrentTimestamp();
-    const long timeout_ms = static_cast<long>(std::max<Micros>(1, (left + kMillisecond - 1) / kMillisecond));
-    (void)ConditionVariableTimedSleep(channel_cv(shared, channel), timeout_ms, PG_WAIT_EXTENSION);
+    const long timeout_ms =
+        static_cast<long>(std::max<Micros>(1, (left + kMillisecond - 1) / kMillisecond));
+    // A signal that came while the caller looked (its latch set, perhaps
+    // reset by another wait since) needs no sleep; nor does a session no
+    // longer registered (it looks again, registered).
+    if (!waiter_signalled() && waiter_registered())
+        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
+                        PG_WAIT_EXTENSION);
+    ResetLatch(MyLatch);
+    if (waiter_signalled()) {
+        elog(DEBUG2, "idempotency: woken by a commit of what this session waits for");
+        // The committing session, and the sessions woken before, go first:
+        // a crowd woken at once must not hold up the commit that woke it.
+        sched_yield();
+        hand_on_wakeup();
+    }
 }
 
-void stop_waiting() {
-    if (shared_state() != nullptr) ConditionVariableCancelSleep();
+void stop_waiting() { unregister_waiter(); }
+
+void hand_on_received_wakeup() { hand_on_wakeup(); }
+
+void wake_on_commit(std::uint64_t channel) {
+    if (!waiter_table_present()) return;
+    if (pending_count > 0 && pending[pending_count - 1] == channel) return;
+    if (pending_count == pending_capacity) {
+        const int capacity = std::max(16, pending_capacity * 2);
+        pending = static_cast<std::uint64_t*>(
+            pending == nullptr
+                ? MemoryContextAlloc(TopMemoryContext, sizeof(std::uint64_t) * capacity)
+                : repalloc(pending, sizeof(std::uint64_t) * capacity));
+        pending_capacity = capacity;
+    }
+    pending[pending_count++] = channel;
 }
 
-void wake_on_commit(std::uint32_t channel) {
-    if (shared_state() == nullptr || wake_everything) return;
-    for (int i = 0; i < pending_count; ++i)
-        if (pending[i] % kWakeSlots == channel % kWakeSlots) return;
-    if (pending_count == kMaxPending)
-        wake_everything = true;
-    else
-        pending[pending_count++] = channel;
+void install_wakeup_callbacks() {
+    register_guarded_callback(on_transaction_end);
+    register_guarded_callback(on_subtransaction_end);
 }
-
-void install_wakeup_callbacks() { register_guarded_callback(on_transaction_end); }
 
 }  // namespace idem::pg
