@@ -9,7 +9,13 @@
 --   (b) PL/pgSQL: bench.plpgsql_claim and bench.plpgsql_complete below, one
 --       call per operation, like the extension.
 --
--- Both work on bench.idempotency_keys, which has the same columns, primary
+-- The physical floor (c) is what the storage itself costs, with no logic:
+-- bench.floor_keys, a table with only a text primary key and a jsonb column
+-- (scripts floor_*.sql: INSERT then UPDATE of one row; for a duplicate, a
+-- bare SELECT by primary key of bench.idempotency_keys, the same row shape
+-- as the extension's table).
+--
+-- Both (a) and (b) work on bench.idempotency_keys, which has the same columns, primary
 -- key and fillfactor as idempotency.idempotency_keys. Fencing tokens come
 -- from a sequence; a duplicate of completed work is answered by a read (no
 -- row lock, no transaction id, no WAL); an expired lease is taken over with
@@ -199,9 +205,18 @@ BEGIN
 END;
 $$;
 
+-- The physical floor of a claim + complete: the cheapest table that holds
+-- a key and its result.
+CREATE TABLE bench.floor_keys (
+    key    text PRIMARY KEY,
+    result jsonb
+);
+
 -- Fills both tables with the same n COMPLETED keys '1' .. 'n' (scope
--- 'default'), the duplicates of scenario "duplicate". The scripts' new keys
--- are (client_id + 1) * 10^9 + counter, so they never collide with these.
+-- 'default'), the duplicates of scenario "duplicate", and the floor's table
+-- with as many keys (so that its statements are planned as for a table in
+-- use). The scripts' new keys are (client_id + 1) * 10^9 + counter, so they
+-- never collide with these.
 CREATE FUNCTION bench.preload(n int) RETURNS void
 LANGUAGE sql
 AS $$
@@ -219,4 +234,27 @@ AS $$
            jsonb_build_object('order', i, 'ok', true), now(), now(), now(),
            now() + interval '24 hours', now()
       FROM generate_series(1, n) AS i;
+    INSERT INTO bench.floor_keys
+    SELECT i::text, jsonb_build_object('order', i, 'ok', true) FROM generate_series(1, n) AS i;
 $$;
+
+-- The size of a fresh copy of a table's rows: the same columns, indexes and
+-- fillfactor, the rows written anew (what the table would take if it were
+-- rewritten now), in bytes with its indexes. The reference of the churn
+-- benchmark: the live rows' size.
+CREATE FUNCTION bench.fresh_size(rel regclass) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    options text;
+    bytes bigint;
+BEGIN
+    SELECT coalesce(string_agg(o, ', '), 'fillfactor = 100') INTO options
+      FROM pg_class c, unnest(c.reloptions) AS o
+     WHERE c.oid = rel AND o LIKE 'fillfactor=%';
+    EXECUTE format('CREATE TEMP TABLE fresh_copy (LIKE %s INCLUDING ALL) WITH (%s)', rel, options);
+    EXECUTE format('INSERT INTO fresh_copy SELECT * FROM %s', rel);
+    bytes := pg_total_relation_size('fresh_copy');
+    DROP TABLE fresh_copy;
+    RETURN bytes;
+END $$;

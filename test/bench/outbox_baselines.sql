@@ -8,6 +8,9 @@
 --                    its index definitions still match the extension's.
 --   bench.outbox_pk  the same columns and fillfactor, only the primary key:
 --                    the cheapest possible INSERT, labelled as such.
+--   bench.floor_outbox  the physical floor of an outbox: an event (topic,
+--                    key, payload), its primary key and one partial index on
+--                    the ids not yet published.
 --
 -- The hand-written relay (scripts/relay_plain.sql) claims the oldest ready
 -- events with FOR UPDATE SKIP LOCKED and marks them delivered; the plain
@@ -47,7 +50,7 @@ CREATE INDEX outbox_ready_all ON bench.outbox (ready_at, id)
 CREATE INDEX outbox_key_order ON bench.outbox
     (pg_catalog.hashtextextended(key, pg_catalog.hashtextextended(topic, 0)),
      (COALESCE(key_seq, id)), id)
-    WHERE state IN ('pending', 'in_flight') AND key IS NOT NULL;
+    WHERE state IN ('pending', 'in_flight', 'dead') AND key IS NOT NULL;
 CREATE INDEX outbox_in_flight ON bench.outbox (lease_until)
     WHERE state = 'in_flight';
 CREATE UNIQUE INDEX outbox_dedup ON bench.outbox (topic, dedup_key)
@@ -75,6 +78,15 @@ CREATE TABLE bench.outbox_pk (
     ready_at     timestamptz,
     key_seq      bigint
 ) WITH (fillfactor = 80);
+
+CREATE TABLE bench.floor_outbox (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    topic        text NOT NULL,
+    key          text,
+    payload      jsonb NOT NULL,
+    published_at timestamptz
+);
+CREATE INDEX floor_outbox_unpublished ON bench.floor_outbox (id) WHERE published_at IS NULL;
 
 -- Index definitions of a table with the schema names taken out, one per
 -- line, in name order: equal for idempotency.outbox and bench.outbox.

@@ -4,17 +4,28 @@
 # commits.
 #
 # claim (test/bench/baselines.sql): the claim/complete path against
-# hand-written plain SQL and PL/pgSQL. Scenarios (each script execution is
-# one pgbench "transaction"):
+# hand-written plain SQL and PL/pgSQL, and against the physical floor (the
+# same storage work with no logic: an INSERT then an UPDATE of one row of a
+# table with a text primary key and a jsonb column; for a duplicate, a bare
+# SELECT by primary key). Scenarios (each script execution is one pgbench
+# "transaction"):
 #   one_txn    BEGIN; claim a new key; complete it; COMMIT
 #   two_txn    claim a new key (commits), then complete it (commits)
 #   duplicate  claim of one of 10000 preloaded COMPLETED keys -> completed + result
+# wal         WAL bytes per one_txn and duplicate transaction of each variant
+#             at one client
+# crowd       test/bench/crowd.sh: the holder's complete with 100 sessions
+#             waiting for its key against with none, the waiters' answer
+#             delays, and other clients' throughput while 200 sessions wait
+#             for other keys
 #
 # The outbox (test/bench/outbox_baselines.sql):
 #   enqueue    outbox_enqueue(topic, payload, key), by default and with
 #              idempotency.outbox_notify = off, against an INSERT of the same
 #              row into bench.outbox (the same columns and indexes as
-#              idempotency.outbox) and into bench.outbox_pk (primary key only)
+#              idempotency.outbox), into bench.outbox_pk (primary key only)
+#              and into bench.floor_outbox (the physical floor: an event with
+#              its primary key and one partial index on unpublished ids)
 #   relay      events delivered per second by relays that claim 100 events and
 #              ack them in one transaction per batch, while producers enqueue,
 #              with a pre-filled backlog: outbox_claim + outbox_ack against a
@@ -32,8 +43,9 @@
 #              HOT updates at the start, middle and end of an
 #              enqueue/claim/ack run, and of idempotency.idempotency_keys
 #              under claim/complete, with the background workers purging
-#              (idempotency.naptime 1s, outbox_retention and retention 5s),
-#              and the sizes sampled every second
+#              (idempotency.naptime 1s, outbox_retention and retention 5s,
+#              autovacuum_naptime BENCH_CHURN_AUTOVACUUM_NAPTIME), the sizes
+#              sampled every second against a fresh copy of the live rows
 #   idle       test/bench/idle.sh: the CPU an idle cluster spends with 1, 10
 #              and 100 databases that have the extension, with the library
 #              preloaded and without it, and the workers started per minute
@@ -52,8 +64,8 @@
 # or noisy machine single runs vary by 20% and more); BENCH_OUTBOX_ROUNDS
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
 # (docs/benchmarks.md, see below) for the Markdown tables,
-# BENCH_PORT (54430), BENCH_SECTIONS ("claim enqueue relay queue producers size churn
-# idem_relay idle heartbeat views purge"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
+# BENCH_PORT (54430), BENCH_SECTIONS ("claim wal crowd enqueue relay queue producers size
+# churn idem_relay idle heartbeat views purge"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
 # BENCH_QUEUE_RELAYS (2) relays per queue case,
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
@@ -61,7 +73,10 @@
 # BENCH_BACKLOG (60000 per second of a run, at least 300000) pending events
 # before each relay run (relays must not run dry: that would measure the
 # backlog, not them),
-# BENCH_CHURN_SECONDS (60) per churn run, BENCH_SIZE_KEYS (5000000).
+# BENCH_CHURN_SECONDS (300) per churn run, BENCH_CHURN_AUTOVACUUM_NAPTIME (10s) during
+# it, BENCH_SIZE_KEYS (5000000), BENCH_WAL_TRANSACTIONS (5000) per WAL measurement,
+# BENCH_CROWD (100) waiters on one key, BENCH_CROWD_ROUNDS (5), BENCH_IDLE_WAITERS
+# (200) sessions waiting for other keys.
 # BENCH_OUT defaults to docs/benchmarks.md of the source tree; the raw
 # numbers (TSV) and the plots (PNG, drawn by gnuplot) go to BENCH_DIR
 # (docs/bench/ of the source tree). BENCH_NOTE: a sentence added to the
@@ -83,7 +98,7 @@ case "$bench_dir" in /*) ;; *) bench_dir="$PWD/$bench_dir" ;; esac
 mkdir -p "$(dirname "$out")" "$bench_dir" || exit 1
 # The plots as the document links them: relative to the document's folder.
 plot_link=$(realpath -m --relative-to="$(dirname "$out")" "$bench_dir")
-sections=${BENCH_SECTIONS:-"claim enqueue relay queue producers size churn idem_relay idle heartbeat views purge"}
+sections=${BENCH_SECTIONS:-"claim wal crowd enqueue relay queue producers size churn idem_relay idle heartbeat views purge"}
 size_keys=${BENCH_SIZE_KEYS:-5000000}
 size_clients=16
 bench_note=${BENCH_NOTE:-}
@@ -92,19 +107,26 @@ producers=${BENCH_PRODUCERS:-4}
 producer_rate=${BENCH_PRODUCER_RATE:-500}
 default_backlog=$((seconds * 60000 > 300000 ? seconds * 60000 : 300000))
 backlog=${BENCH_BACKLOG:-$default_backlog}
-churn_seconds=${BENCH_CHURN_SECONDS:-60}
+churn_seconds=${BENCH_CHURN_SECONDS:-300}
+churn_autovacuum_naptime=${BENCH_CHURN_AUTOVACUUM_NAPTIME:-10s}
+churn_size_target=1.5  # table and indexes at most 1.5 x a fresh copy of the live rows
+churn_growth_target=1.10  # and flat: the last third at most 10% above the middle third
+wal_transactions=${BENCH_WAL_TRANSACTIONS:-5000}
 churn_relays=2
 preload=10000
 scenarios="one_txn two_txn duplicate"
-variants="extension plain plpgsql"
-enqueue_variants="extension plain pk_only"
+variants="extension plain plpgsql floor"
+enqueue_variants="extension plain pk_only floor"
 relay_variants="extension plain"
+size_target=0.90  # at most a 10% drop with $size_keys keys
+wal_target=1.00  # WAL per claim + complete at most PL/pgSQL's
 enqueue_target=0.85  # enqueue within 15% of the plain INSERT
+enqueue_floor_target=0.90  # and at least 0.9 of the physical floor
 relay_target=1.00    # relays deliver at least as fast as the hand-written loop
 
 for section in $sections; do
     case "$section" in
-    claim | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge) ;;
+    claim | wal | crowd | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge) ;;
     *) echo "bench: unknown section '$section' in BENCH_SECTIONS" >&2; exit 1 ;;
     esac
 done
@@ -114,17 +136,31 @@ ensure_packages || exit 1
 build_and_install || exit 1
 bindir=$(pg_bindir)
 
-dir=$(mktemp -d /tmp/idempotency-bench.XXXXXX)
-cleanup() { stop_cluster "$dir"; rm -rf "$dir"; }
+dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-bench.XXXXXX")
+cleanup() {
+    kill "${load_sampler:-}" 2>/dev/null
+    stop_cluster "$dir"
+    rm -rf "$dir"
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+# The machine's load over the run, sampled every minute (other work on a
+# shared machine moves single figures; the document says how much there was).
+(
+    while :; do
+        cut -d' ' -f1 /proc/loadavg
+        sleep 60
+    done
+) >"$dir/load.log" &
+load_sampler=$!
 
 log "starting a throwaway cluster on port $port"
 if ! start_cluster "$dir" "$port" \
     "shared_buffers = 256MB" \
     "synchronous_commit = on" \
     "max_wal_size = 4GB" \
-    "max_connections = 100"; then
+    "max_connections = 250"; then
     echo "bench: could not start the cluster" >&2
     cat "$dir/server.log" >&2 2>/dev/null
     exit 1
@@ -150,13 +186,14 @@ version=$(psql_bench -c "SHOW server_version")
 
 # pgbench_run LABEL LOGFILE CLIENTS SECONDS SCRIPT [pgbench options]: prints
 # the tps, or "failed". Its sessions get the settings in $pgbench_pgoptions
-# (PGOPTIONS syntax), when set.
+# (PGOPTIONS syntax), when set. SECONDS 0: the options say when to stop (-t).
 pgbench_run() {
-    local label=$1 logf=$2 clients=$3 secs=$4 script=$5 jobs status tps
+    local label=$1 logf=$2 clients=$3 secs=$4 script=$5 jobs status tps duration=()
     shift 5
     jobs=$((clients < 2 ? clients : 2))
+    [ "$secs" -gt 0 ] && duration=(-T "$secs")
     as_pg env PGOPTIONS="${pgbench_pgoptions:-}" "$bindir/pgbench" -h "$dir" -p "$port" \
-        -U postgres -n -T "$secs" -c "$clients" -j "$jobs" -M prepared "$@" \
+        -U postgres -n "${duration[@]}" -c "$clients" -j "$jobs" -M prepared "$@" \
         -f "$dir/scripts/$script.sql" bench >"$logf" 2>&1
     status=$?
     tps=$(sed -nE 's/^tps = ([0-9.]+) \(without initial connection time\).*/\1/p' "$logf")
@@ -185,6 +222,44 @@ verdict() {  # verdict RATIO TARGET: "met" when RATIO >= TARGET
     awk -v r="$1" -v t="$2" 'BEGIN { print (r >= t ? "met" : "MISSED") }'
 }
 
+# table_rows HEADER ROWS...: the rows (fields split by |) as aligned columns,
+# the first column left-aligned.
+table_rows() {
+    printf '%s\n' "$@" | awk -F'|' '
+        { for (i = 1; i <= NF; i++) { cell[NR, i] = $i; if (length($i) > w[i]) w[i] = length($i) }
+          if (NF > nf) nf = NF }
+        END { for (r = 1; r <= NR; r++) { line = "  "
+                for (i = 1; i <= nf; i++)
+                    line = line sprintf(i == 1 ? "%-" w[i] "s" : "  %" w[i] "s", cell[r, i])
+                print line } }'
+}
+
+markdown_rows() {  # markdown_rows HEADER ROWS...: a Markdown table, numbers right-aligned
+    local header=$1 sep="|---" n i
+    shift
+    n=$(awk -F'|' '{ print NF }' <<<"$header")
+    for ((i = 2; i <= n; i++)); do sep="$sep|---:"; done
+    echo "| ${header//|/ | } |"
+    echo "$sep|"
+    for row in "$@"; do
+        row=${row#"${row%%[! ]*}"}  # Markdown trims the indentation anyway
+        echo "| ${row//|/ | } |"
+    done
+}
+
+# The claim targets: against the physical floor and against PL/pgSQL.
+one_txn_floor_target=0.95
+one_txn_plpgsql_target=1.20
+duplicate_floor_target=0.90
+duplicate_plpgsql_target=1.30
+claim_verdict() {  # claim_verdict SCENARIO EXT/FLOOR EXT/PLPGSQL
+    case "$1" in
+    one_txn) echo "floor $(verdict "$2" $one_txn_floor_target), PL/pgSQL $(verdict "$3" $one_txn_plpgsql_target)" ;;
+    duplicate) echo "floor $(verdict "$2" $duplicate_floor_target), PL/pgSQL $(verdict "$3" $duplicate_plpgsql_target)" ;;
+    *) echo "-" ;;
+    esac
+}
+
 failures=0
 
 # ------------------------------------------------------------------ claim
@@ -192,10 +267,11 @@ failures=0
 # Every run starts from the same state: both tables truncated, the same
 # preloaded COMPLETED keys, fresh statistics, and a checkpoint.
 reset_tables() {
-    psql_bench -c "TRUNCATE idempotency.idempotency_keys, bench.idempotency_keys" \
+    psql_bench -c "TRUNCATE idempotency.idempotency_keys, bench.idempotency_keys, bench.floor_keys" \
         -c "SELECT bench.preload($preload)" \
         -c "VACUUM ANALYZE idempotency.idempotency_keys" \
         -c "VACUUM ANALYZE bench.idempotency_keys" \
+        -c "VACUUM ANALYZE bench.floor_keys" \
         -c "CHECKPOINT" >/dev/null
 }
 
@@ -305,14 +381,17 @@ if want claim; then
                 tps[$variant]=$(median ${runs[$variant]})
                 [ "$rounds" -gt 1 ] && log "$scenario, $clients clients, $variant: tps per round${runs[$variant]}"
             done
-            rows+=("$scenario|$clients|${tps[extension]}|${tps[plain]}|${tps[plpgsql]}|$(ratio "${tps[extension]}" "${tps[plain]}")|$(ratio "${tps[extension]}" "${tps[plpgsql]}")")
+            e=${tps[extension]}
+            r_floor=$(ratio "$e" "${tps[floor]}")
+            r_plpgsql=$(ratio "$e" "${tps[plpgsql]}")
+            rows+=("$scenario|$clients|$e|${tps[plain]}|${tps[plpgsql]}|${tps[floor]}|$(ratio "$e" "${tps[plain]}")|$r_plpgsql|$r_floor|$(claim_verdict "$scenario" "$r_floor" "$r_plpgsql")")
             unset runs tps
         done
     done
 
     write_tsv "$bench_dir/claim.tsv" \
-        "$(printf 'scenario\tclients\textension_tps\tplain_tps\tplpgsql_tps\text_over_plain\text_over_plpgsql')" \
-        "${rows[@]}"
+        "$(printf 'scenario\tclients\textension_tps\tplain_tps\tplpgsql_tps\tfloor_tps\text_over_plain\text_over_plpgsql\text_over_floor')" \
+        $(for row in "${rows[@]}"; do cut -d'|' -f1-9 <<<"$row"; done)
     for scenario in $scenarios; do
         awk -F'\t' -v s="$scenario" 'NR == 1 || $1 == s' "$bench_dir/claim.tsv" >"$dir/claim.$scenario.dat"
     done
@@ -324,11 +403,11 @@ set xlabel 'clients'
 set ylabel 'transactions/s'
 set multiplot layout 1,3 title 'claim + complete: tps by clients (pgbench, higher is better)'
 set title 'one_txn (claim + complete, one transaction)'
-plot '$dir/claim.one_txn.dat' using 3:xtic(2) title 'extension', '' using 4 title 'plain SQL', '' using 5 title 'PL/pgSQL'
+plot '$dir/claim.one_txn.dat' using 3:xtic(2) title 'extension', '' using 4 title 'plain SQL', '' using 5 title 'PL/pgSQL', '' using 6 title 'physical floor'
 set title 'two_txn (claim, then complete)'
-plot '$dir/claim.two_txn.dat' using 3:xtic(2) title 'extension', '' using 4 title 'plain SQL', '' using 5 title 'PL/pgSQL'
+plot '$dir/claim.two_txn.dat' using 3:xtic(2) title 'extension', '' using 4 title 'plain SQL', '' using 5 title 'PL/pgSQL', '' using 6 title 'physical floor'
 set title 'duplicate (claim of a completed key)'
-plot '$dir/claim.duplicate.dat' using 3:xtic(2) title 'extension', '' using 4 title 'plain SQL', '' using 5 title 'PL/pgSQL'
+plot '$dir/claim.duplicate.dat' using 3:xtic(2) title 'extension', '' using 4 title 'plain SQL', '' using 5 title 'PL/pgSQL', '' using 6 title 'physical floor'
 unset multiplot
 EOF
 )
@@ -341,14 +420,14 @@ EOF
     hot=$(psql_bench -F ' ' -c "SELECT relid::regclass, n_tup_upd, n_tup_hot_upd
         FROM pg_stat_user_tables WHERE relname = 'idempotency_keys' ORDER BY 1")
 
-    header="scenario|clients|extension tps|plain SQL tps|PL/pgSQL tps|ext/plain|ext/plpgsql"
+    header="scenario|clients|extension tps|plain SQL tps|PL/pgSQL tps|floor tps|ext/plain|ext/plpgsql|ext/floor|target"
     echo
     echo "idempotency benchmark: PostgreSQL $version, $(nproc) cores, ${seconds}s per run," \
         "$rounds round(s) (median), pgbench -M prepared, synchronous_commit = on, shared_buffers = 256MB"
     {
         echo "$header"
         printf '%s\n' "${rows[@]}"
-    } | awk -F'|' '{ printf "%-10s %7s %14s %14s %13s %10s %12s\n", $1, $2, $3, $4, $5, $6, $7 }'
+    } | awk -F'|' '{ printf "%-10s %7s %14s %14s %13s %10s %10s %12s %10s  %s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 }'
     echo
     echo "updates over all runs (HOT share):"
     echo "$hot" | awk '{ printf "  %-34s %10d updates, %5.1f%% HOT\n", $1, $2, ($2 ? 100 * $3 / $2 : 0) }'
@@ -365,14 +444,83 @@ EOF
         echo "- two_txn: claim a new key (commit), then complete it (commit)"
         echo "- duplicate: claim of a completed key, answered \`completed\` with the stored result"
         echo
+        echo "*plain SQL* and *PL/pgSQL* are the same logic written by hand on \`bench.idempotency_keys\`" \
+            "(the extension's columns, primary key and fillfactor; \`test/bench/baselines.sql\`)." \
+            "The *physical floor* is what the storage costs with no logic: for one_txn and two_txn an" \
+            "INSERT then an UPDATE of one row of \`bench.floor_keys\` (a text primary key and a jsonb" \
+            "column), for duplicate a bare SELECT by primary key of a row of \`bench.idempotency_keys\`." \
+            "Targets: one_txn >= $one_txn_floor_target x the floor and >= $one_txn_plpgsql_target x PL/pgSQL;" \
+            "duplicate >= $duplicate_floor_target x the floor and >= $duplicate_plpgsql_target x PL/pgSQL."
+        echo
         echo "| ${header//|/ | } |"
-        echo "|---|---:|---:|---:|---:|---:|---:|"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         for row in "${rows[@]}"; do echo "| ${row//|/ | } |"; done
         [ -n "$dup16" ] && { echo; echo "**Duplicate hits at 16 clients:** $dup16 claims/s answered" \
             "\`completed\` with the stored result (extension, the *duplicate* row above)."; }
         echo "$claim_plot"
     } >>"$out"
 fi
+
+# ------------------------------------------------------------------ wal
+
+# wal_run SCENARIO VARIANT: WAL bytes per transaction of the script at one
+# client: $wal_transactions transactions after as many to warm the tables,
+# the plans and the pages (the checkpoint of reset_tables is before both),
+# measured from pg_current_wal_insert_lsn(). Prints the bytes, or "failed".
+wal_run() {
+    local scenario=$1 variant=$2 start end
+    reset_tables || { echo failed; return; }
+    [ "$(pgbench_run "wal warm-up $scenario/$variant" "$dir/wal.$scenario.$variant.warm.log" 1 0 \
+        "${scenario}_${variant}" -t "$wal_transactions" -D n=0)" = failed ] && { echo failed; return; }
+    start=$(psql_bench -c "SELECT pg_current_wal_insert_lsn()") || { echo failed; return; }
+    [ "$(pgbench_run "wal $scenario/$variant" "$dir/wal.$scenario.$variant.log" 1 0 \
+        "${scenario}_${variant}" -t "$wal_transactions" -D n="$wal_transactions")" = failed ] &&
+        { echo failed; return; }
+    end=$(psql_bench -c "SELECT pg_current_wal_insert_lsn()") || { echo failed; return; }
+    psql_bench -c "SELECT round(pg_wal_lsn_diff('$end', '$start') / $wal_transactions.0)"
+}
+
+if want wal; then
+    rows=()
+    for scenario in one_txn duplicate; do
+        declare -A wal=()
+        for variant in $variants; do
+            log "wal: $scenario, $variant ($wal_transactions transactions, 1 client)"
+            wal[$variant]=$(wal_run "$scenario" "$variant")
+            [ "${wal[$variant]}" = failed ] && failures=$((failures + 1))
+        done
+        r=$(ratio "${wal[extension]}" "${wal[plpgsql]}")
+        if [ "$scenario" = one_txn ]; then
+            target=$(awk -v r="$r" -v t="$wal_target" 'BEGIN { if (r == "-") print "-"; else print (r <= t ? "met" : "MISSED") }')
+        else
+            target="-"
+        fi
+        rows+=("$scenario|${wal[extension]}|${wal[plain]}|${wal[plpgsql]}|${wal[floor]}|$r|$(ratio "${wal[extension]}" "${wal[floor]}")|$target")
+        unset wal
+    done
+    header="scenario|extension bytes|plain SQL bytes|PL/pgSQL bytes|floor bytes|ext/plpgsql|ext/floor|target ext/plpgsql <= $wal_target"
+    echo
+    echo "WAL bytes per transaction (one client, $wal_transactions transactions after as many to warm up):"
+    table_rows "$header" "${rows[@]}"
+    write_tsv "$bench_dir/wal.tsv" \
+        "$(printf 'scenario\textension_bytes\tplain_bytes\tplpgsql_bytes\tfloor_bytes')" \
+        $(for row in "${rows[@]}"; do cut -d'|' -f1-5 <<<"$row"; done)
+    {
+        echo
+        echo "## WAL per transaction"
+        echo
+        echo "WAL bytes written per pgbench transaction at one client (\`pg_current_wal_insert_lsn()\`" \
+            "before and after $wal_transactions transactions, run after as many to warm the tables and" \
+            "the pages; the same scripts as above). one_txn is a claim + complete of a new key," \
+            "duplicate a claim answered \`completed\` (a read: no WAL). Target: one_txn at most" \
+            "PL/pgSQL's."
+        echo
+        markdown_rows "$header" "${rows[@]}"
+    } >>"$out"
+fi
+
+# ------------------------------------------------------------------ crowd
+. "$here/crowd.sh"
 
 # ------------------------------------------------------------------ outbox
 
@@ -387,8 +535,8 @@ if want enqueue || want relay; then
         (SELECT * FROM bench.index_shape('bench.outbox')
          EXCEPT ALL SELECT * FROM bench.index_shape('idempotency.outbox'))")
     if [ -n "$shape_diff" ]; then
-        baseline_note="warning: the indexes of bench.outbox differ from idempotency.outbox's" \
-            "(update test/bench/outbox_baselines.sql): the comparison is not like for like"
+        baseline_note="warning: the indexes of bench.outbox differ from idempotency.outbox's"
+        baseline_note+=" (update test/bench/outbox_baselines.sql): the comparison is not like for like"
         log "$baseline_note"
         printf '  %s\n' "$shape_diff" >&2
     fi
@@ -396,36 +544,12 @@ fi
 
 # Empty outbox tables, fresh statistics, a checkpoint.
 reset_outbox() {
-    psql_bench -c "TRUNCATE idempotency.outbox, bench.outbox, bench.outbox_pk" \
+    psql_bench -c "TRUNCATE idempotency.outbox, bench.outbox, bench.outbox_pk, bench.floor_outbox" \
         -c "VACUUM ANALYZE idempotency.outbox" \
         -c "VACUUM ANALYZE bench.outbox" \
         -c "VACUUM ANALYZE bench.outbox_pk" \
+        -c "VACUUM ANALYZE bench.floor_outbox" \
         -c "CHECKPOINT" >/dev/null
-}
-
-# table_rows HEADER ROWS...: the rows (fields split by |) as aligned columns,
-# the first column left-aligned.
-table_rows() {
-    printf '%s\n' "$@" | awk -F'|' '
-        { for (i = 1; i <= NF; i++) { cell[NR, i] = $i; if (length($i) > w[i]) w[i] = length($i) }
-          if (NF > nf) nf = NF }
-        END { for (r = 1; r <= NR; r++) { line = "  "
-                for (i = 1; i <= nf; i++)
-                    line = line sprintf(i == 1 ? "%-" w[i] "s" : "  %" w[i] "s", cell[r, i])
-                print line } }'
-}
-
-markdown_rows() {  # markdown_rows HEADER ROWS...: a Markdown table, numbers right-aligned
-    local header=$1 sep="|---" n i
-    shift
-    n=$(awk -F'|' '{ print NF }' <<<"$header")
-    for ((i = 2; i <= n; i++)); do sep="$sep|---:"; done
-    echo "| ${header//|/ | } |"
-    echo "$sep|"
-    for row in "$@"; do
-        row=${row#"${row%%[! ]*}"}  # Markdown trims the indentation anyway
-        echo "| ${row//|/ | } |"
-    done
 }
 
 if want enqueue; then
@@ -433,7 +557,7 @@ if want enqueue; then
     # With idempotency.outbox_notify (where the installed version has it),
     # also enqueue without the NOTIFY that serialises committing producers.
     quiet=$(psql_bench -c "SELECT 1 FROM pg_settings WHERE name = 'idempotency.outbox_notify'")
-    [ -n "$quiet" ] && enqueue_variants="extension extension_quiet plain pk_only"
+    [ -n "$quiet" ] && enqueue_variants="extension extension_quiet plain pk_only floor"
     for clients in $clients_list; do
         declare -A runs=() tps=()
         read -ra order <<<"$enqueue_variants"
@@ -462,12 +586,13 @@ if want enqueue; then
         done
         r=$(ratio "${tps[extension]}" "${tps[plain]}")
         rq=$(ratio "${tps[extension_quiet]:-failed}" "${tps[plain]}")
-        rows+=("$clients|${tps[extension]}|${tps[extension_quiet]:--}|${tps[plain]}|${tps[pk_only]}|$r|$rq|$(ratio "${tps[extension]}" "${tps[pk_only]}")|$(verdict "$r" "$enqueue_target") / $(verdict "$rq" "$enqueue_target")")
+        rf=$(ratio "${tps[extension]}" "${tps[floor]}")
+        rows+=("$clients|${tps[extension]}|${tps[extension_quiet]:--}|${tps[plain]}|${tps[pk_only]}|${tps[floor]}|$r|$rq|$(ratio "${tps[extension]}" "${tps[pk_only]}")|$rf|$(verdict "$r" "$enqueue_target") / $(verdict "$rq" "$enqueue_target") / floor $(verdict "$rf" "$enqueue_floor_target")")
         unset runs tps
     done
     write_tsv "$bench_dir/enqueue.tsv" \
-        "$(printf 'clients\textension_tps\textension_notify_off_tps\tplain_insert_tps\tpk_only_insert_tps')" \
-        $(for row in "${rows[@]}"; do cut -d'|' -f1-5 <<<"$row"; done)
+        "$(printf 'clients\textension_tps\textension_notify_off_tps\tplain_insert_tps\tpk_only_insert_tps\tfloor_insert_tps')" \
+        $(for row in "${rows[@]}"; do cut -d'|' -f1-6 <<<"$row"; done)
     enqueue_plot=$(plot enqueue <<EOF
 set style data histograms
 set style histogram clustered gap 1
@@ -475,16 +600,17 @@ set key below horizontal
 set xlabel 'clients'
 set ylabel 'events enqueued/s'
 set title 'outbox enqueue: tps by clients (one event per transaction, higher is better)'
-plot '$bench_dir/enqueue.tsv' using 2:xtic(1) title 'outbox_enqueue', '' using 3 title 'outbox_enqueue, outbox_notify = off', '' using 4 title 'plain INSERT (same indexes)', '' using 5 title 'INSERT, PK only'
+plot '$bench_dir/enqueue.tsv' using 2:xtic(1) title 'outbox_enqueue', '' using 3 title 'outbox_enqueue, outbox_notify = off', '' using 4 title 'plain INSERT (same indexes)', '' using 5 title 'INSERT, PK only', '' using 6 title 'physical floor'
 EOF
 )
-    header="clients|outbox_enqueue tps|outbox_enqueue, outbox_notify = off tps|plain INSERT tps|INSERT, PK only tps|ext/plain|ext (notify off)/plain|ext/PK only|target ext/plain >= $enqueue_target (default / notify off)"
+    header="clients|outbox_enqueue tps|outbox_enqueue, outbox_notify = off tps|plain INSERT tps|INSERT, PK only tps|floor INSERT tps|ext/plain|ext (notify off)/plain|ext/PK only|ext/floor|target ext/plain >= $enqueue_target (default / notify off), ext/floor >= $enqueue_floor_target"
     echo
     echo "outbox enqueue: outbox_enqueue('orders', payload, key) against an INSERT of the same row" \
         "(keys from 1000 values, small jsonb payload, one event per transaction);" \
         "${seconds}s per run, $outbox_rounds round(s) (median), pgbench -M prepared"
     echo "  plain INSERT: bench.outbox, the same columns, fillfactor and indexes as idempotency.outbox"
     echo "  INSERT, PK only: bench.outbox_pk, the same columns, only the primary key (not usable by a relay)"
+    echo "  floor INSERT: bench.floor_outbox, an event with its primary key and one partial index on unpublished ids"
     echo "  outbox_notify = off: the producers' sessions skip the NOTIFY on commit (relays then poll)"
     [ -z "$quiet" ] && echo "  (this version has no idempotency.outbox_notify: no notify-off column)"
     [ -n "$baseline_note" ] && echo "  $baseline_note"
@@ -499,9 +625,11 @@ EOF
             "and a checkpoint before every run. *plain INSERT*: \`bench.outbox\`, the same columns," \
             "fillfactor and indexes as \`idempotency.outbox\`. *INSERT, PK only*: \`bench.outbox_pk\`," \
             "the same columns with only the primary key (the floor of an INSERT, not an outbox a" \
-            "relay could work from). *outbox_notify = off*: \`outbox_enqueue\` in sessions started" \
+            "relay could work from). *floor INSERT*: \`bench.floor_outbox\`, the physical floor of an" \
+            "outbox: topic, key and payload with a primary key and one partial index on the ids not yet" \
+            "published. *outbox_notify = off*: \`outbox_enqueue\` in sessions started" \
             "with \`idempotency.outbox_notify = off\` (no NOTIFY at commit; relays poll)." \
-            "Target: enqueue within 15% of the plain INSERT."
+            "Targets: enqueue within 15% of the plain INSERT, and at least $enqueue_floor_target of the floor INSERT."
         [ -n "$baseline_note" ] && { echo; echo "**$baseline_note**"; }
         echo
         markdown_rows "$header" "${rows[@]}"
@@ -701,16 +829,17 @@ if want size; then
     for script in $size_scripts; do
         # shellcheck disable=SC2086
         e=$(median ${size_runs[empty.$script]}) l=$(median ${size_runs[loaded.$script]})
-        rows+=("$script|$size_clients|$e|$l|$(ratio "$l" "$e")")
+        rows+=("$script|$size_clients|$e|$l|$(ratio "$l" "$e")|$(verdict "$(ratio "$l" "$e")" "$size_target")")
     done
     unset size_runs
-    header="scenario|clients|empty table tps|with $size_keys keys tps|with keys/empty"
+    header="scenario|clients|empty table tps|with $size_keys keys tps|with keys/empty|target >= $size_target"
     echo
     echo "cost growth with table size: extension scripts at $size_clients clients;" \
         "empty: ${size_mb[0]:-?} (after the runs); loaded: ${size_mb[1]:-?} (after the runs)"
     table_rows "$header" "${rows[@]}"
     write_tsv "$bench_dir/size.tsv" \
-        "$(printf 'scenario\tclients\tempty_tps\tloaded_tps\tloaded_over_empty')" "${rows[@]}"
+        "$(printf 'scenario\tclients\tempty_tps\tloaded_tps\tloaded_over_empty')" \
+        $(for row in "${rows[@]}"; do cut -d'|' -f1-5 <<<"$row"; done)
     size_plot=$(plot size <<EOF
 set style data histograms
 set style histogram clustered gap 1
@@ -729,7 +858,8 @@ EOF
             "COMPLETED keys (inserted with \`generate_series\`, expiring in 100 years so nothing" \
             "purges them), in the same run. VACUUM ANALYZE and a checkpoint before every run;" \
             "pgbench -n -M prepared -T $seconds, median of $rounds round(s)." \
-            "Table at the end of each state: empty: ${size_mb[0]:-?}; loaded: ${size_mb[1]:-?}."
+            "Table at the end of each state: empty: ${size_mb[0]:-?}; loaded: ${size_mb[1]:-?}." \
+            "Target: at most a 10% drop (with keys/empty >= $size_target)."
         echo
         markdown_rows "$header" "${rows[@]}"
         echo "$size_plot"
@@ -774,6 +904,14 @@ storage_sample() {
              WHERE s.relid = '$table'::regclass
             UNION ALL
             SELECT 20, '', x.label, x.value FROM ($extra) AS x(label, value)
+            UNION ALL
+            SELECT 30 + v.n, '', v.label, v.value
+              FROM (SELECT bench.fresh_size('$table') AS bytes) f,
+                   LATERAL (VALUES
+                       (1, 'fresh copy of the live rows with indexes, kB', (f.bytes / 1024)::text),
+                       (2, 'total / fresh copy',
+                        round(pg_total_relation_size('$table')::numeric / nullif(f.bytes, 0), 2)::text))
+                       AS v(n, label, value)
         ) s ORDER BY o, k"
 }
 
@@ -802,15 +940,25 @@ churn_run() {
     sleep 1
     storage_sample "$table" "$extra" >"$dir/churn.$name.0" || return 1
     # The sizes every second, from the start of the load to its end, as
-    # "seconds<TAB>total kB<TAB>heap kB<TAB>n_live_tup<TAB>n_dead_tup".
-    printf 'seconds\ttotal_kB\theap_kB\tn_live_tup\tn_dead_tup\n' >"$bench_dir/churn_$name.tsv"
+    # "seconds<TAB>total kB<TAB>heap kB<TAB>n_live_tup<TAB>n_dead_tup<TAB>
+    # fresh kB<TAB>total/fresh", the size of a fresh copy of the live rows
+    # (bench.fresh_size) every 15th second (NaN in between).
+    printf 'seconds\ttotal_kB\theap_kB\tn_live_tup\tn_dead_tup\tfresh_kB\ttotal_over_fresh\n' \
+        >"$bench_dir/churn_$name.tsv"
     (
         start=$(date +%s.%N)
+        tick=0
         while :; do
+            fresh="'NaN'::float8"
+            [ $((tick % 15)) -eq 14 ] && fresh="bench.fresh_size('$table') / 1024.0"
             psql_bench -F $'\t' -c "SELECT round(extract(epoch FROM clock_timestamp()) - $start, 1),
-                    pg_total_relation_size('$table') / 1024, pg_relation_size('$table') / 1024,
-                    n_live_tup, n_dead_tup
-                  FROM pg_stat_user_tables WHERE relid = '$table'::regclass" 2>/dev/null
+                    t.total, pg_relation_size('$table') / 1024, n_live_tup, n_dead_tup,
+                    round(f.kb::numeric, 0), round((t.total / nullif(f.kb, 0))::numeric, 2)
+                  FROM pg_stat_user_tables,
+                       LATERAL (SELECT pg_total_relation_size('$table') / 1024 AS total) t,
+                       LATERAL (SELECT ($fresh)::float8 AS kb) f
+                 WHERE relid = '$table'::regclass" 2>/dev/null
+            tick=$((tick + 1))
             sleep 1
         done >>"$bench_dir/churn_$name.tsv"
     ) &
@@ -831,8 +979,30 @@ churn_run() {
     wait "$sampler" 2>/dev/null
     storage_sample "$table" "$extra" >"$dir/churn.$name.2" || return 1
     churn_rows "$dir/churn.$name.0" "$dir/churn.$name.1" "$dir/churn.$name.2"
+    churn_verdict "$bench_dir/churn_$name.tsv"
     for ((i = 1; i <= $#; i++)); do load_tps+=("$(cat "$dir/churn.$name.$i.tps")"); done
     (IFS='|'; echo "tps|${load_tps[*]}")
+}
+
+# churn_verdict TSV: rows "label|value|value|target" from the samples: the
+# largest total/fresh ratio after the first minute, and the growth of the
+# mean total size from the middle third of the run to the last third.
+churn_verdict() {
+    awk -F'\t' -v size="$churn_size_target" -v growth="$churn_growth_target" '
+        NR > 1 { n++; t[n] = $1; total[n] = $2; r[n] = $7 }
+        END {
+            worst = 0; last = "-"
+            for (i = 1; i <= n; i++) if (r[i] != "NaN" && r[i] != "") {
+                last = r[i]; if (t[i] >= 60 && r[i] + 0 > worst) worst = r[i] + 0 }
+            for (i = 1; i <= n; i++) {
+                if (i > n / 3 && i <= 2 * n / 3) { m += total[i]; mn++ }
+                if (i > 2 * n / 3) { l += total[i]; ln++ } }
+            g = (mn && ln && m > 0) ? (l / ln) / (m / mn) : 0
+            printf "table and indexes / fresh copy of the live rows (largest after 1 min, last)|%.2f|%s|%s\n", \
+                worst, last, (worst > 0 ? (worst <= size ? "met" : "MISSED") : "-") " (<= " size ")"
+            printf "mean size, last third / middle third of the run|%.2f|-|%s\n", \
+                g, (g > 0 ? (g <= growth ? "flat" : "GROWING") : "-") " (<= " growth ")" }' "$1" |
+        sed 's/^/verdict|/'
 }
 
 if want churn; then
@@ -840,6 +1010,7 @@ if want churn; then
     psql_bench -c "ALTER SYSTEM SET idempotency.outbox_retention = '5s'" \
         -c "ALTER SYSTEM SET idempotency.retention = '5s'" \
         -c "ALTER SYSTEM SET idempotency.naptime = '1s'" \
+        -c "ALTER SYSTEM SET autovacuum_naptime = '$churn_autovacuum_naptime'" \
         -c "SELECT pg_reload_conf()" >/dev/null || failures=$((failures + 1))
     psql_bench -c "TRUNCATE idempotency.outbox, idempotency.idempotency_keys" >/dev/null
 
@@ -865,6 +1036,7 @@ if want churn; then
 
     psql_bench -c "ALTER SYSTEM RESET idempotency.outbox_retention" \
         -c "ALTER SYSTEM RESET idempotency.retention" -c "ALTER SYSTEM RESET idempotency.naptime" \
+        -c "ALTER SYSTEM RESET autovacuum_naptime" \
         -c "SELECT pg_reload_conf()" >/dev/null
 
     churn_plot=$(plot_size=1200,420 plot churn <<EOF
@@ -877,9 +1049,9 @@ set y2range [0:*]
 set ytics nomirror
 set multiplot layout 1,2 title 'size under steady churn, background workers purging (retention 5s, naptime 1s)'
 set title 'idempotency.outbox ($producers producers, $churn_relays relays)'
-plot '$bench_dir/churn_outbox.tsv' using 1:2 with lines lw 2 title 'total with indexes, kB', '' using 1:3 with lines lw 2 title 'heap, kB', '' using 1:5 axes x1y2 with lines dt 2 title 'n_dead_tup (right)'
+plot '$bench_dir/churn_outbox.tsv' using 1:2 with lines lw 2 title 'total with indexes, kB', '' using 1:3 with lines lw 2 title 'heap, kB', '' using 1:6 with points pt 7 title 'fresh copy of the live rows, kB', '' using 1:5 axes x1y2 with lines dt 2 title 'n_dead_tup (right)'
 set title 'idempotency.idempotency_keys ($producers clients claim + complete)'
-plot '$bench_dir/churn_keys.tsv' using 1:2 with lines lw 2 title 'total with indexes, kB', '' using 1:3 with lines lw 2 title 'heap, kB', '' using 1:5 axes x1y2 with lines dt 2 title 'n_dead_tup (right)'
+plot '$bench_dir/churn_keys.tsv' using 1:2 with lines lw 2 title 'total with indexes, kB', '' using 1:3 with lines lw 2 title 'heap, kB', '' using 1:6 with points pt 7 title 'fresh copy of the live rows, kB', '' using 1:5 axes x1y2 with lines dt 2 title 'n_dead_tup (right)'
 unset multiplot
 EOF
 )
@@ -888,8 +1060,11 @@ EOF
     keys_tps=$(sed -n 's/^tps|//p' <<<"$keys_result")
     IFS="|" read -r enq_tps relay_tps _ <<<"$outbox_tps"
     IFS='|' read -r keys_tps_1 _ <<<"$keys_tps"
-    mapfile -t outbox_rows < <(grep -v '^tps|' <<<"$outbox_result")
-    mapfile -t keys_rows < <(grep -v '^tps|' <<<"$keys_result")
+    mapfile -t outbox_rows < <(grep -v '^tps|\|^verdict|' <<<"$outbox_result")
+    mapfile -t keys_rows < <(grep -v '^tps|\|^verdict|' <<<"$keys_result")
+    mapfile -t outbox_verdicts < <(sed -n 's/^verdict|//p' <<<"$outbox_result")
+    mapfile -t keys_verdicts < <(sed -n 's/^verdict|//p' <<<"$keys_result")
+    verdict_header="over the run|value|last sample|target"
     outbox_load="$producers clients enqueuing (${enq_tps:-?} events/s), $churn_relays relays"
     outbox_load+=" claiming + acking 100 per transaction (${relay_tps:-?} batches/s),"
     outbox_load+=" the background worker purging"
@@ -897,12 +1072,19 @@ EOF
     keys_load+=" (${keys_tps_1:-?} keys/s), the background worker purging"
     echo
     echo "storage under churn: ${churn_seconds}s per table, samples at the start, middle and end;" \
-        "idempotency.outbox_retention = idempotency.retention = 5s, idempotency.naptime = 1s (ALTER SYSTEM);" \
+        "idempotency.outbox_retention = idempotency.retention = 5s, idempotency.naptime = 1s," \
+        "autovacuum_naptime = $churn_autovacuum_naptime (ALTER SYSTEM);" \
         "the background workers purge (no idem_maintenance() calls)"
     echo "idempotency.outbox: $outbox_load"
-    if [ ${#outbox_rows[@]} -gt 0 ]; then table_rows "$header" "${outbox_rows[@]}"; else echo "  (could not run)"; fi
+    if [ ${#outbox_rows[@]} -gt 0 ]; then
+        table_rows "$header" "${outbox_rows[@]}"
+        table_rows "$verdict_header" "${outbox_verdicts[@]}"
+    else echo "  (could not run)"; fi
     echo "idempotency.idempotency_keys: $keys_load"
-    if [ ${#keys_rows[@]} -gt 0 ]; then table_rows "$header" "${keys_rows[@]}"; else echo "  (could not run)"; fi
+    if [ ${#keys_rows[@]} -gt 0 ]; then
+        table_rows "$header" "${keys_rows[@]}"
+        table_rows "$verdict_header" "${keys_verdicts[@]}"
+    else echo "  (could not run)"; fi
     {
         echo
         echo "## Storage under churn"
@@ -911,28 +1093,42 @@ EOF
             "\`idempotency.outbox_retention\` and \`idempotency.retention\` set to 5s with ALTER SYSTEM," \
             "\`idempotency.naptime\` 1s: the background workers expire and purge (the benchmark" \
             "calls no \`idem_maintenance()\`)," \
-            "autovacuum with its default settings. Counters from \`pg_stat_user_tables\`, reset at the start."
+            "\`autovacuum_naptime\` $churn_autovacuum_naptime (ALTER SYSTEM; a queue table needs its dead rows" \
+            "vacuumed more often than once a minute), autovacuum's other settings default." \
+            "Counters from \`pg_stat_user_tables\`, reset at the start. The live rows' size is that of a" \
+            "fresh copy of them (\`bench.fresh_size\`: the same columns, indexes and fillfactor, the rows" \
+            "written anew). Targets: table and indexes at most $churn_size_target x the fresh copy after" \
+            "the first minute, and flat (the mean size of the last third of the run at most" \
+            "$churn_growth_target x that of the middle third)."
         echo
         echo "### idempotency.outbox"
         echo
         echo "$outbox_load."
         echo
-        if [ ${#outbox_rows[@]} -gt 0 ]; then markdown_rows "$header" "${outbox_rows[@]}"; else echo "(could not run)"; fi
+        if [ ${#outbox_rows[@]} -gt 0 ]; then
+            markdown_rows "$header" "${outbox_rows[@]}"
+            echo
+            markdown_rows "$verdict_header" "${outbox_verdicts[@]}"
+        else echo "(could not run)"; fi
         echo
         echo "### idempotency.idempotency_keys"
         echo
         echo "$keys_load."
         echo
-        if [ ${#keys_rows[@]} -gt 0 ]; then markdown_rows "$header" "${keys_rows[@]}"; else echo "(could not run)"; fi
+        if [ ${#keys_rows[@]} -gt 0 ]; then
+            markdown_rows "$header" "${keys_rows[@]}"
+            echo
+            markdown_rows "$verdict_header" "${keys_verdicts[@]}"
+        else echo "(could not run)"; fi
         echo
         echo "### Size over time"
         echo
-        echo "Sampled every second (\`$plot_link/churn_outbox.tsv\`, \`$plot_link/churn_keys.tsv\`):" \
-            "the workers' purge shows as \`n_tup_del\` and a steady \`n_live_tup\`; the space of" \
-            "the purged rows becomes reusable only once (auto)vacuum has run on the table: the heap" \
-            "stays flat after each autovacuum (the drop in dead tuples) and grows again until the next" \
-            "one (autovacuum_naptime 1 min by default), so the steady-state size shows only in runs" \
-            "spanning several autovacuum cycles."
+        echo "Sampled every second (\`$plot_link/churn_outbox.tsv\`, \`$plot_link/churn_keys.tsv\`;" \
+            "the fresh copy every 15 s): the workers' purge shows as \`n_tup_del\` and a steady" \
+            "\`n_live_tup\`; the space of the purged rows becomes reusable only once (auto)vacuum has" \
+            "run on the table: the heap stays flat after each autovacuum (the drop in dead tuples) and" \
+            "grows again until the next one, so the steady-state size shows only in runs spanning" \
+            "several autovacuum cycles."
         echo "$churn_plot"
     } >>"$out"
 fi
@@ -1008,6 +1204,13 @@ if want purge; then
         "pgbench's per-transaction log."
 fi
 
+load_summary=$(sort -n "$dir/load.log" | awk '{ v[NR] = $1 } END {
+    if (NR) printf "median %s, min %s, max %s (%d samples)", v[int((NR + 1) / 2)], v[1], v[NR], NR }')
+if [ -n "$load_summary" ]; then
+    echo "load average (1 min) over the run, sampled every minute: $load_summary; $(nproc) cores"
+    { echo; echo "Load average (1 min) of the machine over the run, sampled every minute:" \
+        "$load_summary, on $(nproc) cores."; } >>"$out"
+fi
 log "results written to $out"
 
 if [ "$failures" -gt 0 ]; then
