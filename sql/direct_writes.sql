@@ -134,15 +134,52 @@ CREATE TRIGGER o_after_row AFTER INSERT ON idempotency.outbox
     FOR EACH ROW EXECUTE FUNCTION public.note_row();
 CREATE TRIGGER o_after_statement AFTER INSERT ON idempotency.outbox
     FOR EACH STATEMENT EXECUTE FUNCTION public.note_statement();
+CREATE TRIGGER o_before_statement BEFORE INSERT ON idempotency.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION public.note_statement();
 SELECT idempotency.outbox_enqueue('direct.topic', '{"n": 1}', 'k1') AS id \gset
-SELECT topic, key, payload, headers, state FROM idempotency.outbox WHERE id = :id;
+SELECT topic, key, payload, headers, state, attempts FROM idempotency.outbox WHERE id = :id;
+-- A second event of the key waits behind the first (no ready_at); one
+-- without a key is ready at once.
+SELECT idempotency.outbox_enqueue('direct.topic', '{"n": 2}', 'k1') AS id2 \gset
+SELECT idempotency.outbox_enqueue('direct.topic', '{"n": 3}') AS id3 \gset
+SELECT id = :id AS first, ready_at IS NOT NULL AS head, enqueued_at = updated_at AS stamped
+  FROM idempotency.outbox WHERE topic = 'direct.topic' ORDER BY id;
 SELECT what FROM public.fired ORDER BY n;
+TRUNCATE public.fired;
 DROP TRIGGER o_before_row ON idempotency.outbox;
 DROP TRIGGER o_after_row ON idempotency.outbox;
 DROP TRIGGER o_after_statement ON idempotency.outbox;
+DROP TRIGGER o_before_statement ON idempotency.outbox;
+
+-- An enqueue is found through every index of the outbox, also one created
+-- after this session's first enqueue (amcheck finds every row of the table
+-- in each index that should hold it); a constraint and a column default
+-- added to the table hold for it.
+CREATE EXTENSION amcheck;
+CREATE INDEX direct_by_payload ON idempotency.outbox ((payload->>'n')) WHERE topic = 'direct.topic';
+SELECT idempotency.outbox_enqueue('direct.topic', '{"n": 4}', 'k2') AS id4 \gset
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT id = :id4 AS by_new_index FROM idempotency.outbox WHERE topic = 'direct.topic' AND payload->>'n' = '4';
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+SELECT relname FROM (SELECT c.relname, bt_index_check(c.oid, true) FROM pg_index i
+                       JOIN pg_class c ON c.oid = i.indexrelid
+                      WHERE i.indrelid = 'idempotency.outbox'::regclass) AS checked ORDER BY 1;
+DROP INDEX idempotency.direct_by_payload;
+ALTER TABLE idempotency.outbox ADD CONSTRAINT direct_small CHECK (length(payload::text) < 40) NOT VALID;
+ALTER TABLE idempotency.outbox ADD COLUMN direct_extra int DEFAULT 7;
+\set VERBOSITY sqlstate
+SELECT idempotency.outbox_enqueue('direct.topic', jsonb_build_object('long', repeat('x', 60)));
+\set VERBOSITY default
+SELECT idempotency.outbox_enqueue('direct.topic', '{"n": 5}') AS id5 \gset
+SELECT direct_extra FROM idempotency.outbox WHERE id = :id5;
+ALTER TABLE idempotency.outbox DROP COLUMN direct_extra;
+ALTER TABLE idempotency.outbox DROP CONSTRAINT direct_small;
 DELETE FROM idempotency.outbox WHERE topic = 'direct.topic';
 
 DELETE FROM idempotency.idempotency_keys WHERE key LIKE 'direct-%';
 DROP TABLE public.fired;
 DROP FUNCTION public.note_row(), public.note_statement(), public.note_new_rows(),
     public.stamp_job(), public.add_header();
+DROP EXTENSION amcheck;

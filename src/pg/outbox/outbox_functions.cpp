@@ -92,9 +92,7 @@ Datum enqueue_body(FunctionCallInfo fcinfo) {
     event.available_at = deliver_at_arg(fcinfo, 5, now);
 
     bool inserted = false;
-    connect_spi();
     const std::int64_t id = insert_event(event, now, &inserted);
-    finish_spi();
     // Delivered to listeners only if this transaction commits.
     if (inserted) notify_outbox_on_commit(event.topic);
     if (inserted) count_event_enqueued(event.topic);

@@ -8,6 +8,7 @@
 #include "pg/outbox/outbox_index.hpp"
 #include "pg/outbox/outbox_layout.hpp"
 #include "pg/outbox/outbox_ready_floor.hpp"
+#include "pg/outbox/outbox_rows.hpp"
 #include "pg/outbox/producer_turn.hpp"
 #include "pg/boundary/spi.hpp"
 
@@ -166,16 +167,20 @@ Datum outbox_state_value(const char* label) {
 
 namespace {
 
+// The event an INSERT ... RETURNING id, <head> inserted (SPI_tuptable).
+InsertedEvent returned_event() {
+    bool isnull = false;
+    return InsertedEvent{*column_int8(1), DatumGetBool(column(2, &isnull))};
+}
+
 // The new event's id; with the ready queue, records a keyed event for the
 // check before the commit (pg/outbox_heads.hpp).
-std::int64_t inserted_event(const NewEvent& event, Micros now, bool ready_queue,
-                            std::uint64_t seen) {
-    const std::int64_t id = *column_int8(1);
-    bool isnull = false;
-    const bool head = DatumGetBool(column(2, &isnull));
-    if (head) note_ready_written(std::max(now, event.available_at));
-    if (ready_queue && event.key != nullptr) enqueued_keyed(event.topic, event.key, id, head, seen);
-    return id;
+std::int64_t enqueued(const NewEvent& event, Micros now, bool ready_queue, std::uint64_t seen,
+                      const InsertedEvent& made) {
+    if (made.head) note_ready_written(std::max(now, event.available_at));
+    if (ready_queue && event.key != nullptr)
+        enqueued_keyed(event.topic, event.key, made.id, made.head, seen);
+    return made.id;
 }
 
 // The rows of SPI_tuptable that ended heads: columns `first` on.
@@ -191,10 +196,6 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
     // transaction; with it, only in the step before the commit.
     const bool ready_queue = outbox_has_ready_queue();
     if (event.key != nullptr && !ready_queue) take_producer_turn(event.topic, event.key);
-    Params params;
-    params.add_text(event.topic).add_text(event.key).add(event.payload);
-    params.add_datum(event.headers, event.has_headers).add_text(event.dedup_key);
-    params.add_timestamp(now).add_timestamp(event.available_at);
     // A keyed event is its key's head when its key has no live event (the
     // newest is looked for: it is live whenever any is); the check before
     // the commit corrects what a concurrent commit changes.
@@ -211,28 +212,45 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
         head = !last_event_before(&reader, event.topic, event.key, id).found;
         close_key_order(&reader);
     }
+    if (ready_queue && event.dedup_key == nullptr) {
+        const InsertedEvent made = insert_new_event(event, now, id, head);
+        *inserted = true;
+        return enqueued(event, now, ready_queue, seen, made);
+    }
+    Params params;
+    params.add_text(event.topic).add_text(event.key).add(event.payload);
+    params.add_datum(event.headers, event.has_headers).add_text(event.dedup_key);
+    params.add_timestamp(now).add_timestamp(event.available_at);
     params.add(BoolGetDatum(head)).add_int8(id);
+    connect_spi();
+    std::int64_t found = 0;
     if (event.dedup_key == nullptr) {
         execute(kInsert, params);
         *inserted = true;
-        return inserted_event(event, now, ready_queue, seen);
-    }
-    // A concurrent enqueue of the same dedup_key: ON CONFLICT waits for its
-    // transaction; then its row is visible (or gone after a rollback, or
-    // purged): loop until one of the two statements finds an id.
-    Params lookup;
-    lookup.add_text(event.topic).add_text(event.dedup_key);
-    for (;;) {
-        if (execute(kInsertDeduplicated, params) > 0) {
-            *inserted = true;
-            return inserted_event(event, now, ready_queue, seen);
+        found = enqueued(event, now, ready_queue, seen, returned_event());
+    } else {
+        // A concurrent enqueue of the same dedup_key: ON CONFLICT waits for
+        // its transaction; then its row is visible (or gone after a
+        // rollback, or purged): loop until one of the two statements finds
+        // an id.
+        Params lookup;
+        lookup.add_text(event.topic).add_text(event.dedup_key);
+        for (;;) {
+            if (execute(kInsertDeduplicated, params) > 0) {
+                *inserted = true;
+                found = enqueued(event, now, ready_queue, seen, returned_event());
+                break;
+            }
+            if (execute(kFindDeduplicated, lookup, 1) > 0) {
+                *inserted = false;
+                found = *column_int8(1);
+                break;
+            }
+            CHECK_FOR_INTERRUPTS();
         }
-        if (execute(kFindDeduplicated, lookup, 1) > 0) {
-            *inserted = false;
-            return *column_int8(1);
-        }
-        CHECK_FOR_INTERRUPTS();
     }
+    finish_spi();
+    return found;
 }
 
 std::uint64_t discard_events(Datum ids, Datum topics, bool has_topics, Micros now) {

@@ -1,6 +1,7 @@
-// Where the SQL of the transactional outbox lives: every statement that
-// reads or changes idempotency.outbox, except the claim's (outbox_claim.hpp).
-// Callers hold an SPI connection.
+// Where the transactional outbox is changed: every statement that reads or
+// changes idempotency.outbox, except the claim's (outbox_claim.hpp), and
+// the writes done directly on the table instead (outbox_rows.hpp). Callers
+// hold an SPI connection, except insert_event's.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,10 @@ struct NewEvent {
     Micros available_at;
 };
 
-// Inserts the event; with a dedup_key already taken by (topic, dedup_key),
-// inserts nothing and returns the existing event's id. *inserted tells which.
+// Inserts the event (directly on the table in the ready-queue layout when
+// it has no dedup_key); with a dedup_key already taken by (topic,
+// dedup_key), inserts nothing and returns the existing event's id.
+// *inserted tells which.
 std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted);
 
 std::uint64_t ack_events(Datum ids, Micros now);
