@@ -55,45 +55,6 @@ Statement kFindDeduplicated = {
     "SELECT id FROM" OUTBOX "WHERE topic = $1 AND dedup_key = $2", 2, {TEXTOID, TEXTOID},
     nullptr};
 
-// A late ack (after the lease ran out and the event went back to pending)
-// still counts: the event was delivered.
-Statement kAck = {
-    "UPDATE" OUTBOX "SET state = 'delivered', delivered_at = $2, lease_until = NULL, "
-    "updated_at = $2" IF_READY(", ready_at = NULL") " WHERE id = ANY ($1) AND (state = 'in_flight' OR "
-    "(state = 'pending' AND attempts > 0)) RETURNING id" ENDED_HEADS("true"),
-    2, {INT8ARRAYOID, TIMESTAMPTZOID}, nullptr};
-
-Statement kWriteClaims = {
-    "UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, "
-    "lease_until = h.lease_until, relay = h.relay, updated_at = h.claimed_at"
-    "@if outbox.max_attempts@, max_attempts = h.cap@end@" IF_READY(", ready_at = h.lease_until") " "
-    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3), "
-    "pg_catalog.unnest($4), pg_catalog.unnest($5)) AS h(id, lease_until, relay, claimed_at, cap) "
-    "WHERE o.id = h.id AND o.state IN ('pending', 'in_flight')",
-    5, {INT8ARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4ARRAYOID},
-    nullptr};
-
-#define ACK_HELD_RETURNING                                                      \
-    " AND o.state IN ('pending', 'in_flight') RETURNING o.id"                  \
-    IF_READY_ELSE(", o.topic, o.key, COALESCE(o.key_seq, o.id)",               \
-                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8")
-
-// Events claimed by several relays: each its own.
-Statement kAckHeld = {
-    "UPDATE" OUTBOX "o SET state = 'delivered', attempts = o.attempts + 1, relay = h.relay, "
-    "delivered_at = $3, lease_until = NULL, updated_at = $3" IF_READY(", ready_at = NULL") " "
-    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS h(id, relay) "
-    "WHERE o.id = h.id" ACK_HELD_RETURNING,
-    3, {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID}, nullptr};
-
-// Events claimed by one relay (the usual case): an index scan of the ids,
-// no join.
-Statement kAckHeldOfOneRelay = {
-    "UPDATE" OUTBOX "o SET state = 'delivered', attempts = o.attempts + 1, relay = $2, "
-    "delivered_at = $3, lease_until = NULL, updated_at = $3" IF_READY(", ready_at = NULL") " "
-    "WHERE o.id = ANY ($1)" ACK_HELD_RETURNING,
-    3, {INT8ARRAYOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
-
 Statement kLock = {
     "SELECT state, state::pg_catalog.text, attempts, "
     "@if outbox.max_attempts@max_attempts@else@NULL::pg_catalog.int4@end@ FROM" OUTBOX
@@ -262,32 +223,29 @@ std::uint64_t discard_events(Datum ids, Datum topics, bool has_topics, Micros no
     return discarded;
 }
 
-std::uint64_t ack_events(Datum ids, Micros now) {
-    Params params;
-    params.add(ids).add_timestamp(now);
-    const std::uint64_t acked = execute(kAck, params);
-    count_result_rows(EventsLeft::Delivered, 2, now);
-    end_heads_in_result(2, now);
-    return acked;
+namespace {
+
+// What the rows a direct change acked did: delivered, and their heads ended.
+std::uint64_t acked(const ChangedEvents& changed, Micros now) {
+    for (int i = 0; i < changed.topic_count; ++i)
+        count_events_left(EventsLeft::Delivered, changed.topics[i], now);
+    heads_ended(changed.ended, now);
+    return changed.count;
+}
+
+}  // namespace
+
+std::uint64_t ack_events(const Datum* ids, int count, Micros now) {
+    return acked(ack_by_id(ids, nullptr, count, now), now);
 }
 
 void write_claims(const ClaimedEvents& events) {
-    Params params;
-    params.add(events.ids).add(events.lease_untils).add(events.relays).add(events.claimed_ats);
-    params.add(events.max_attempts);
-    execute(kWriteClaims, params);
+    write_claims_by_id(events.ids, events.lease_untils, events.relays, events.claimed_ats,
+                       events.max_attempts, events.count);
 }
 
-std::uint64_t ack_held_events(Datum ids, Datum relays, const text* one_relay, Micros now) {
-    Params params;
-    if (one_relay != nullptr)
-        params.add(ids).add_text(one_relay).add_timestamp(now);
-    else
-        params.add(ids).add(relays).add_timestamp(now);
-    const std::uint64_t acked = execute(one_relay != nullptr ? kAckHeldOfOneRelay : kAckHeld, params);
-    count_result_rows(EventsLeft::Delivered, 2, now);
-    end_heads_in_result(2, now);
-    return acked;
+std::uint64_t ack_held_events(const Datum* ids, const Datum* relays, int count, Micros now) {
+    return acked(ack_by_id(ids, relays, count, now), now);
 }
 
 bool lock_event(std::int64_t id, EventState* out) {
