@@ -80,7 +80,7 @@ ChangedEvents no_changes(int count) {
 // id = ANY reads them): of `count`, returns how many.
 int in_id_order(const Datum* ids, int count, int* order) {
     for (int i = 0; i < count; ++i) order[i] = i;
-    std::stable_sort(order, order + count, [ids](int a, int b) {
+    std::sort(order, order + count, [ids](int a, int b) {
         return DatumGetInt64(ids[a]) < DatumGetInt64(ids[b]);
     });
     int kept = 0;
