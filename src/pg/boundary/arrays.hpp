@@ -7,10 +7,7 @@
 
 namespace idem::pg {
 
-Datum int4_array(const Datum* values, int count);
 Datum int8_array(const Datum* values, int count);
-Datum timestamptz_array(const Datum* values, int count);
-Datum text_array(const Datum* values, int count);
 
 // The elements of a bigint[] known to hold no NULL; returns their count.
 int int8_elements(Datum array, Datum** values);

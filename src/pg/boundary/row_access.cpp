@@ -182,6 +182,11 @@ TransitionCaptureState* start_statement(OpenTable* table, CmdType command) {
     return statement.capture;
 }
 
+void begin_statement(OpenTable* table, CmdType command) {
+    begin_step(table);
+    (void)start_statement(table, command);
+}
+
 namespace {
 
 void end_statements(OpenTable* table) {

@@ -109,6 +109,11 @@ inline const Datum* column_value(TupleTableSlot* row, AttrNumber column) {
 // collect the rows until the table is closed, when its AFTER STATEMENT
 // triggers fire. The writes below start it themselves.
 TransitionCaptureState* start_statement(OpenTable* table, CmdType command);
+// A statement that may write no row (UPDATE ... WHERE id = ANY (ids)):
+// started in a new step, whose snapshot the finds that follow without a
+// new step read with, so that its statement triggers fire whatever it
+// finds, as the statement's do.
+void begin_statement(OpenTable* table, CmdType command);
 
 // What INSERT does to a new row before its BEFORE triggers: the columns
 // left NULL get their defaults (so a column with a default cannot be

@@ -76,6 +76,10 @@ void count_result_rows(EventsLeft what, int topic_column, Micros now) {
         if (const text* topic = topic_in(topic_column, row)) count_one(what, topic, now);
 }
 
+void count_events_left(EventsLeft what, const text* topic, Micros now) {
+    count_one(what, topic, now);
+}
+
 void count_expired_rows(int dead_column, int topic_column) {
     for (std::uint64_t row = 0; row < SPI_processed; ++row) {
         bool isnull = false;

@@ -30,6 +30,8 @@ void count_held_event_released(std::int64_t id);
 // 0.5.0 return, are not counted).
 enum class EventsLeft { Delivered, Died, Redriven, Discarded };
 void count_result_rows(EventsLeft what, int topic_column, Micros now);
+// One event of `topic` did `what` (a direct write's row).
+void count_events_left(EventsLeft what, const text* topic, Micros now);
 // The rows of a lease expiry: those whose column `dead_column` is true died.
 void count_expired_rows(int dead_column, int topic_column);
 

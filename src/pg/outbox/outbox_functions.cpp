@@ -8,7 +8,6 @@
 #include "pg/boundary/arrays.hpp"
 #include "pg/shmem/due_table.hpp"
 #include "pg/boundary/guard.hpp"
-#include "pg/boundary/text_bytes.hpp"
 #include "pg/shmem/metrics.hpp"
 #include "pg/outbox/outbox_claim.hpp"
 #include "pg/outbox/outbox_counts.hpp"
@@ -92,9 +91,7 @@ Datum enqueue_body(FunctionCallInfo fcinfo) {
     event.available_at = deliver_at_arg(fcinfo, 5, now);
 
     bool inserted = false;
-    connect_spi();
     const std::int64_t id = insert_event(event, now, &inserted);
-    finish_spi();
     // Delivered to listeners only if this transaction commits.
     if (inserted) notify_outbox_on_commit(event.topic);
     if (inserted) count_event_enqueued(event.topic);
@@ -150,31 +147,23 @@ Datum claim_body(FunctionCallInfo fcinfo) {
 
 // Acks the events this transaction holds with their claims' changes, and
 // the others as they are; returns how many changed.
-std::uint64_t ack_held_and_others(Datum ids, Micros now) {
-    Datum* elements = nullptr;
-    const int count = int8_elements(ids, &elements);
+std::uint64_t ack_held_and_others(const Datum* ids, int count, Micros now) {
     Datum* held = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     Datum* relays = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     Datum* others = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     int held_count = 0;
     int other_count = 0;
-    const text* one_relay = nullptr;  // while every held event has the same
     for (int i = 0; i < count; ++i) {
-        if (const text* relay = settle_held(DatumGetInt64(elements[i]))) {
-            if (held_count == 0) one_relay = relay;
-            else if (one_relay != nullptr && !same_text_bytes(one_relay, relay)) one_relay = nullptr;
+        if (const text* relay = settle_held(DatumGetInt64(ids[i]))) {
             relays[held_count] = PointerGetDatum(relay);
-            held[held_count++] = elements[i];
+            held[held_count++] = ids[i];
         } else {
-            others[other_count++] = elements[i];
+            others[other_count++] = ids[i];
         }
     }
     std::uint64_t changed = 0;
-    if (held_count > 0)
-        changed += ack_held_events(int8_array(held, held_count),
-                                   one_relay != nullptr ? Datum(0) : text_array(relays, held_count),
-                                   one_relay, now);
-    if (other_count > 0) changed += ack_events(int8_array(others, other_count), now);
+    if (held_count > 0) changed += ack_held_events(held, relays, held_count, now);
+    if (other_count > 0) changed += ack_events(others, other_count, now);
     return changed;
 }
 
@@ -183,7 +172,10 @@ Datum ack_body(FunctionCallInfo fcinfo) {
     const Micros now = GetCurrentTimestamp();
     connect_spi();
     check_event_topics(relay_scope(), ids, "ack");
-    const std::uint64_t changed = holds_any() ? ack_held_and_others(ids, now) : ack_events(ids, now);
+    Datum* elements = nullptr;
+    const int count = int8_elements(ids, &elements);
+    const std::uint64_t changed = holds_any() ? ack_held_and_others(elements, count, now)
+                                              : ack_events(elements, count, now);
     finish_spi();
     count_on_commit(Counter::OutboxDelivered, changed);
     if (changed > 0)

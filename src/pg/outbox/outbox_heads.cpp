@@ -328,7 +328,10 @@ void check_enqueued(const KeyGroup* groups, int count, Micros now) {
     IdList unmade = id_list(events);
     auto* later = static_cast<bool*>(palloc0(sizeof(bool) * (count + 1)));
     int to_place = 0;
-    KeyOrderReader reader = open_key_order();
+    // Opened for the first key that needs a look: none does when nothing
+    // committed on their turns since the enqueues looked.
+    KeyOrderReader reader{};
+    bool reading = false;
     for (int g = 0, offset = 0; g < count; offset += groups[g].to - groups[g].from, ++g) {
         const KeyGroup& group = groups[g];
         const Record& first = records[group.from];
@@ -336,6 +339,10 @@ void check_enqueued(const KeyGroup* groups, int count, Micros now) {
         // Nothing committed on the key's turn since it was looked at: what
         // the enqueue decided holds.
         if (group.alone && turn_unchanged(first.turn, first.seen)) continue;
+        if (!reading) {
+            reader = open_key_order();
+            reading = true;
+        }
         later[g] =
             first_event_from(&reader, first.topic, first.key, first.id + 1, ids + offset, mine).found;
         if (later[g]) {
@@ -349,7 +356,7 @@ void check_enqueued(const KeyGroup* groups, int count, Micros now) {
             if (!records[i].head && should_head) heads.ids[heads.count++] = records[i].id;
         }
     }
-    close_key_order(&reader);
+    if (reading) close_key_order(&reader);
     unmake_heads(unmade);
     make_heads(heads, now, true);
     if (to_place == 0) return;

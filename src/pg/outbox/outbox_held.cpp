@@ -8,13 +8,11 @@
 #include "pg/outbox/outbox_ready_floor.hpp"
 #include "pg/outbox/outbox_store.hpp"
 #include "pg/boundary/owner_scope.hpp"
-#include "pg/boundary/spi.hpp"
 
 extern "C" {
 #include "access/xact.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
-#include "utils/snapmgr.h"
 }
 
 namespace idem::pg {
@@ -89,19 +87,9 @@ void write_unsettled() {
         caps[n] = Int32GetDatum(write.max_attempts);
         times[n++] = TimestampTzGetDatum(write.claimed_at);
     }
-    ClaimedEvents claimed;
-    claimed.ids = int8_array(ids, n);
-    claimed.lease_untils = timestamptz_array(leases, n);
-    claimed.relays = text_array(relays, n);
-    claimed.claimed_ats = timestamptz_array(times, n);
-    claimed.max_attempts = int4_array(caps, n);
-
+    const ClaimedEvents claimed{ids, leases, relays, times, caps, n};
     const OwnerScope scope = enter_owner_scope_of(writer);
-    PushActiveSnapshot(GetTransactionSnapshot());
-    connect_spi();
     write_claims(claimed);
-    finish_spi();
-    PopActiveSnapshot();
     leave_owner_scope(scope);
 }
 

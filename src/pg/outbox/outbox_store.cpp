@@ -8,6 +8,7 @@
 #include "pg/outbox/outbox_index.hpp"
 #include "pg/outbox/outbox_layout.hpp"
 #include "pg/outbox/outbox_ready_floor.hpp"
+#include "pg/outbox/outbox_rows.hpp"
 #include "pg/outbox/producer_turn.hpp"
 #include "pg/boundary/spi.hpp"
 
@@ -53,45 +54,6 @@ Statement kInsertDeduplicated = {
 Statement kFindDeduplicated = {
     "SELECT id FROM" OUTBOX "WHERE topic = $1 AND dedup_key = $2", 2, {TEXTOID, TEXTOID},
     nullptr};
-
-// A late ack (after the lease ran out and the event went back to pending)
-// still counts: the event was delivered.
-Statement kAck = {
-    "UPDATE" OUTBOX "SET state = 'delivered', delivered_at = $2, lease_until = NULL, "
-    "updated_at = $2" IF_READY(", ready_at = NULL") " WHERE id = ANY ($1) AND (state = 'in_flight' OR "
-    "(state = 'pending' AND attempts > 0)) RETURNING id" ENDED_HEADS("true"),
-    2, {INT8ARRAYOID, TIMESTAMPTZOID}, nullptr};
-
-Statement kWriteClaims = {
-    "UPDATE" OUTBOX "o SET state = 'in_flight', attempts = o.attempts + 1, "
-    "lease_until = h.lease_until, relay = h.relay, updated_at = h.claimed_at"
-    "@if outbox.max_attempts@, max_attempts = h.cap@end@" IF_READY(", ready_at = h.lease_until") " "
-    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3), "
-    "pg_catalog.unnest($4), pg_catalog.unnest($5)) AS h(id, lease_until, relay, claimed_at, cap) "
-    "WHERE o.id = h.id AND o.state IN ('pending', 'in_flight')",
-    5, {INT8ARRAYOID, TIMESTAMPTZARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID, INT4ARRAYOID},
-    nullptr};
-
-#define ACK_HELD_RETURNING                                                      \
-    " AND o.state IN ('pending', 'in_flight') RETURNING o.id"                  \
-    IF_READY_ELSE(", o.topic, o.key, COALESCE(o.key_seq, o.id)",               \
-                  ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8")
-
-// Events claimed by several relays: each its own.
-Statement kAckHeld = {
-    "UPDATE" OUTBOX "o SET state = 'delivered', attempts = o.attempts + 1, relay = h.relay, "
-    "delivered_at = $3, lease_until = NULL, updated_at = $3" IF_READY(", ready_at = NULL") " "
-    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS h(id, relay) "
-    "WHERE o.id = h.id" ACK_HELD_RETURNING,
-    3, {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZOID}, nullptr};
-
-// Events claimed by one relay (the usual case): an index scan of the ids,
-// no join.
-Statement kAckHeldOfOneRelay = {
-    "UPDATE" OUTBOX "o SET state = 'delivered', attempts = o.attempts + 1, relay = $2, "
-    "delivered_at = $3, lease_until = NULL, updated_at = $3" IF_READY(", ready_at = NULL") " "
-    "WHERE o.id = ANY ($1)" ACK_HELD_RETURNING,
-    3, {INT8ARRAYOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kLock = {
     "SELECT state, state::pg_catalog.text, attempts, "
@@ -166,16 +128,20 @@ Datum outbox_state_value(const char* label) {
 
 namespace {
 
+// The event an INSERT ... RETURNING id, <head> inserted (SPI_tuptable).
+InsertedEvent returned_event() {
+    bool isnull = false;
+    return InsertedEvent{*column_int8(1), DatumGetBool(column(2, &isnull))};
+}
+
 // The new event's id; with the ready queue, records a keyed event for the
 // check before the commit (pg/outbox_heads.hpp).
-std::int64_t inserted_event(const NewEvent& event, Micros now, bool ready_queue,
-                            std::uint64_t seen) {
-    const std::int64_t id = *column_int8(1);
-    bool isnull = false;
-    const bool head = DatumGetBool(column(2, &isnull));
-    if (head) note_ready_written(std::max(now, event.available_at));
-    if (ready_queue && event.key != nullptr) enqueued_keyed(event.topic, event.key, id, head, seen);
-    return id;
+std::int64_t enqueued(const NewEvent& event, Micros now, bool ready_queue, std::uint64_t seen,
+                      const InsertedEvent& made) {
+    if (made.head) note_ready_written(std::max(now, event.available_at));
+    if (ready_queue && event.key != nullptr)
+        enqueued_keyed(event.topic, event.key, made.id, made.head, seen);
+    return made.id;
 }
 
 // The rows of SPI_tuptable that ended heads: columns `first` on.
@@ -191,10 +157,6 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
     // transaction; with it, only in the step before the commit.
     const bool ready_queue = outbox_has_ready_queue();
     if (event.key != nullptr && !ready_queue) take_producer_turn(event.topic, event.key);
-    Params params;
-    params.add_text(event.topic).add_text(event.key).add(event.payload);
-    params.add_datum(event.headers, event.has_headers).add_text(event.dedup_key);
-    params.add_timestamp(now).add_timestamp(event.available_at);
     // A keyed event is its key's head when its key has no live event (the
     // newest is looked for: it is live whenever any is); the check before
     // the commit corrects what a concurrent commit changes.
@@ -211,28 +173,45 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
         head = !last_event_before(&reader, event.topic, event.key, id).found;
         close_key_order(&reader);
     }
+    if (ready_queue && event.dedup_key == nullptr) {
+        const InsertedEvent made = insert_new_event(event, now, id, head);
+        *inserted = true;
+        return enqueued(event, now, ready_queue, seen, made);
+    }
+    Params params;
+    params.add_text(event.topic).add_text(event.key).add(event.payload);
+    params.add_datum(event.headers, event.has_headers).add_text(event.dedup_key);
+    params.add_timestamp(now).add_timestamp(event.available_at);
     params.add(BoolGetDatum(head)).add_int8(id);
+    connect_spi();
+    std::int64_t found = 0;
     if (event.dedup_key == nullptr) {
         execute(kInsert, params);
         *inserted = true;
-        return inserted_event(event, now, ready_queue, seen);
-    }
-    // A concurrent enqueue of the same dedup_key: ON CONFLICT waits for its
-    // transaction; then its row is visible (or gone after a rollback, or
-    // purged): loop until one of the two statements finds an id.
-    Params lookup;
-    lookup.add_text(event.topic).add_text(event.dedup_key);
-    for (;;) {
-        if (execute(kInsertDeduplicated, params) > 0) {
-            *inserted = true;
-            return inserted_event(event, now, ready_queue, seen);
+        found = enqueued(event, now, ready_queue, seen, returned_event());
+    } else {
+        // A concurrent enqueue of the same dedup_key: ON CONFLICT waits for
+        // its transaction; then its row is visible (or gone after a
+        // rollback, or purged): loop until one of the two statements finds
+        // an id.
+        Params lookup;
+        lookup.add_text(event.topic).add_text(event.dedup_key);
+        for (;;) {
+            if (execute(kInsertDeduplicated, params) > 0) {
+                *inserted = true;
+                found = enqueued(event, now, ready_queue, seen, returned_event());
+                break;
+            }
+            if (execute(kFindDeduplicated, lookup, 1) > 0) {
+                *inserted = false;
+                found = *column_int8(1);
+                break;
+            }
+            CHECK_FOR_INTERRUPTS();
         }
-        if (execute(kFindDeduplicated, lookup, 1) > 0) {
-            *inserted = false;
-            return *column_int8(1);
-        }
-        CHECK_FOR_INTERRUPTS();
     }
+    finish_spi();
+    return found;
 }
 
 std::uint64_t discard_events(Datum ids, Datum topics, bool has_topics, Micros now) {
@@ -244,32 +223,29 @@ std::uint64_t discard_events(Datum ids, Datum topics, bool has_topics, Micros no
     return discarded;
 }
 
-std::uint64_t ack_events(Datum ids, Micros now) {
-    Params params;
-    params.add(ids).add_timestamp(now);
-    const std::uint64_t acked = execute(kAck, params);
-    count_result_rows(EventsLeft::Delivered, 2, now);
-    end_heads_in_result(2, now);
-    return acked;
+namespace {
+
+// What the rows a direct change acked did: delivered, and their heads ended.
+std::uint64_t acked(const ChangedEvents& changed, Micros now) {
+    for (int i = 0; i < changed.topic_count; ++i)
+        count_events_left(EventsLeft::Delivered, changed.topics[i], now);
+    heads_ended(changed.ended, now);
+    return changed.count;
+}
+
+}  // namespace
+
+std::uint64_t ack_events(const Datum* ids, int count, Micros now) {
+    return acked(ack_by_id(ids, nullptr, count, now), now);
 }
 
 void write_claims(const ClaimedEvents& events) {
-    Params params;
-    params.add(events.ids).add(events.lease_untils).add(events.relays).add(events.claimed_ats);
-    params.add(events.max_attempts);
-    execute(kWriteClaims, params);
+    write_claims_by_id(events.ids, events.lease_untils, events.relays, events.claimed_ats,
+                       events.max_attempts, events.count);
 }
 
-std::uint64_t ack_held_events(Datum ids, Datum relays, const text* one_relay, Micros now) {
-    Params params;
-    if (one_relay != nullptr)
-        params.add(ids).add_text(one_relay).add_timestamp(now);
-    else
-        params.add(ids).add(relays).add_timestamp(now);
-    const std::uint64_t acked = execute(one_relay != nullptr ? kAckHeldOfOneRelay : kAckHeld, params);
-    count_result_rows(EventsLeft::Delivered, 2, now);
-    end_heads_in_result(2, now);
-    return acked;
+std::uint64_t ack_held_events(const Datum* ids, const Datum* relays, int count, Micros now) {
+    return acked(ack_by_id(ids, relays, count, now), now);
 }
 
 bool lock_event(std::int64_t id, EventState* out) {

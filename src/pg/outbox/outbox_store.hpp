@@ -1,6 +1,8 @@
-// Where the SQL of the transactional outbox lives: every statement that
-// reads or changes idempotency.outbox, except the claim's (outbox_claim.hpp).
-// Callers hold an SPI connection.
+// Where the transactional outbox is changed: every statement that reads or
+// changes idempotency.outbox, except the claim's (outbox_claim.hpp), and
+// the writes done directly on the table instead (outbox_rows.hpp). Callers
+// hold an SPI connection, except for those direct writes: insert_event, the
+// acks and write_claims.
 #pragma once
 
 #include <cstdint>
@@ -20,26 +22,31 @@ struct NewEvent {
     Micros available_at;
 };
 
-// Inserts the event; with a dedup_key already taken by (topic, dedup_key),
-// inserts nothing and returns the existing event's id. *inserted tells which.
+// Inserts the event (directly on the table in the ready-queue layout when
+// it has no dedup_key); with a dedup_key already taken by (topic,
+// dedup_key), inserts nothing and returns the existing event's id.
+// *inserted tells which.
 std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted);
 
-std::uint64_t ack_events(Datum ids, Micros now);
+// Acks the events of `ids` (count of them) that are in flight, or pending
+// after an attempt; returns how many.
+std::uint64_t ack_events(const Datum* ids, int count, Micros now);
 
 // Events this transaction claims and has not yet written (outbox_held.hpp):
 // parallel arrays, one element per event.
 struct ClaimedEvents {
-    Datum ids;           // bigint[]
-    Datum lease_untils;  // timestamptz[]
-    Datum relays;        // text[]
-    Datum claimed_ats;   // timestamptz[]
-    Datum max_attempts;  // int4[]
+    const Datum* ids;           // bigint
+    const Datum* lease_untils;  // timestamptz
+    const Datum* relays;        // text
+    const Datum* claimed_ats;   // timestamptz
+    const Datum* max_attempts;  // int4
+    int count;
 };
 // Writes the claims: in flight, one more attempt, the lease and the relay.
 void write_claims(const ClaimedEvents& events);
-// Acks held events (ids, with the relays that claimed them, or one_relay
-// when that relay claimed them all), writing their claims with the delivery.
-std::uint64_t ack_held_events(Datum ids, Datum relays, const text* one_relay, Micros now);
+// Acks held events (ids, with the relay that claimed each), writing their
+// claims with the delivery.
+std::uint64_t ack_held_events(const Datum* ids, const Datum* relays, int count, Micros now);
 
 struct EventState {
     Datum state;  // outbox_state enum value

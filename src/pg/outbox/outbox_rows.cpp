@@ -1,0 +1,189 @@
+#include "pg/outbox/outbox_rows.hpp"
+
+#include <algorithm>
+
+#include "pg/boundary/extension_objects.hpp"
+#include "pg/boundary/row_access.hpp"
+#include "pg/outbox/outbox_layout.hpp"
+
+namespace idem::pg {
+
+namespace {
+
+// The columns a change sets, as an UPDATE's SET list names them.
+struct Setting {
+    AttrNumber columns[16];
+    int count;
+};
+
+void put(TupleTableSlot* row, Setting* setting, AttrNumber column, Datum value) {
+    set_column(row, column, value);
+    if (column != 0) setting->columns[setting->count++] = column;
+}
+
+void clear(TupleTableSlot* row, Setting* setting, AttrNumber column) {
+    set_null(row, column);
+    if (column != 0) setting->columns[setting->count++] = column;
+}
+
+// Whether the column has a value in `row` (not NULL, and installed).
+bool has_value(TupleTableSlot* row, AttrNumber column, Datum* value) {
+    if (column == 0) return false;
+    bool isnull = false;
+    *value = slot_getattr(row, column, &isnull);
+    return !isnull;
+}
+
+std::int32_t attempts_of(TupleTableSlot* row, const OutboxColumns& at) {
+    Datum attempts = 0;
+    return has_value(row, at.attempts, &attempts) ? DatumGetInt32(attempts) : 0;
+}
+
+bool state_is(TupleTableSlot* row, const OutboxColumns& at, Datum state) {
+    Datum value = 0;
+    return has_value(row, at.state, &value) && value == state;
+}
+
+const text* copied_text(Datum value) {
+    return reinterpret_cast<const text*>(DatumGetPointer(datumCopy(value, false, -1)));
+}
+
+// Records what RETURNING topic, key, COALESCE(key_seq, id) gives of a
+// changed row (ready-queue layout): its topic, and the head it ended when
+// it has a key.
+void note_changed(TupleTableSlot* row, const OutboxColumns& at, ChangedEvents* out) {
+    ++out->count;
+    Datum topic = 0;
+    if (at.ready_at == 0 || !has_value(row, at.topic, &topic)) return;
+    const text* topic_copy = copied_text(topic);
+    out->topics[out->topic_count++] = topic_copy;
+    Datum key = 0;
+    if (!has_value(row, at.key, &key)) return;
+    Datum place = 0;
+    if (!has_value(row, at.key_seq, &place)) (void)has_value(row, at.id, &place);
+    EndedHeads& ended = out->ended;
+    ended.topics[ended.count] = topic_copy;
+    ended.keys[ended.count] = copied_text(key);
+    ended.places[ended.count++] = DatumGetInt64(place);
+}
+
+ChangedEvents no_changes(int count) {
+    const auto texts = [count] {
+        return static_cast<const text**>(palloc(sizeof(text*) * (count + 1)));
+    };
+    EndedHeads ended{texts(), texts(),
+                     static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (count + 1))), 0};
+    return ChangedEvents{0, ended, texts(), 0};
+}
+
+// The positions of `ids` in id order, each id once (as an index scan of
+// id = ANY reads them): of `count`, returns how many.
+int in_id_order(const Datum* ids, int count, int* order) {
+    for (int i = 0; i < count; ++i) order[i] = i;
+    std::sort(order, order + count, [ids](int a, int b) {
+        return DatumGetInt64(ids[a]) < DatumGetInt64(ids[b]);
+    });
+    int kept = 0;
+    for (int i = 0; i < count; ++i)
+        if (kept == 0 || DatumGetInt64(ids[order[kept - 1]]) != DatumGetInt64(ids[order[i]]))
+            order[kept++] = order[i];
+    return kept;
+}
+
+// Changes the events of `ids` in one UPDATE: `applies(found, at)` is its
+// WHERE clause beyond the id, `write(i, row, at, setting)` its SET list for
+// the event ids[i]; each row changed goes to note_changed.
+template <typename Applies, typename Write>
+ChangedEvents change_events(const Datum* ids, int count, Applies applies, Write write) {
+    ChangedEvents changed = no_changes(count);
+    int* order = static_cast<int*>(palloc(sizeof(int) * (count + 1)));
+    const int events = in_id_order(ids, count, order);
+    OpenTable table = open_to_write(extension_objects().outbox);
+    const OutboxColumns& at = outbox_columns(table.heap);
+    // One statement, whatever it finds: its triggers fire once, and every
+    // find reads with its snapshot.
+    begin_statement(&table, CMD_UPDATE);
+    for (int n = 0; n < events; ++n) {
+        const int i = order[n];
+        if (!find_row(&table, &ids[i], RowLock::None, false)) continue;
+        for (;;) {
+            if (!applies(table.found, at)) break;
+            TupleTableSlot* row = changed_row(&table);
+            Setting setting{};
+            write(i, row, at, &setting);
+            const Change change = update_found_row(&table, row, setting.columns, setting.count);
+            if (change == Change::Done) note_changed(row, at, &changed);
+            if (change != Change::Again) break;
+        }
+    }
+    close_table(&table);
+    return changed;
+}
+
+}  // namespace
+
+InsertedEvent insert_new_event(const NewEvent& event, Micros now, std::int64_t id, bool head) {
+    OpenTable table = open_to_write(extension_objects().outbox);
+    const OutboxColumns& at = outbox_columns(table.heap);
+    TupleTableSlot* row = new_row(&table);
+    set_column(row, at.id, Int64GetDatum(id));
+    set_column(row, at.topic, PointerGetDatum(event.topic));
+    if (event.key != nullptr) set_column(row, at.key, PointerGetDatum(event.key));
+    set_column(row, at.payload, event.payload);
+    if (event.has_headers) set_column(row, at.headers, event.headers);
+    set_column(row, at.enqueued_at, TimestampTzGetDatum(now));
+    set_column(row, at.available_at, TimestampTzGetDatum(event.available_at));
+    set_column(row, at.updated_at, TimestampTzGetDatum(now));
+    if (head) set_column(row, at.ready_at, TimestampTzGetDatum(std::max(event.available_at, now)));
+    insert_row(&table, row);
+    // What RETURNING id, ready_at IS NOT NULL reads: the row inserted.
+    bool isnull = false;
+    const std::int64_t inserted_id = DatumGetInt64(slot_getattr(row, at.id, &isnull));
+    (void)slot_getattr(row, at.ready_at, &isnull);
+    const InsertedEvent inserted{inserted_id, !isnull};
+    close_table(&table);
+    return inserted;
+}
+
+ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, int count, Micros now) {
+    const Datum stamp = TimestampTzGetDatum(now);
+    return change_events(
+        ids, count,
+        [relays](TupleTableSlot* found, const OutboxColumns& at) {
+            if (relays != nullptr)
+                return state_is(found, at, at.pending) || state_is(found, at, at.in_flight);
+            return state_is(found, at, at.in_flight) ||
+                   (state_is(found, at, at.pending) && attempts_of(found, at) > 0);
+        },
+        [relays, stamp](int i, TupleTableSlot* row, const OutboxColumns& at, Setting* setting) {
+            put(row, setting, at.state, at.delivered);
+            if (relays != nullptr) {
+                put(row, setting, at.attempts, Int32GetDatum(attempts_of(row, at) + 1));
+                put(row, setting, at.relay, relays[i]);
+            }
+            put(row, setting, at.delivered_at, stamp);
+            clear(row, setting, at.lease_until);
+            put(row, setting, at.updated_at, stamp);
+            clear(row, setting, at.ready_at);
+        });
+}
+
+void write_claims_by_id(const Datum* ids, const Datum* lease_untils, const Datum* relays,
+                        const Datum* claimed_ats, const Datum* max_attempts, int count) {
+    (void)change_events(
+        ids, count,
+        [](TupleTableSlot* found, const OutboxColumns& at) {
+            return state_is(found, at, at.pending) || state_is(found, at, at.in_flight);
+        },
+        [&](int i, TupleTableSlot* row, const OutboxColumns& at, Setting* setting) {
+            put(row, setting, at.state, at.in_flight);
+            put(row, setting, at.attempts, Int32GetDatum(attempts_of(row, at) + 1));
+            put(row, setting, at.lease_until, lease_untils[i]);
+            put(row, setting, at.relay, relays[i]);
+            put(row, setting, at.updated_at, claimed_ats[i]);
+            put(row, setting, at.max_attempts, max_attempts[i]);
+            put(row, setting, at.ready_at, lease_untils[i]);
+        });
+}
+
+}  // namespace idem::pg

@@ -1,0 +1,56 @@
+// The outbox's rows written directly on the table and its indexes
+// (pg/boundary/row_access.hpp), no SPI: the hot writes of outbox_enqueue,
+// outbox_ack and outbox_claim. Each write stands for the SQL statement it
+// replaces and puts the same values in the same columns (those an INSERT
+// leaves out get their defaults), fires the same triggers once per call,
+// and keeps every index. A change of events by id is UPDATE ... WHERE id =
+// ANY (ids) AND <its condition>: the rows in id order, each once; a row
+// changed concurrently is waited for and, under READ COMMITTED, decided
+// again on its newest version (under the stricter levels, 40001).
+#pragma once
+
+#include <cstdint>
+
+#include "pg/boundary/postgres.hpp"
+#include "pg/outbox/outbox_heads.hpp"
+#include "pg/outbox/outbox_store.hpp"
+
+namespace idem::pg {
+
+// The event as the table got it (a trigger may have changed it).
+struct InsertedEvent {
+    std::int64_t id;
+    bool head;  // it has a ready_at: its key's head (always without a key)
+};
+
+// Inserts `event` (without a dedup_key; ready-queue layout) under `id`, as
+// INSERT ... OVERRIDING SYSTEM VALUE does: enqueued and changed `now`, due
+// at its available_at, and in the ready queue from then (or now) when it
+// is its key's `head`.
+InsertedEvent insert_new_event(const NewEvent& event, Micros now, std::int64_t id, bool head);
+
+// What a change of events by id changed (the rows RETURNING would give):
+// the events that ended their keys' heads, and the topics of all of them,
+// copied (ready-queue layout; nothing before it).
+struct ChangedEvents {
+    std::uint64_t count;
+    EndedHeads ended;
+    const text** topics;
+    int topic_count;
+};
+
+// Acks events: delivered `now`, their lease and ready place gone. With
+// `relays` (one per id: events this transaction holds, their claim not yet
+// written) the claim's changes go with it (one more attempt, the relay)
+// for an event pending or in flight; without, an event is acked when in
+// flight, or pending after an attempt (a late ack after its lease ran
+// out: the event was delivered).
+ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, int count, Micros now);
+
+// The claims' writes of events pending or in flight: in flight, one more
+// attempt, the claim's lease (and ready place: due again when it ends),
+// relay, time and attempt cap; each argument one per id.
+void write_claims_by_id(const Datum* ids, const Datum* lease_untils, const Datum* relays,
+                        const Datum* claimed_ats, const Datum* max_attempts, int count);
+
+}  // namespace idem::pg
