@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -143,15 +144,20 @@ class Bench:
                     args = [self.a.relay, "--dsn", self.a.relay_dsn, "--relay", "bench-%d" % n,
                             "--sink", variant["sink"], "--topics", "orders", "--once",
                             "--batch", str(self.a.batch), "--progress-interval", "0"] + variant["extra"]
-                procs.append(subprocess.Popen(args, stdout=devnull, stderr=subprocess.PIPE))
+                # Its log to a file: a pipe read only after the exit would
+                # stop a relay that logs much (retries) at a full buffer.
+                log = tempfile.TemporaryFile()
+                procs.append((subprocess.Popen(args, stdout=devnull, stderr=log), log))
             usage = 0.0
             failures = []
-            for p in procs:
+            for p, log in procs:
                 _, status, rusage = os.wait4(p.pid, 0)
                 p.returncode = os.waitstatus_to_exitcode(status)
                 usage += rusage.ru_utime + rusage.ru_stime
                 if p.returncode != 0:
-                    failures.append("exit %d: %s" % (p.returncode, p.stderr.read().decode()[-300:]))
+                    log.seek(0)
+                    failures.append("exit %d: %s" % (p.returncode, log.read().decode()[-300:]))
+                log.close()
         seconds = time.time() - start
         # The processes the run started (its backends) have ended and been
         # reaped: their time is in the postmaster's children time.

@@ -15,7 +15,7 @@
 #     without a key;
 #   - commit-to-delivery delay (median, p99) at a steady BENCH_RATE (1000)
 #     events/s for BENCH_RELAY_SECONDS (10) s, to stdout and both brokers.
-# Run as root after make install. Settings: BENCH_RELAY_PORT (54450: the
+# Run as root after make install. Settings: BENCH_RELAY_PORT (54500: the
 # cluster; the brokers take the next four), BENCH_RELAY_ROUNDS (3, the
 # median is shown), BENCH_HTTP (1: also the local Python HTTP receiver).
 # Without nats-server or rabbitmq-server that broker is left out.
@@ -25,7 +25,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/harness.sh"
 . "$here/broker_servers.sh"
 
-broker_setup "${BENCH_RELAY_PORT:-54450}"
+broker_setup "${BENCH_RELAY_PORT:-54500}"
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
 
 [ -x "$relay_bin" ] || { echo "idem-relay not found at $relay_bin: run make install first" >&2; exit 1; }
