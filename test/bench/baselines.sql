@@ -253,7 +253,7 @@ BEGIN
       FROM pg_class c, unnest(c.reloptions) AS o
      WHERE c.oid = rel AND o LIKE 'fillfactor=%';
     EXECUTE format('CREATE TEMP TABLE fresh_copy (LIKE %s INCLUDING ALL) WITH (%s)', rel, options);
-    EXECUTE format('INSERT INTO fresh_copy SELECT * FROM %s', rel);
+    EXECUTE format('INSERT INTO fresh_copy OVERRIDING SYSTEM VALUE SELECT * FROM %s', rel);
     bytes := pg_total_relation_size('fresh_copy');
     DROP TABLE fresh_copy;
     RETURN bytes;

@@ -777,7 +777,7 @@ fi
 size_run() {
     local state=$1 script=$2
     if [ "$state" = empty ]; then
-        psql_bench -c "TRUNCATE idempotency.idempotency_keys, bench.idempotency_keys" -c "SELECT bench.preload($preload)" \
+        psql_bench -c "TRUNCATE idempotency.idempotency_keys, bench.idempotency_keys, bench.floor_keys" -c "SELECT bench.preload($preload)" \
             >/dev/null || { echo failed; return; }
     else
         psql_bench -c "DELETE FROM idempotency.idempotency_keys
@@ -797,7 +797,7 @@ if want size; then
     for state in empty loaded; do
         if [ "$state" = loaded ]; then
             log "size: loading $size_keys COMPLETED keys that never expire (a minute per 5 million)"
-            if ! psql_bench -c "TRUNCATE idempotency.idempotency_keys, bench.idempotency_keys" \
+            if ! psql_bench -c "TRUNCATE idempotency.idempotency_keys, bench.idempotency_keys, bench.floor_keys" \
                 -c "SELECT bench.preload($preload)" \
                 -c "INSERT INTO idempotency.idempotency_keys
                            (scope, key, status, token, attempts, result, created_at, updated_at,
