@@ -163,13 +163,22 @@ ok(kill('TERM', $notifier), 'SIGTERM to the notifier');
 my @after_term = map { "after-term-$_" } 1 .. 20;
 $producer->query_safe(enqueue_sql($_)) for @after_term;
 ok(hear_all($l, @after_term), 'every commit after the SIGTERM is announced');
-ok(poll_until(30, sub { my $p = backend_pid($node, 'idempotency notifier'); $p ne '' && $p ne $notifier }),
+# A notifier leaves after idling a second: each look for the new one comes
+# with a commit, so that on a busy machine it is not gone before it is seen.
+my $replaced = '';
+ok( poll_until(
+		30,
+		sub {
+			$producer->query_safe(enqueue_sql('after-term-look'));
+			$replaced = backend_pid($node, 'idempotency notifier');
+			$replaced ne '' && $replaced ne $notifier;
+		}),
 	'a new notifier replaces it');
 $producer->query_safe(enqueue_sql('after-term-last'));
 ok(hear($l, 'after-term-last') ne '', 'and commits are announced');
 
 # --- kill -9: crash restart, then no wake-up is lost ------------------------
-my $killed = backend_pid($node, 'idempotency notifier');
+my $killed = $replaced;
 $producer->quit;
 $l->{session}->quit;
 ok(kill('KILL', $killed), 'kill -9 of the notifier');
