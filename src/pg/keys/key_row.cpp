@@ -68,6 +68,14 @@ void put(KeyWrite* write, AttrNumber column, Datum value) {
 // ...) on a row where c is set): column triggers see it named.
 void keep(KeyWrite* write, AttrNumber column) { note(write, column); }
 
+// The value when `change`, else the column kept as it is (named either way).
+void put_or_keep(KeyWrite* write, AttrNumber column, bool change, Datum value) {
+    if (change)
+        put(write, column, value);
+    else
+        keep(write, column);
+}
+
 void clear(KeyWrite* write, AttrNumber column) {
     set_null(write->row, column);
     note(write, column);
@@ -170,10 +178,8 @@ void write_grant(KeyWrite* write, const StoredKey& stored, const Grant& grant, M
     put(write, at.attempts, Int32GetDatum(attempts));
     put(write, at.lease_until, TimestampTzGetDatum(grant.lease_until));
     // The first request fingerprint a key gets stays.
-    if (!stored.has_fingerprint && grant.has_fingerprint)
-        put(write, at.fingerprint, grant.fingerprint);
-    else
-        keep(write, at.fingerprint);
+    put_or_keep(write, at.fingerprint, !stored.has_fingerprint && grant.has_fingerprint,
+                grant.fingerprint);
     put(write, at.claimed_at, TimestampTzGetDatum(now));
     put(write, at.updated_at, TimestampTzGetDatum(now));
     clear(write, at.next_attempt_at);
@@ -187,10 +193,9 @@ void write_grant(KeyWrite* write, const StoredKey& stored, const Grant& grant, M
     clear(write, at.purge_at);
     // A key the sweep settled is live again; one still live keeps its time,
     // and with it its entry in the live keys' index.
-    if (at.active_since != 0 && write->row->tts_isnull[at.active_since - 1])
-        put(write, at.active_since, TimestampTzGetDatum(now));
-    else
-        keep(write, at.active_since);
+    put_or_keep(write, at.active_since,
+                at.active_since != 0 && write->row->tts_isnull[at.active_since - 1],
+                TimestampTzGetDatum(now));
     put(write, at.max_attempts, Int32GetDatum(grant.max_attempts));
     put(write, at.retention, interval_datum(grant.retention));
 }
@@ -213,10 +218,8 @@ void write_completion(KeyWrite* write, const StoredKey& stored, Datum result, bo
     // purge_at is left to it, unless the retention ends before the lease
     // would: the key would outlive it.
     const std::optional<Micros>& lease_until = stored.state.lease_until;
-    if (!lease_until || expires_at < *lease_until)
-        put(write, at.purge_at, TimestampTzGetDatum(expires_at));
-    else
-        keep(write, at.purge_at);
+    put_or_keep(write, at.purge_at, !lease_until || expires_at < *lease_until,
+                TimestampTzGetDatum(expires_at));
 }
 
 void write_expiry(KeyWrite* write, Status next, Micros now, std::optional<Micros> expires_at) {
