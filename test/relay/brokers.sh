@@ -184,7 +184,10 @@ run_order() {
 run_kill() {
     local broker=$1 sink=$2 count_command=$3 topic=$(topic_of "$1")_kill once_flag=$4
     shift 4
-    enqueue "$topic" 4000 50
+    # Enough events that the relay is still publishing when it is caught: a
+    # relay that drained them all before the first look leaves nothing
+    # between publish and ack to catch.
+    enqueue "$topic" 20000 50
     start_relay "${topic}1" --dsn "$dsn application_name=${topic}1" --sink "$sink" --topics "$topic" \
         --parallel 2 --batch 50 --lease 3s --http-timeout 1s --progress-interval 0
     local pid=$relay_pid
