@@ -140,6 +140,10 @@ HTAB* pending = nullptr;
 bool pending_any = false;
 Oid pending_tables[2] = {InvalidOid, InvalidOid};
 TransactionId committing_xid = InvalidTransactionId;
+// The entry the last adjustment went to: a claim or an ack adjusts one
+// topic's counts once per event, and a key of 268 bytes is hashed for each
+// lookup. Forgotten whenever entries are removed.
+Pending* last_pending = nullptr;
 
 Pending* enter_pending(const PendingKey& id) {
     bool found = false;
@@ -168,15 +172,24 @@ Pending* pending_entry(GaugeFamily family, const text* name) {
         pending_tables[0] = objects.keys;
         pending_tables[1] = objects.outbox;
     }
+    const int level = GetCurrentTransactionNestLevel();
+    const std::size_t length = VARSIZE_ANY_EXHDR(name);
+    // Names are zero-padded and hold no zero byte (text cannot).
+    if (last_pending != nullptr && length <= kMaxNameBytes && last_pending->id.level == level &&
+        last_pending->id.key.family == static_cast<char>(family) &&
+        last_pending->id.key.database == MyDatabaseId && last_pending->id.key.name[length] == '\0' &&
+        std::memcmp(last_pending->id.key.name, VARDATA_ANY(name), length) == 0)
+        return last_pending;
     PendingKey id;
     std::memset(&id, 0, sizeof id);
-    make_key(&id.key, MyDatabaseId, static_cast<char>(family), VARDATA_ANY(name),
-             VARSIZE_ANY_EXHDR(name));
-    id.level = GetCurrentTransactionNestLevel();
-    return enter_pending(id);
+    make_key(&id.key, MyDatabaseId, static_cast<char>(family), VARDATA_ANY(name), length);
+    id.level = level;
+    last_pending = enter_pending(id);
+    return last_pending;
 }
 
 void forget_pending() {
+    last_pending = nullptr;
     if (pending_any) {
         HASH_SEQ_STATUS scan;
         hash_seq_init(&scan, pending);
@@ -253,6 +266,7 @@ void apply_pending() {
 // The adjustments of subtransaction level `level` and deeper, copied out.
 Pending* take_level(int level, int* count) {
     *count = 0;
+    last_pending = nullptr;
     const long total = hash_get_num_entries(pending);
     auto* taken = static_cast<Pending*>(palloc(sizeof(Pending) * (total + 1)));
     HASH_SEQ_STATUS scan;
