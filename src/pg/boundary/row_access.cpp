@@ -225,13 +225,25 @@ void check_row(OpenTable* table, TupleTableSlot* row, CmdType command) {
     if (heap->rd_att->constr != nullptr) ExecConstraints(table->target, row, table->estate);
 }
 
-OpenTable open_to_read(Oid table_oid, Oid index) {
+namespace {
+
+OpenTable open_without_writes(Oid table_oid, Oid index, LOCKMODE lock) {
     OpenTable table{};
-    table.lock = AccessShareLock;
+    table.lock = lock;
     table.heap = table_open(table_oid, table.lock);
     table.index = index_to_find_by(&table, index);
     table.found = table_slot_create(table.heap, nullptr);
     return table;
+}
+
+}  // namespace
+
+OpenTable open_to_read(Oid table_oid, Oid index) {
+    return open_without_writes(table_oid, index, AccessShareLock);
+}
+
+OpenTable open_to_lock(Oid table_oid, Oid index) {
+    return open_without_writes(table_oid, index, RowShareLock);
 }
 
 OpenTable open_to_write(Oid table_oid, Oid index) {
@@ -285,6 +297,18 @@ bool find_row(OpenTable* table, const Datum* values, RowLock lock, bool new_step
     index_rescan(scan, table->keys, table->key_count, nullptr, 0);
     bool found = index_getnext_slot(scan, ForwardScanDirection, table->found);
     index_endscan(scan);
+    if (found && lock != RowLock::None) found = lock_found(table, lock);
+    if (!found) ExecClearTuple(table->found);
+    return found;
+}
+
+bool find_row_version(OpenTable* table, const ItemPointerData* tid, RowLock lock, bool new_step) {
+    if (new_step || !table->step_open) begin_step(table);
+    table->found_locked = false;
+    table->key_count = 0;  // no index key: the caller checks the row again
+    ItemPointerData version = *tid;
+    bool found =
+        table_tuple_fetch_row_version(table->heap, &version, GetActiveSnapshot(), table->found);
     if (found && lock != RowLock::None) found = lock_found(table, lock);
     if (!found) ExecClearTuple(table->found);
     return found;

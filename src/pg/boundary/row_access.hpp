@@ -59,6 +59,8 @@ struct OpenTable {
 // Opens `table` and `index` (the table's primary key when `index` is
 // InvalidOid) to read, or to write with its indexes.
 OpenTable open_to_read(Oid table, Oid index = InvalidOid);
+// ... to lock rows without changing them (as SELECT ... FOR UPDATE does).
+OpenTable open_to_lock(Oid table, Oid index = InvalidOid);
 OpenTable open_to_write(Oid table, Oid index = InvalidOid);
 // Fires what the writes queued (AFTER triggers) and closes everything;
 // the locks stay until the transaction ends, as a statement's do. The
@@ -79,6 +81,13 @@ enum class RowLock {
 // With `new_step` false, a later find of the same statement: it reads with
 // the step's snapshot (as one UPDATE of many rows does) instead of a new one.
 bool find_row(OpenTable* table, const Datum* values, RowLock lock, bool new_step = true);
+// Finds the row version `tid` as a TID scan does (when the step's snapshot
+// sees it), into table->found, and locks it as find_row does; there is no
+// index key to check a newer version against: the caller checks the row.
+// `tid` must be a version this transaction read from the table since it
+// opened it (the table's lock keeps VACUUM from truncating it away).
+bool find_row_version(OpenTable* table, const ItemPointerData* tid, RowLock lock,
+                      bool new_step = true);
 // Locks the row found without a lock (FOR NO KEY UPDATE, waiting): false
 // when it went away; table->found then holds its newest version.
 bool lock_found_row(OpenTable* table);

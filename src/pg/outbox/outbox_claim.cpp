@@ -12,7 +12,7 @@
 #include "pg/outbox/outbox_index.hpp"
 #include "pg/outbox/outbox_layout.hpp"
 #include "pg/outbox/outbox_ready_floor.hpp"
-#include "pg/boundary/spi.hpp"
+#include "pg/outbox/outbox_rows.hpp"
 
 extern "C" {
 #include "storage/itemptr.h"
@@ -39,31 +39,13 @@ extern "C" {
 // that have run out of attempts. Events held by another running
 // transaction are passed over without trying their lock (its xmax); the
 // others are locked by row version, SKIP LOCKED, oldest first and no more
-// than the batch still needs, and handed out by the same statement, which
-// rechecks that each is still ready and due. The claim itself is written at
+// than the batch still needs, each checked again once locked (still ready
+// and due), and handed out. The claim itself is written at
 // commit (outbox_held.hpp).
 
 namespace idem::pg {
 
 namespace {
-
-#define OUTBOX " @outbox@ "
-// Locks up to $4 of the candidates (the row versions read) that are still
-// ready and due, oldest first, and hands them out; none this transaction
-// holds ($5). The last column: whether the event was in flight with an
-// expired lease. Always a generic plan (a TID scan): a custom plan would
-// estimate ready_at <= $2 from the ready index's live end, walking the dead
-// entries there on every call.
-Statement kHandOut = {
-    "SELECT o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts + 1,"
-    "       o.enqueued_at, o.state = 'in_flight' FROM" OUTBOX "o"
-    " WHERE o.ctid = ANY ($1) AND o.ready_at IS NOT NULL AND o.ready_at <= $2"
-    "   AND (o.state = 'pending' OR (o.state = 'in_flight'"
-    "        AND o.attempts < COALESCE(o.max_attempts, $3)))"
-    "   AND o.id <> ALL ($5)"
-    " ORDER BY o.ready_at, o.id LIMIT $4 FOR NO KEY UPDATE OF o SKIP LOCKED",
-    5, {TIDARRAYOID, TIMESTAMPTZOID, INT4OID, INT4OID, INT8ARRAYOID}, nullptr, 0,
-    CURSOR_OPT_GENERIC_PLAN};
 
 constexpr long kMaxWindow = 8192;
 
@@ -104,11 +86,19 @@ bool before(const ReadyRow& a, const ReadyRow& b) {
 }
 
 
-// Locks and hands out up to `wanted` of the candidates; returns how many.
-std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions, int count,
-                       int wanted, HandedOut sink, void* context) {
-    return hand_out_candidates(kHandOut, request, now, versions, count, wanted, sink, context,
-                               nullptr);
+// Locks and hands out up to `wanted` of the candidates (directly:
+// pg/outbox/outbox_rows.hpp), and records the claims to write at commit;
+// returns how many.
+int hand_out(const ClaimRequest& request, Micros now, const ItemPointerData* tids, int count,
+             int wanted, HandedOut sink, void* context) {
+    auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (wanted + 1)));
+    auto* locked = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (wanted + 1)));
+    const int handed = lock_due_events(tids, count, wanted, now, request.max_attempts, sink,
+                                       context, ids, locked);
+    if (handed > 0)
+        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
+                    locked, handed);
+    return handed;
 }
 
 int compare_topics(const void* a, const void* b) {
@@ -163,7 +153,6 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
         source.after_id = 0;
         source.window = std::min<long>(kMaxWindow, batch + batch / 8 + 16);
     }
-    Datum* versions = static_cast<Datum*>(palloc(sizeof(Datum) * (batch + 1)));
     auto* tids = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (batch + 1)));
     Holders holders;
     int handed = 0;
@@ -196,13 +185,10 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
             if (oldest == nullptr || refill) break;
             const ReadyRow& row = oldest->rows[oldest->next++];
             if (held_by_other(&holders, row.xmax) || holds(row.id)) continue;
-            ItemPointerCopy(&row.ctid, &tids[count]);
-            versions[count] = PointerGetDatum(&tids[count]);
-            ++count;
+            ItemPointerCopy(&row.ctid, &tids[count++]);
         }
         if (count > 0)
-            handed += static_cast<int>(
-                hand_out(request, now, versions, count, wanted, sink, context));
+            handed += hand_out(request, now, tids, count, wanted, sink, context);
     }
     for (int i = 0; i < source_count; ++i)
         if (sources[i].read_any) scan_found(sources[i].topic, sources[i].start, sources[i].first_ready);
@@ -212,29 +198,6 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
 }
 
 }  // namespace
-
-std::uint64_t hand_out_candidates(Statement& hand_out, const ClaimRequest& request, Micros now,
-                                  Datum* versions, int count, int wanted, HandedOut sink,
-                                  void* context, Datum* last) {
-    Params params;
-    params.add(PointerGetDatum(construct_array(versions, count, TIDOID, sizeof(ItemPointerData),
-                                               false, TYPALIGN_SHORT)));
-    params.add_timestamp(now).add_int4(request.max_attempts).add_int4(wanted);
-    params.add(held_ids());
-    const std::uint64_t handed = execute(hand_out, params);
-    if (handed > 0) {
-        sink(handed, context);
-        auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * handed));
-        bool isnull = false;
-        for (std::uint64_t row = 0; row < handed; ++row)
-            ids[row] = DatumGetInt64(column(1, &isnull, row));
-        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
-                    static_cast<int>(handed));
-        if (last != nullptr) *last = column(1, &isnull, handed - 1);
-    }
-    SPI_freetuptable(SPI_tuptable);
-    return handed;
-}
 
 std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut sink,
                            void* context) {

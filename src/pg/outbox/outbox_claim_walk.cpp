@@ -139,11 +139,39 @@ bool is_candidate(OutboxKeySet keys, Holders* holders, std::uint64_t row) {
     return due && in_flight && !earlier_in_flight;
 }
 
-// Hands out up to `wanted` of the candidates (row versions); returns how
-// many, and in *last the greatest id handed out.
+// Hands out up to `wanted` of the candidates (row versions) with kHandOut,
+// passes them to `sink`, records the claims to write at commit
+// (outbox_held.hpp); returns how many, and in *last the greatest id handed
+// out.
 std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions, int count,
                        int wanted, HandedOut sink, void* context, Datum* last) {
-    return hand_out_candidates(kHandOut, request, now, versions, count, wanted, sink, context, last);
+    Params params;
+    params.add(PointerGetDatum(construct_array(versions, count, TIDOID, sizeof(ItemPointerData),
+                                               false, TYPALIGN_SHORT)));
+    params.add_timestamp(now).add_int4(request.max_attempts).add_int4(wanted);
+    params.add(held_ids());
+    const std::uint64_t handed = execute(kHandOut, params);
+    if (handed > 0) {
+        for (std::uint64_t row = 0; row < handed; ++row) {
+            HandedOutEvent event;
+            for (int i = 0; i < HandedOutEvent::kColumns; ++i)
+                event.values[i] = column(i + 1, &event.nulls[i], row);
+            bool isnull = false;
+            event.lease_ran_out =
+                DatumGetBool(column(HandedOutEvent::kColumns + 1, &isnull, row));
+            sink(event, context);
+        }
+        auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * handed));
+        bool isnull = false;
+        for (std::uint64_t row = 0; row < handed; ++row)
+            ids[row] = DatumGetInt64(column(1, &isnull, row));
+        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
+                    nullptr,
+                    static_cast<int>(handed));
+        if (last != nullptr) *last = column(1, &isnull, handed - 1);
+    }
+    SPI_freetuptable(SPI_tuptable);
+    return handed;
 }
 
 }  // namespace

@@ -105,18 +105,12 @@ struct HandedOutEvents {
     std::uint64_t expired;  // of them, handed out again after a lease ran out
 };
 
-void put_handed_out(std::uint64_t count, void* context) {
+void put_handed_out(const HandedOutEvent& event, void* context) {
     HandedOutEvents* out = static_cast<HandedOutEvents*>(context);
-    constexpr int kDeliveryColumns = 8;
-    for (std::uint64_t row = 0; row < count; ++row) {
-        Datum values[kDeliveryColumns];
-        bool nulls[kDeliveryColumns];
-        for (int i = 0; i < kDeliveryColumns; ++i) values[i] = column(i + 1, &nulls[i], row);
-        tuplestore_putvalues(out->rsinfo->setResult, out->rsinfo->setDesc, values, nulls);
-        bool isnull = false;
-        if (DatumGetBool(column(kDeliveryColumns + 1, &isnull, row))) ++out->expired;
-        count_event_claimed(DatumGetTextPP(values[1]), DatumGetInt32(values[6]));
-    }
+    tuplestore_putvalues(out->rsinfo->setResult, out->rsinfo->setDesc,
+                         const_cast<Datum*>(event.values), const_cast<bool*>(event.nulls));
+    if (event.lease_ran_out) ++out->expired;
+    count_event_claimed(DatumGetTextPP(event.values[1]), DatumGetInt32(event.values[6]));
 }
 
 Datum claim_body(FunctionCallInfo fcinfo) {
@@ -151,10 +145,11 @@ std::uint64_t ack_held_and_others(const Datum* ids, int count, Micros now) {
     Datum* held = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     Datum* relays = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     Datum* others = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
+    auto* versions = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (count + 1)));
     int held_count = 0;
     int other_count = 0;
     for (int i = 0; i < count; ++i) {
-        if (const text* relay = settle_held(DatumGetInt64(ids[i]))) {
+        if (const text* relay = settle_held(DatumGetInt64(ids[i]), &versions[held_count])) {
             relays[held_count] = PointerGetDatum(relay);
             held[held_count++] = ids[i];
         } else {
@@ -162,7 +157,7 @@ std::uint64_t ack_held_and_others(const Datum* ids, int count, Micros now) {
         }
     }
     std::uint64_t changed = 0;
-    if (held_count > 0) changed += ack_held_events(held, relays, held_count, now);
+    if (held_count > 0) changed += ack_held_events(held, relays, versions, held_count, now);
     if (other_count > 0) changed += ack_events(others, other_count, now);
     return changed;
 }

@@ -22,6 +22,7 @@ namespace {
 struct HeldEvent {
     std::int64_t id;  // the hash key: first member
     int write;        // index into writes
+    ItemPointerData version;  // the row version the claim locked (invalid: not known)
     // The subtransaction whose lock holds the event, and the one whose ack
     // or nack settled it (none while held): a rolled-back subtransaction
     // takes back what it did, a committed one hands it to its parent.
@@ -143,7 +144,8 @@ void on_subtransaction_event(SubXactEvent event, SubTransactionId mine, SubTrans
 
 }  // namespace
 
-void hold_events(const ClaimWrite& write, const std::int64_t* ids, int count) {
+void hold_events(const ClaimWrite& write, const std::int64_t* ids, const ItemPointerData* versions,
+                 int count) {
     if (count == 0) return;
     if (held == nullptr) {
         HASHCTL control;
@@ -170,6 +172,10 @@ void hold_events(const ClaimWrite& write, const std::int64_t* ids, int count) {
         // handed out, which delivers it again, never loses it.
         if (!found || entry->settled_in != InvalidSubTransactionId) ++unsettled;
         entry->write = index;
+        if (versions != nullptr)
+            ItemPointerCopy(&versions[i], &entry->version);
+        else
+            ItemPointerSetInvalid(&entry->version);
         entry->locked_in = current;
         entry->settled_in = InvalidSubTransactionId;
     }
@@ -188,9 +194,10 @@ bool holds(std::int64_t id) {
     return entry != nullptr && entry->settled_in == InvalidSubTransactionId;
 }
 
-const text* settle_held(std::int64_t id) {
+const text* settle_held(std::int64_t id, ItemPointerData* version) {
     HeldEvent* entry = find(id);
     if (entry == nullptr || entry->settled_in != InvalidSubTransactionId) return nullptr;
+    if (version != nullptr) ItemPointerCopy(&entry->version, version);
     entry->settled_in = GetCurrentSubTransactionId();
     --unsettled;
     return writes[entry->write].relay;

@@ -24,8 +24,10 @@ struct ClaimWrite {
 };
 
 // Records that this transaction holds the events `ids` (locked by the
-// current subtransaction) for the claim `write`, run as the current user.
-void hold_events(const ClaimWrite& write, const std::int64_t* ids, int count);
+// current subtransaction) for the claim `write`, run as the current user;
+// `versions`, when given, are the row versions it locked.
+void hold_events(const ClaimWrite& write, const std::int64_t* ids, const ItemPointerData* versions,
+                 int count);
 
 // Whether this transaction holds any event that no ack or nack settled.
 bool holds_any();
@@ -35,8 +37,9 @@ const text* held_relay(std::int64_t id);
 bool holds(std::int64_t id);
 // Settles event `id` if this transaction holds it: returns the relay that
 // claimed it (the caller writes the claim's changes with its own), or null
-// when the event was not held.
-const text* settle_held(std::int64_t id);
+// when the event was not held. *version, when asked for, gets the row
+// version the claim locked (invalid when not known).
+const text* settle_held(std::int64_t id, ItemPointerData* version = nullptr);
 
 // The held, unsettled events' ids as a bigint[] (empty when none).
 Datum held_ids();

@@ -90,11 +90,24 @@ int in_id_order(const Datum* ids, int count, int* order) {
     return kept;
 }
 
+// Whether the row version `version` (a version this transaction locked) is
+// what the statement's snapshot sees of event `id`: then it is the row
+// found, without a look in the primary key.
+bool find_known_version(OpenTable* table, const ItemPointerData* version, Datum id,
+                        const OutboxColumns& at) {
+    if (version == nullptr || !ItemPointerIsValid(version)) return false;
+    if (!find_row_version(table, version, RowLock::None, false)) return false;
+    Datum found_id = 0;
+    return has_value(table->found, at.id, &found_id) && DatumGetInt64(found_id) == DatumGetInt64(id);
+}
+
 // Changes the events of `ids` in one UPDATE: `applies(found, at)` is its
 // WHERE clause beyond the id, `write(i, row, at, setting)` its SET list for
-// the event ids[i]; each row changed goes to note_changed.
+// the event ids[i]; each row changed goes to note_changed. `versions`, when
+// given, are row versions to try first (one per id).
 template <typename Applies, typename Write>
-ChangedEvents change_events(const Datum* ids, int count, Applies applies, Write write) {
+ChangedEvents change_events(const Datum* ids, const ItemPointerData* versions, int count,
+                            Applies applies, Write write) {
     ChangedEvents changed = no_changes(count);
     int* order = static_cast<int*>(palloc(sizeof(int) * (count + 1)));
     const int events = in_id_order(ids, count, order);
@@ -105,7 +118,9 @@ ChangedEvents change_events(const Datum* ids, int count, Applies applies, Write 
     begin_statement(&table, CMD_UPDATE);
     for (int n = 0; n < events; ++n) {
         const int i = order[n];
-        if (!find_row(&table, &ids[i], RowLock::None, false)) continue;
+        if (!find_known_version(&table, versions != nullptr ? &versions[i] : nullptr, ids[i], at) &&
+            !find_row(&table, &ids[i], RowLock::None, false))
+            continue;
         for (;;) {
             if (!applies(table.found, at)) break;
             TupleTableSlot* row = changed_row(&table);
@@ -120,7 +135,53 @@ ChangedEvents change_events(const Datum* ids, int count, Applies applies, Write 
     return changed;
 }
 
+// Whether the event in `row` is ready and due at `now`: pending, or in
+// flight with attempts left under its cap (`max_attempts` when it has none).
+bool ready_and_due(TupleTableSlot* row, const OutboxColumns& at, Micros now, int max_attempts) {
+    Datum ready_at = 0;
+    if (!has_value(row, at.ready_at, &ready_at) || DatumGetTimestampTz(ready_at) > now)
+        return false;
+    if (state_is(row, at, at.pending)) return true;
+    if (!state_is(row, at, at.in_flight)) return false;
+    Datum cap = 0;
+    return attempts_of(row, at) <
+           (has_value(row, at.max_attempts, &cap) ? DatumGetInt32(cap) : max_attempts);
+}
+
+// The event's outbox_delivery columns: id, topic, key, payload, headers,
+// dedup_key, the attempt it is handed out for, enqueued_at.
+HandedOutEvent delivery_of(TupleTableSlot* row, const OutboxColumns& at) {
+    HandedOutEvent event;
+    const AttrNumber columns[HandedOutEvent::kColumns] = {
+        at.id, at.topic, at.key, at.payload, at.headers, at.dedup_key, at.attempts, at.enqueued_at};
+    for (int i = 0; i < HandedOutEvent::kColumns; ++i)
+        event.values[i] = slot_getattr(row, columns[i], &event.nulls[i]);
+    event.values[6] = Int32GetDatum(attempts_of(row, at) + 1);
+    event.nulls[6] = false;
+    event.lease_ran_out = state_is(row, at, at.in_flight);
+    return event;
+}
+
 }  // namespace
+
+int lock_due_events(const ItemPointerData* tids, int count, int wanted, Micros now,
+                    int max_attempts, HandedOut take, void* context, std::int64_t* ids,
+                    ItemPointerData* locked) {
+    OpenTable table = open_to_lock(extension_objects().outbox);
+    const OutboxColumns& at = outbox_columns(table.heap);
+    int handed = 0;
+    // One statement: every version is read with its snapshot.
+    for (int i = 0; i < count && handed < wanted; ++i) {
+        if (!find_row_version(&table, &tids[i], RowLock::ForUpdateIfFree, i == 0)) continue;
+        if (!ready_and_due(table.found, at, now, max_attempts)) continue;
+        const HandedOutEvent event = delivery_of(table.found, at);
+        take(event, context);
+        ItemPointerCopy(&table.found->tts_tid, &locked[handed]);
+        ids[handed++] = DatumGetInt64(event.values[0]);
+    }
+    close_table(&table);
+    return handed;
+}
 
 InsertedEvent insert_new_event(const NewEvent& event, Micros now, std::int64_t id, bool head) {
     OpenTable table = open_to_write(extension_objects().outbox);
@@ -145,10 +206,11 @@ InsertedEvent insert_new_event(const NewEvent& event, Micros now, std::int64_t i
     return inserted;
 }
 
-ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, int count, Micros now) {
+ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, const ItemPointerData* versions,
+                        int count, Micros now) {
     const Datum stamp = TimestampTzGetDatum(now);
     return change_events(
-        ids, count,
+        ids, versions, count,
         [relays](TupleTableSlot* found, const OutboxColumns& at) {
             if (relays != nullptr)
                 return state_is(found, at, at.pending) || state_is(found, at, at.in_flight);
@@ -171,7 +233,7 @@ ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, int count, Micros
 void write_claims_by_id(const Datum* ids, const Datum* lease_untils, const Datum* relays,
                         const Datum* claimed_ats, const Datum* max_attempts, int count) {
     (void)change_events(
-        ids, count,
+        ids, nullptr, count,
         [](TupleTableSlot* found, const OutboxColumns& at) {
             return state_is(found, at, at.pending) || state_is(found, at, at.in_flight);
         },

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "pg/boundary/postgres.hpp"
+#include "pg/outbox/outbox_claim.hpp"
 #include "pg/outbox/outbox_heads.hpp"
 #include "pg/outbox/outbox_store.hpp"
 
@@ -42,15 +43,29 @@ struct ChangedEvents {
 // Acks events: delivered `now`, their lease and ready place gone. With
 // `relays` (one per id: events this transaction holds, their claim not yet
 // written) the claim's changes go with it (one more attempt, the relay)
-// for an event pending or in flight; without, an event is acked when in
-// flight, or pending after an attempt (a late ack after its lease ran
-// out: the event was delivered).
-ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, int count, Micros now);
+// for an event pending or in flight, and `versions` are the row versions
+// the claims locked (each tried before the primary key; invalid: not
+// known); without, an event is acked when in flight, or pending after an
+// attempt (a late ack after its lease ran out: the event was delivered).
+ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, const ItemPointerData* versions,
+                        int count, Micros now);
 
 // The claims' writes of events pending or in flight: in flight, one more
 // attempt, the claim's lease (and ready place: due again when it ends),
 // relay, time and attempt cap; each argument one per id.
 void write_claims_by_id(const Datum* ids, const Datum* lease_untils, const Datum* relays,
                         const Datum* claimed_ats, const Datum* max_attempts, int count);
+
+// Locks up to `wanted` of the row versions `tids` (read from the outbox by
+// this transaction, oldest ready first) whose events are still ready and
+// due, in that order, passes each to `take`, its id to `ids` and the
+// version locked to `locked`; returns how many. As SELECT ... WHERE ctid = ANY (tids) AND ready_at <= now AND
+// <pending, or in flight with attempts left> ORDER BY ready_at, id LIMIT
+// wanted FOR NO KEY UPDATE SKIP LOCKED does: a version no longer visible
+// is passed over, so is an event another transaction holds, and under
+// READ COMMITTED an event changed since is decided on its newest version.
+int lock_due_events(const ItemPointerData* tids, int count, int wanted, Micros now,
+                    int max_attempts, HandedOut take, void* context, std::int64_t* ids,
+                    ItemPointerData* locked);
 
 }  // namespace idem::pg

@@ -236,7 +236,7 @@ std::uint64_t acked(const ChangedEvents& changed, Micros now) {
 }  // namespace
 
 std::uint64_t ack_events(const Datum* ids, int count, Micros now) {
-    return acked(ack_by_id(ids, nullptr, count, now), now);
+    return acked(ack_by_id(ids, nullptr, nullptr, count, now), now);
 }
 
 void write_claims(const ClaimedEvents& events) {
@@ -244,8 +244,9 @@ void write_claims(const ClaimedEvents& events) {
                        events.max_attempts, events.count);
 }
 
-std::uint64_t ack_held_events(const Datum* ids, const Datum* relays, int count, Micros now) {
-    return acked(ack_by_id(ids, relays, count, now), now);
+std::uint64_t ack_held_events(const Datum* ids, const Datum* relays,
+                              const ItemPointerData* versions, int count, Micros now) {
+    return acked(ack_by_id(ids, relays, versions, count, now), now);
 }
 
 bool lock_event(std::int64_t id, EventState* out) {

@@ -44,9 +44,10 @@ struct ClaimedEvents {
 };
 // Writes the claims: in flight, one more attempt, the lease and the relay.
 void write_claims(const ClaimedEvents& events);
-// Acks held events (ids, with the relay that claimed each), writing their
-// claims with the delivery.
-std::uint64_t ack_held_events(const Datum* ids, const Datum* relays, int count, Micros now);
+// Acks held events (ids, with the relay that claimed each and the row
+// version it locked), writing their claims with the delivery.
+std::uint64_t ack_held_events(const Datum* ids, const Datum* relays,
+                              const ItemPointerData* versions, int count, Micros now);
 
 struct EventState {
     Datum state;  // outbox_state enum value
