@@ -2,11 +2,11 @@
 -- baselines.sql, which creates schema bench): the tables a user would write
 -- for a transactional outbox without the extension.
 --
---   bench.outbox     the same columns, fillfactor and indexes as
---                    idempotency.outbox: what a relay that keeps per-key
+--   bench.outbox     the same columns, storage parameters (fillfactor,
+--                    autovacuum) and indexes as idempotency.outbox: what a relay that keeps per-key
 --                    order, leases and retention needs. run.sh checks that
 --                    its index definitions still match the extension's.
---   bench.outbox_pk  the same columns and fillfactor, only the primary key:
+--   bench.outbox_pk  the same columns and storage parameters, only the primary key:
 --                    the cheapest possible INSERT, labelled as such.
 --   bench.floor_outbox  the physical floor of an outbox: an event (topic,
 --                    key, payload), its primary key and one partial index on
@@ -41,7 +41,7 @@ CREATE TABLE bench.outbox (
     max_attempts int,
     ready_at     timestamptz,
     key_seq      bigint
-) WITH (fillfactor = 80);
+) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
 
 CREATE INDEX outbox_ready ON bench.outbox (topic, ready_at, id)
     WHERE ready_at IS NOT NULL;
@@ -77,7 +77,7 @@ CREATE TABLE bench.outbox_pk (
     max_attempts int,
     ready_at     timestamptz,
     key_seq      bigint
-) WITH (fillfactor = 80);
+) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
 
 CREATE TABLE bench.floor_outbox (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -608,7 +608,7 @@ EOF
     echo "outbox enqueue: outbox_enqueue('orders', payload, key) against an INSERT of the same row" \
         "(keys from 1000 values, small jsonb payload, one event per transaction);" \
         "${seconds}s per run, $outbox_rounds round(s) (median), pgbench -M prepared"
-    echo "  plain INSERT: bench.outbox, the same columns, fillfactor and indexes as idempotency.outbox"
+    echo "  plain INSERT: bench.outbox, the same columns, storage parameters and indexes as idempotency.outbox"
     echo "  INSERT, PK only: bench.outbox_pk, the same columns, only the primary key (not usable by a relay)"
     echo "  floor INSERT: bench.floor_outbox, an event with its primary key and one partial index on unpublished ids"
     echo "  outbox_notify = off: the producers' sessions skip the NOTIFY on commit (relays then poll)"
@@ -623,7 +623,7 @@ EOF
             "of the same row (keys from 1000 values, small jsonb payload), one event per transaction;" \
             "pgbench -n -M prepared -T $seconds, median of $outbox_rounds round(s), tables truncated" \
             "and a checkpoint before every run. *plain INSERT*: \`bench.outbox\`, the same columns," \
-            "fillfactor and indexes as \`idempotency.outbox\`. *INSERT, PK only*: \`bench.outbox_pk\`," \
+            "storage parameters (fillfactor, autovacuum) and indexes as \`idempotency.outbox\`. *INSERT, PK only*: \`bench.outbox_pk\`," \
             "the same columns with only the primary key (the floor of an INSERT, not an outbox a" \
             "relay could work from). *floor INSERT*: \`bench.floor_outbox\`, the physical floor of an" \
             "outbox: topic, key and payload with a primary key and one partial index on the ids not yet" \
