@@ -43,7 +43,7 @@
 #              HOT updates at the start, middle and end of an
 #              enqueue/claim/ack run, and of idempotency.idempotency_keys
 #              under claim/complete, with the background workers purging
-#              (idempotency.naptime 1s, outbox_retention and retention 5s,
+#              (idempotency.naptime and purge_naptime 1s, outbox_retention and retention 5s,
 #              autovacuum_naptime BENCH_CHURN_AUTOVACUUM_NAPTIME), the sizes
 #              sampled every second against a fresh copy of the live rows
 #   idle       test/bench/idle.sh: the CPU an idle cluster spends with 1, 10
@@ -1006,10 +1006,11 @@ churn_verdict() {
 }
 
 if want churn; then
-    log "churn: retention of delivered events and completed keys 5s, the background workers purge (naptime 1s)"
+    log "churn: retention of delivered events and completed keys 5s, the background workers purge (naptime and purge_naptime 1s)"
     psql_bench -c "ALTER SYSTEM SET idempotency.outbox_retention = '5s'" \
         -c "ALTER SYSTEM SET idempotency.retention = '5s'" \
         -c "ALTER SYSTEM SET idempotency.naptime = '1s'" \
+        -c "ALTER SYSTEM SET idempotency.purge_naptime = '1s'" \
         -c "ALTER SYSTEM SET autovacuum_naptime = '$churn_autovacuum_naptime'" \
         -c "SELECT pg_reload_conf()" >/dev/null || failures=$((failures + 1))
     psql_bench -c "TRUNCATE idempotency.outbox, idempotency.idempotency_keys" >/dev/null
@@ -1036,6 +1037,7 @@ if want churn; then
 
     psql_bench -c "ALTER SYSTEM RESET idempotency.outbox_retention" \
         -c "ALTER SYSTEM RESET idempotency.retention" -c "ALTER SYSTEM RESET idempotency.naptime" \
+        -c "ALTER SYSTEM RESET idempotency.purge_naptime" \
         -c "ALTER SYSTEM RESET autovacuum_naptime" \
         -c "SELECT pg_reload_conf()" >/dev/null
 
@@ -1047,7 +1049,7 @@ set y2label 'dead tuples'
 set y2tics
 set y2range [0:*]
 set ytics nomirror
-set multiplot layout 1,2 title 'size under steady churn, background workers purging (retention 5s, naptime 1s)'
+set multiplot layout 1,2 title 'size under steady churn, background workers purging (retention 5s, naptime and purge_naptime 1s)'
 set title 'idempotency.outbox ($producers producers, $churn_relays relays)'
 plot '$bench_dir/churn_outbox.tsv' using 1:2 with lines lw 2 title 'total with indexes, kB', '' using 1:3 with lines lw 2 title 'heap, kB', '' using 1:6 with points pt 7 title 'fresh copy of the live rows, kB', '' using 1:5 axes x1y2 with lines dt 2 title 'n_dead_tup (right)'
 set title 'idempotency.idempotency_keys ($producers clients claim + complete)'
@@ -1072,7 +1074,7 @@ EOF
     keys_load+=" (${keys_tps_1:-?} keys/s), the background worker purging"
     echo
     echo "storage under churn: ${churn_seconds}s per table, samples at the start, middle and end;" \
-        "idempotency.outbox_retention = idempotency.retention = 5s, idempotency.naptime = 1s," \
+        "idempotency.outbox_retention = idempotency.retention = 5s, idempotency.naptime = idempotency.purge_naptime = 1s," \
         "autovacuum_naptime = $churn_autovacuum_naptime (ALTER SYSTEM);" \
         "the background workers purge (no idem_maintenance() calls)"
     echo "idempotency.outbox: $outbox_load"
@@ -1091,7 +1093,7 @@ EOF
         echo
         echo "${churn_seconds}s per table, sampled at the start, middle and end;" \
             "\`idempotency.outbox_retention\` and \`idempotency.retention\` set to 5s with ALTER SYSTEM," \
-            "\`idempotency.naptime\` 1s: the background workers expire and purge (the benchmark" \
+            "\`idempotency.naptime\` and \`idempotency.purge_naptime\` 1s: the background workers expire and purge (the benchmark" \
             "calls no \`idem_maintenance()\`)," \
             "\`autovacuum_naptime\` $churn_autovacuum_naptime (ALTER SYSTEM; a queue table needs its dead rows" \
             "vacuumed more often than once a minute), autovacuum's other settings default." \
