@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include "core/cpp_only.hpp"
+#include "core/retry.hpp"
 
 namespace idem {
 
@@ -26,7 +27,7 @@ ClaimDecision decide_claim(const KeyState& key, bool fingerprint_conflict, Micro
         case Status::Processing:
             if (key.lease_until && *key.lease_until > now)
                 return answer(Outcome::InProgress, *key.lease_until - now);
-            if (key.attempts >= key.max_attempts.value_or(max_attempts))
+            if (!attempts_left(key.attempts, key.max_attempts, max_attempts))
                 return ClaimDecision{Outcome::Failed, ClaimAction::ExpireToFinal, std::nullopt, false};
             return ClaimDecision{Outcome::Claimed, ClaimAction::Grant, std::nullopt, true};
         case Status::Completed:

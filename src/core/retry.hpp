@@ -20,6 +20,15 @@ struct RetryPolicy {
 // so that workers that failed together do not retry together.
 Micros backoff_delay(std::int32_t attempts, Micros base_delay, Micros max_delay, double jitter);
 
+// Whether work attempted `attempts` times may be attempted again: fewer
+// than the cap its claim recorded, or `default_cap` (the current caller's)
+// when it recorded none. The same rule for a key's expired lease and an
+// outbox event's.
+inline bool attempts_left(std::int32_t attempts, std::optional<std::int32_t> recorded_cap,
+                          int default_cap) {
+    return attempts < recorded_cap.value_or(default_cap);
+}
+
 struct FailDecision {
     Status next;                    // FailedRetryable or FailedFinal
     std::optional<Micros> delay;    // until the next claim, for FailedRetryable

@@ -1,4 +1,4 @@
-// backoff_delay, decide_fail and decide_release against the rules of
+// backoff_delay, attempts_left, decide_fail and decide_release against the rules of
 // idem_fail and idem_release: exponential backoff from retry_base_delay,
 // capped at retry_max_delay, with jitter; the dead letter; the attempt given
 // back by a release.
@@ -148,6 +148,20 @@ TEST(BackoffDelay, JitterOutsideItsRangeStaysInBounds) {
         EXPECT_GE(got, 2 * kSecond) << jitter;
         EXPECT_LE(got, 4 * kSecond) << jitter;
     }
+}
+
+// ----------------------------------------------------------- attempts_left
+
+TEST(AttemptsLeft, TheRecordedCapWinsOverTheCallersOne) {
+    EXPECT_TRUE(attempts_left(2, 3, 1));
+    EXPECT_FALSE(attempts_left(3, 3, 10));
+    EXPECT_FALSE(attempts_left(4, 3, 10));
+}
+
+TEST(AttemptsLeft, WithoutARecordedCapTheCallersOneApplies) {
+    EXPECT_TRUE(attempts_left(0, std::nullopt, 1));
+    EXPECT_FALSE(attempts_left(1, std::nullopt, 1));
+    EXPECT_TRUE(attempts_left(9, std::nullopt, 10));
 }
 
 // ------------------------------------------------------------- decide_fail

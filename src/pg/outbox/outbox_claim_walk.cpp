@@ -152,22 +152,19 @@ std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions,
     params.add(held_ids());
     const std::uint64_t handed = execute(kHandOut, params);
     if (handed > 0) {
+        auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * handed));
+        bool isnull = false;
         for (std::uint64_t row = 0; row < handed; ++row) {
             HandedOutEvent event;
             for (int i = 0; i < HandedOutEvent::kColumns; ++i)
                 event.values[i] = column(i + 1, &event.nulls[i], row);
-            bool isnull = false;
             event.lease_ran_out =
                 DatumGetBool(column(HandedOutEvent::kColumns + 1, &isnull, row));
             sink(event, context);
+            ids[row] = DatumGetInt64(event.values[0]);
         }
-        auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * handed));
-        bool isnull = false;
-        for (std::uint64_t row = 0; row < handed; ++row)
-            ids[row] = DatumGetInt64(column(1, &isnull, row));
         hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
-                    nullptr,
-                    static_cast<int>(handed));
+                    nullptr, static_cast<int>(handed));
         if (last != nullptr) *last = column(1, &isnull, handed - 1);
     }
     SPI_freetuptable(SPI_tuptable);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/retry.hpp"
 #include "pg/boundary/extension_objects.hpp"
 #include "pg/boundary/text_bytes.hpp"
 #include "pg/outbox/outbox_store.hpp"
@@ -213,7 +214,10 @@ int read_ready(const text* topic, Micros from, Micros after_at, std::int64_t aft
              if (!pending) {
                  const std::int32_t attempts = DatumGetInt32(attribute(slot, l.attempts, &isnull));
                  const Datum cap = attribute(slot, l.max_attempts, &isnull);
-                 if (attempts >= (isnull ? max_attempts : DatumGetInt32(cap))) return true;
+                 if (!attempts_left(attempts,
+                                    isnull ? std::nullopt : std::optional<std::int32_t>(DatumGetInt32(cap)),
+                                    max_attempts))
+                     return true;
              }
              ReadyRow& row = out[count++];
              row.id = id;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/retry.hpp"
 #include "pg/boundary/extension_objects.hpp"
 #include "pg/boundary/row_access.hpp"
 #include "pg/outbox/outbox_layout.hpp"
@@ -144,8 +145,11 @@ bool ready_and_due(TupleTableSlot* row, const OutboxColumns& at, Micros now, int
     if (state_is(row, at, at.pending)) return true;
     if (!state_is(row, at, at.in_flight)) return false;
     Datum cap = 0;
-    return attempts_of(row, at) <
-           (has_value(row, at.max_attempts, &cap) ? DatumGetInt32(cap) : max_attempts);
+    return attempts_left(attempts_of(row, at),
+                         has_value(row, at.max_attempts, &cap)
+                             ? std::optional<std::int32_t>(DatumGetInt32(cap))
+                             : std::nullopt,
+                         max_attempts);
 }
 
 // The event's outbox_delivery columns: id, topic, key, payload, headers,

@@ -141,8 +141,8 @@ bool pending_any = false;
 Oid pending_tables[2] = {InvalidOid, InvalidOid};
 TransactionId committing_xid = InvalidTransactionId;
 // The entry the last adjustment went to: a claim or an ack adjusts one
-// topic's counts once per event, and a key of 268 bytes is hashed for each
-// lookup. Forgotten whenever entries are removed.
+// topic's counts once per event, and comparing a key of 268 bytes costs
+// less than hashing it for a lookup. Forgotten whenever entries are removed.
 Pending* last_pending = nullptr;
 
 Pending* enter_pending(const PendingKey& id) {
@@ -172,19 +172,14 @@ Pending* pending_entry(GaugeFamily family, const text* name) {
         pending_tables[0] = objects.keys;
         pending_tables[1] = objects.outbox;
     }
-    const int level = GetCurrentTransactionNestLevel();
-    const std::size_t length = VARSIZE_ANY_EXHDR(name);
-    // Names are zero-padded and hold no zero byte (text cannot).
-    if (last_pending != nullptr && length <= kMaxNameBytes && last_pending->id.level == level &&
-        last_pending->id.key.family == static_cast<char>(family) &&
-        last_pending->id.key.database == MyDatabaseId && last_pending->id.key.name[length] == '\0' &&
-        std::memcmp(last_pending->id.key.name, VARDATA_ANY(name), length) == 0)
-        return last_pending;
     PendingKey id;
     std::memset(&id, 0, sizeof id);
-    make_key(&id.key, MyDatabaseId, static_cast<char>(family), VARDATA_ANY(name), length);
-    id.level = level;
-    last_pending = enter_pending(id);
+    make_key(&id.key, MyDatabaseId, static_cast<char>(family), VARDATA_ANY(name),
+             VARSIZE_ANY_EXHDR(name));
+    id.level = GetCurrentTransactionNestLevel();
+    // Keys are zeroed before they are filled: they compare as bytes.
+    if (last_pending == nullptr || std::memcmp(&last_pending->id, &id, sizeof id) != 0)
+        last_pending = enter_pending(id);
     return last_pending;
 }
 
