@@ -1,16 +1,23 @@
 // idem-relay: delivers the idempotency extension's outbox events to a sink.
-// Wiring only: options, sink, database, delivery threads, metrics, the loop.
+// Wiring only: options, sink, the lanes (a connection, delivery threads and
+// a loop each), metrics.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <curl/curl.h>
 
 #include "relay/database.hpp"
 #include "relay/exit_status.hpp"
+#include "relay/lanes.hpp"
 #include "relay/log.hpp"
 #include "relay/metrics_server.hpp"
 #include "relay/options.hpp"
+#include "relay/progress.hpp"
 #include "relay/relay.hpp"
 #include "relay/signals.hpp"
 #include "relay/sink.hpp"
@@ -34,6 +41,21 @@ std::string joined(const std::vector<std::string>& items) {
     return out.empty() ? "every topic" : out;
 }
 
+// One lane (lanes.hpp): its options (a share of --max-in-flight-bytes), wake
+// pipe, connection, delivery threads and loop.
+struct Lane {
+    explicit Lane(const idem::relay::Options& whole) : options(whole), db(options) {
+        options.max_in_flight_bytes =
+            std::max<std::int64_t>(1024, whole.max_in_flight_bytes / whole.connections);
+    }
+    idem::relay::Options options;
+    idem::relay::WakePipe wake;
+    idem::relay::Database db;
+    std::unique_ptr<idem::relay::WorkerPool> pool;
+    std::unique_ptr<idem::relay::Relay> relay;
+    int code = 0;
+};
+
 int run(const idem::relay::Options& options) {
     using namespace idem::relay;
     set_log_name(options.relay);
@@ -45,23 +67,32 @@ int run(const idem::relay::Options& options) {
         return kExitUsage;
     }
 
-    WakePipe wake;
-    if (!wake.ok()) {
-        log_error("cannot create a pipe");
-        return kExitFailure;
+    std::vector<std::unique_ptr<Lane>> lanes;
+    std::vector<const WakePipe*> wakes;
+    for (int i = 0; i < options.connections; ++i) {
+        lanes.push_back(std::make_unique<Lane>(options));
+        if (!lanes.back()->wake.ok()) {
+            log_error("cannot create a pipe");
+            return kExitFailure;
+        }
+        wakes.push_back(&lanes.back()->wake);
     }
-    install_signal_handlers(wake);
+    install_signal_handlers(wakes);
 
-    Database db(options);
-    const DbStatus status = db.connect(&error);
-    if (status != DbStatus::Ok) {
-        log_error("cannot connect to the database: %s", error.c_str());
-        return kExitFailure;
+    for (std::size_t i = 0; i < lanes.size(); ++i) {
+        const DbStatus status = lanes[i]->db.connect(&error);
+        if (status != DbStatus::Ok) {
+            if (lanes.size() == 1)
+                log_error("cannot connect to the database: %s", error.c_str());
+            else
+                log_error("cannot connect to the database (connection %zu of %zu): %s", i + 1,
+                          lanes.size(), error.c_str());
+            return kExitFailure;
+        }
     }
 
     Stats stats;
-    stats.connected = true;
-    // Helper threads never take SIGTERM/SIGINT: the loop's poll() does.
+    // Helper threads never take SIGTERM/SIGINT: the main thread's does.
     block_stop_signals(true);
     MetricsServer metrics(stats, options.relay);
     if (options.metrics && !metrics.start(options.metrics_host, options.metrics_port, &error)) {
@@ -69,12 +100,22 @@ int run(const idem::relay::Options& options) {
         log_error("%s", error.c_str());
         return kExitFailure;
     }
-    WorkerPool pool(*target, options.parallel, wake, stats);
-    block_stop_signals(false);
+    LaneGroup group;
+    ProgressLine progress(Clock::now());
+    for (std::size_t i = 0; i < lanes.size(); ++i) {
+        Lane& lane = *lanes[i];
+        group.add(lane.wake);
+        lane.pool = std::make_unique<WorkerPool>(*target, options.parallel, lane.wake, stats);
+        lane.relay = std::make_unique<Relay>(lane.options, lane.db, *lane.pool, *target, stats,
+                                             lane.wake, group, i == 0 ? &progress : nullptr);
+    }
 
-    log_info("delivering %s to %s (batch %d, lease %lld ms, parallel %d%s)%s",
+    log_info("delivering %s to %s (batch %d, lease %lld ms, parallel %d%s%s)%s",
              joined(options.topics).c_str(), target->describe().c_str(), options.batch,
              static_cast<long long>(options.lease.count()), options.parallel,
+             options.connections > 1
+                 ? (", connections " + std::to_string(options.connections)).c_str()
+                 : "",
              options.once ? ", once" : "",
              options.metrics
                  ? (", metrics on http://" +
@@ -85,10 +126,23 @@ int run(const idem::relay::Options& options) {
                        .c_str()
                  : "");
 
-    Relay relay(options, db, pool, *target, stats, wake);
-    const int code = relay.run();
+    // Lane 0 runs here, where the stop signals arrive; the others on threads.
+    std::vector<std::thread> threads;
+    for (std::size_t i = 1; i < lanes.size(); ++i)
+        threads.emplace_back([&lane = *lanes[i]] { lane.code = lane.relay->run(); });
+    block_stop_signals(false);
+    lanes[0]->code = lanes[0]->relay->run();
+    for (std::thread& thread : threads) thread.join();
+
+    int code = kExitOk;
+    for (const auto& lane : lanes)
+        if (code == kExitOk) code = lane->code;
+    const bool stopped = stop_requests() > 0 || group.failed();
+    const int status = final_status(options, stats, code, stopped);
+    if (options.progress_interval.count() > 0 || stopped || options.once)
+        progress.print(stats, Clock::now(), true);
     metrics.stop();
-    return code;
+    return status;
 }
 
 }  // namespace

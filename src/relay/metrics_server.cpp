@@ -143,7 +143,7 @@ void MetricsServer::answer(int client) {
                                    stats_.prometheus(relay_), head));
     } else if (path == "/healthz") {
         const bool healthy = stats_.healthy.load();
-        const bool up = stats_.connected.load();
+        const bool up = stats_.connected();
         const char* body = !healthy ? "stopping on a failure (see the relay's log)\n"
                            : !up    ? "database connection down\n"
                                     : "ok\n";

@@ -16,6 +16,7 @@ namespace {
 
 constexpr int kMaxBatch = 10000;
 constexpr int kMaxParallel = 256;
+constexpr int kMaxConnections = 16;
 constexpr std::size_t kMaxNameBytes = 255;
 
 bool parse_int(const std::string& text, long min, long max, int* out) {
@@ -194,7 +195,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
         }
         static const char* const kWithValue[] = {
             "--dsn", "--relay", "--sink", "--topics", "--batch", "--lease", "--parallel",
-            "--metrics-addr", "--poll-interval", "--http-timeout", "--connect-timeout",
+            "--connections", "--metrics-addr", "--poll-interval", "--http-timeout", "--connect-timeout",
             "--progress-interval", "--max-in-flight-bytes"};
         bool known = false;
         for (const char* option : kWithValue) known = known || name == option;
@@ -229,6 +230,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
         } else if (name == "--parallel") {
             if (!parse_int(value, 1, kMaxParallel, &options.parallel))
                 return fail("--parallel must be a whole number from 1 to 256, not '" + value + "'");
+        } else if (name == "--connections") {
+            if (!parse_int(value, 1, kMaxConnections, &options.connections))
+                return fail("--connections must be a whole number from 1 to 16, not '" + value +
+                            "'");
         } else if (name == "--lease") {
             if (!parse_duration(value, &options.lease) || options.lease.count() < 1)
                 return fail("--lease must be a positive duration such as 30s or 500ms, not '" +
@@ -289,7 +294,7 @@ outbox (idempotency.outbox_enqueue) to a sink, at least once, in order per key.
 
 Usage:
   idem-relay [--dsn DSN] --relay NAME --sink SINK (--topics a,b | --all-topics)
-             [--batch N] [--lease 30s] [--parallel N] [--once]
+             [--batch N] [--lease 30s] [--parallel N] [--connections N] [--once]
              [--metrics-addr HOST:PORT]
 
 Required:
@@ -387,6 +392,12 @@ Options:
                        is never handed out while an earlier event of its
                        (topic, key) is in flight, waiting to retry or dead, so
                        per-key order holds with any N.
+  --connections N      database connections, 1 to 16 (default 1): each claims,
+                       delivers (with its own --parallel threads) and acks its
+                       own batches, so that one connection's round trip runs
+                       while another's batch is delivered; per-key order holds
+                       across them as across relays. --max-in-flight-bytes is
+                       shared out among them
   --once               deliver every event that is due now, then exit
   --max-in-flight-bytes SIZE  payload and headers held in memory at most
                        (default 64MB; kB, MB, GB); one event larger than that

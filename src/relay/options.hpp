@@ -18,7 +18,8 @@ struct Options {
     bool all_topics = false;          // --all-topics: every topic (an explicit choice)
     int batch = 100;                  // --batch: events per claim (1..10000)
     Millis lease{30000};              // --lease: how long a claimed event is ours
-    int parallel = 1;                 // --parallel: concurrent deliveries
+    int parallel = 1;                 // --parallel: concurrent deliveries (per connection)
+    int connections = 1;              // --connections: database connections, each claiming on its own
     bool once = false;                // --once: deliver what is due, then exit
     bool metrics = false;             // --metrics-addr given
     std::string metrics_host;         // numeric address to listen on

@@ -46,21 +46,21 @@ long long millis(Clock::duration d) {
 }  // namespace
 
 Relay::Relay(const Options& options, Database& db, WorkerPool& pool, SinkTarget& target,
-             Stats& stats, const WakePipe& wake)
+             Stats& stats, const WakePipe& wake, LaneGroup& lanes, ProgressLine* progress)
     : options_(options),
       db_(db),
       pool_(pool),
       target_(target),
       stats_(stats),
       wake_(wake),
+      lanes_(lanes),
+      progress_(progress),
       sizer_(options, target.max_delivery_time()) {}
 
 int Relay::run() {
     const Clock::time_point start = Clock::now();
     next_poll_ = start;
-    last_progress_ = start;
     next_progress_ = start + tick_interval();
-    stats_.connected = db_.connected();
     for (;;) {
         Clock::time_point now = Clock::now();
         on_signals(now);
@@ -81,7 +81,7 @@ int Relay::run() {
             }
         }
         now = Clock::now();
-        if (tick_interval().count() > 0 && now >= next_progress_) progress(now, false);
+        if (tick_interval().count() > 0 && now >= next_progress_) progress(now);
 
         if (stopping_ && in_flight_ == 0 && flushed() && open_txn_ == 0) break;
         if (options_.once && once_done_ && in_flight_ == 0 && flushed()) break;
@@ -112,24 +112,21 @@ int Relay::run() {
         wait(now);
     }
     pool_.stop();
-    const int status = final_status();
-    if (options_.progress_interval.count() > 0 || stopping_ || options_.once)
-        progress(Clock::now(), true);
-    return status;
+    return exit_code_;
 }
 
-int Relay::final_status() {
-    if (exit_code_ != 0 || !options_.once || stopping_) return exit_code_;
-    if (left_to_lease_ > 0) {
+int final_status(const Options& options, const Stats& stats, int code, bool stopped) {
+    if (code != 0 || !options.once || stopped) return code;
+    if (stats.not_attempted.load() > 0) {
         log_error("%llu due event(s) were not attempted and are left to their lease (the "
                   "extension has no outbox_release, or it failed): not everything due was "
                   "delivered",
-                  static_cast<unsigned long long>(left_to_lease_));
+                  static_cast<unsigned long long>(stats.not_attempted.load()));
         return kExitFailure;
     }
-    if (stats_.dead.load() > 0) {
+    if (stats.dead.load() > 0) {
         log_error("%llu event(s) went dead in this run (see idempotency.outbox_dead_letters)",
-                  static_cast<unsigned long long>(stats_.dead.load()));
+                  static_cast<unsigned long long>(stats.dead.load()));
         return kExitDeadLetters;
     }
     return kExitOk;
@@ -140,6 +137,7 @@ void Relay::fail(const std::string& error) {
     exit_code_ = kExitFailure;
     stats_.healthy = false;
     stop_delivering();
+    lanes_.fail();
 }
 
 // No more claims, and the events not started yet go back to pending: what
@@ -162,6 +160,8 @@ void Relay::on_signals(Clock::time_point now) {
         stop_delivering();
         stop_at_ = now;
     }
+    // Another lane failed (and said why): this one drains as on a stop.
+    if (lanes_.failed() && !stopping_) stop_delivering();
     if (requests >= 2 && !abandoned_) {
         abandoned_ = true;
         target_.abort();
@@ -172,8 +172,13 @@ void Relay::on_signals(Clock::time_point now) {
 void Relay::resolved(const Delivery& delivery) {
     in_flight_ -= 1;
     in_flight_bytes_ -= delivery.event.bytes();
-    stats_.in_flight = in_flight_;
-    stats_.in_flight_bytes = in_flight_bytes_;
+    stats_.in_flight -= 1;
+    stats_.in_flight_bytes -= delivery.event.bytes();
+}
+
+void Relay::count_notifications() {
+    stats_.notifications += db_.notifications() - notifications_counted_;
+    notifications_counted_ = db_.notifications();
 }
 
 void Relay::take_results() {
@@ -264,7 +269,8 @@ bool Relay::database_unavailable(DbStatus status, const std::string& error,
 void Relay::connection_lost(const std::string& error, Clock::time_point now) {
     log_warning("database connection lost: %s; reconnecting", error.c_str());
     if (open_txn_ != 0) void_open_claim("the connection was lost");
-    stats_.connected = false;
+    if (!counted_down_) ++stats_.lanes_down;
+    counted_down_ = true;
     lost_since_ = now;
     backoff_.reset();
     reconnect_attempts_ = 0;
@@ -279,7 +285,8 @@ void Relay::reconnect(Clock::time_point now) {
         log_info("reconnected to the database (after %d attempt(s), %lld ms)", reconnect_attempts_,
                  millis(now - lost_since_));
         ++stats_.reconnects;
-        stats_.connected = true;
+        if (counted_down_) --stats_.lanes_down;
+        counted_down_ = false;
         backoff_.reset();
         due_ = true;
         return;
@@ -320,15 +327,18 @@ void Relay::flush_acks(Clock::time_point now) {
 void Relay::acked(const std::vector<Delivery>& deliveries) {
     bool keyed = false;
     const double wall = wall_seconds();
+    std::vector<std::int64_t> ids;
+    ids.reserve(deliveries.size());
     for (const Delivery& d : deliveries) {
         keyed = keyed || d.event.key.has_value();
-        waiting_retry_.erase(d.event.id);
+        ids.push_back(d.event.id);
         if (d.outcome.duplicate) ++stats_.duplicates;
         const double delay = wall - d.event.enqueued_at;
         stats_.delay_seconds.observe(delay);
-        interval_max_delay_ = std::max(interval_max_delay_, delay);
+        stats_.observe_delay_max(delay);
         resolved(d);
     }
+    stats_.waiting_retry = lanes_.delivered(ids);
     stats_.delivered += deliveries.size();
     // The next event of an acked key may be due now.
     if (keyed) due_ = true;
@@ -389,12 +399,12 @@ void Relay::nacked(const Delivery& d, const std::string& state,
                              (event.key ? ", key " + *event.key : std::string()) + ")";
     if (state == "dead") {
         ++stats_.dead;
-        waiting_retry_.erase(event.id);
+        stats_.waiting_retry = lanes_.retry_waits(event.id, false);
         log_warning("%s is dead after attempt %d: %s", what.c_str(), event.attempt,
                     d.outcome.error.c_str());
     } else if (state == "pending") {
         ++stats_.retried;
-        waiting_retry_.insert(event.id);
+        stats_.waiting_retry = lanes_.retry_waits(event.id, true);
         if (retry_in)
             log_info("%s attempt %d failed, retry in %lld ms: %s", what.c_str(), event.attempt,
                      static_cast<long long>(*retry_in), d.outcome.error.c_str());
@@ -439,6 +449,7 @@ void Relay::flush_releases(Clock::time_point now) {
             log_warning("this extension has no outbox_release (older than 0.4.0): events not "
                         "attempted are left to their lease, which counts an attempt");
         left_to_lease_ += ids.size();
+        stats_.not_attempted += ids.size();
     }
     for (const Delivery& d : to_release_) resolved(d);
     to_release_.clear();
@@ -474,7 +485,7 @@ void Relay::claim(Clock::time_point now) {
     args.first_anyway = in_flight_ == 0;
     const DbStatus status = db_.begin_claim(args, &events, &error);
     ++stats_.claims;
-    stats_.notifications = db_.notifications();
+    count_notifications();
     if (database_unavailable(status, error, now)) return;
     if (status == DbStatus::Fatal) {
         ++stats_.db_errors;
@@ -501,9 +512,11 @@ void Relay::take_claimed(std::vector<Event>&& events, int want, bool all_resolve
     stats_.claimed += events.size();
     std::vector<Event> deliver;
     deliver.reserve(events.size());
+    std::int64_t claimed_bytes = 0;
     for (Event& event : events) {
         ++in_flight_;
         in_flight_bytes_ += event.bytes();
+        claimed_bytes += event.bytes();
         event.txn = open_txn_;
         if (event.fits) {
             deliver.push_back(std::move(event));
@@ -518,8 +531,8 @@ void Relay::take_claimed(std::vector<Event>&& events, int want, bool all_resolve
     }
     for (const Event& event : deliver) sizer_.claimed(event.bytes());
     open_out_ = static_cast<std::int64_t>(deliver.size());
-    stats_.in_flight = in_flight_;
-    stats_.in_flight_bytes = in_flight_bytes_;
+    stats_.in_flight += got;
+    stats_.in_flight_bytes += claimed_bytes;
     if (!deliver.empty()) pool_.submit(std::move(deliver));
 }
 
@@ -599,7 +612,7 @@ void Relay::commit_open_claim(Clock::time_point now) {
     const DbStatus status =
         db_.commit_round(settlement, &result, with_claim ? &args : nullptr, &events, &error);
     if (with_claim) ++stats_.claims;
-    stats_.notifications = db_.notifications();
+    count_notifications();
     if (status != DbStatus::Ok) {
         // Earlier claims' outcomes are still to write; the open claim's
         // events are pending again.
@@ -675,14 +688,16 @@ void Relay::void_open_claim(const std::string& why) {
 }
 
 Millis Relay::tick_interval() const {
+    if (progress_ == nullptr) return Millis(0);  // another lane reports
     // Without progress lines the lag gauge of the metrics is still refreshed.
     if (options_.progress_interval.count() > 0) return options_.progress_interval;
     return options_.metrics ? kLagRefresh : Millis(0);
 }
 
-void Relay::progress(Clock::time_point now, bool final_line) {
-    std::string lag = "n/a";
-    if (lag_enabled_ && db_.connected() && !final_line && open_txn_ == 0) {
+// The reporting lane's tick: the outbox lag read (for the metrics too), and
+// the progress line when there are progress lines.
+void Relay::progress(Clock::time_point now) {
+    if (lag_enabled_ && db_.connected() && open_txn_ == 0) {
         double seconds = 0;
         std::string error;
         const DbStatus status = db_.outbox_lag(&seconds, &error);
@@ -698,32 +713,7 @@ void Relay::progress(Clock::time_point now, bool final_line) {
                      error.c_str());
         }
     }
-    if (stats_.lag_known) {
-        char text[32];
-        snprintf(text, sizeof text, "%.3fs", stats_.lag_seconds.load());
-        lag = text;
-    }
-    if (options_.progress_interval.count() == 0 && !final_line) {
-        next_progress_ = now + tick_interval();
-        return;
-    }
-    const std::uint64_t delivered = stats_.delivered.load();
-    const double interval = std::chrono::duration<double>(now - last_progress_).count();
-    const double rate =
-        interval > 0 ? static_cast<double>(delivered - last_delivered_) / interval : 0.0;
-    log_info("%sdelivered=%llu retried=%llu dead=%llu in_flight=%lld lag=%s delay_max=%.3fs "
-             "rate=%.1f/s db=%s waiting_retry=%zu released=%llu not_attempted=%llu duplicates=%llu",
-             final_line ? "stopped: " : "", static_cast<unsigned long long>(delivered),
-             static_cast<unsigned long long>(stats_.retried.load()),
-             static_cast<unsigned long long>(stats_.dead.load()),
-             static_cast<long long>(in_flight_), lag.c_str(), interval_max_delay_, rate,
-             db_.connected() ? "up" : "down", waiting_retry_.size(),
-             static_cast<unsigned long long>(stats_.released.load()),
-             static_cast<unsigned long long>(left_to_lease_),
-             static_cast<unsigned long long>(stats_.duplicates.load()));
-    last_delivered_ = delivered;
-    last_progress_ = now;
-    interval_max_delay_ = 0;
+    if (options_.progress_interval.count() > 0) progress_->print(stats_, now, false);
     next_progress_ = now + tick_interval();
 }
 
@@ -765,7 +755,7 @@ void Relay::wait(Clock::time_point now) {
         } else if (db_.take_notified()) {
             due_ = true;
         }
-        stats_.notifications = db_.notifications();
+        count_notifications();
     }
 }
 

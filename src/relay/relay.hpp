@@ -1,4 +1,5 @@
-// The delivery loop, on the one thread that uses libpq: claim due events,
+// The delivery loop of one lane (lanes.hpp), on the one thread that uses
+// its connection: claim due events,
 // hand them to the delivery threads, ack, nack or release their outcomes,
 // wake on LISTEN or the poll timer, reconnect when the database goes away,
 // drain on SIGTERM/SIGINT, stop after one pass with --once, and stop with a
@@ -14,7 +15,9 @@
 #include "relay/claim_sizer.hpp"
 #include "relay/database.hpp"
 #include "relay/event.hpp"
+#include "relay/lanes.hpp"
 #include "relay/options.hpp"
+#include "relay/progress.hpp"
 #include "relay/sink.hpp"
 #include "relay/sink_check.hpp"
 #include "relay/stats.hpp"
@@ -25,10 +28,13 @@ namespace idem::relay {
 
 class Relay {
 public:
+    // progress: the lane that prints the progress lines and reads the
+    // outbox lag (one of them), else nullptr.
     Relay(const Options& options, Database& db, WorkerPool& pool, SinkTarget& target,
-          Stats& stats, const WakePipe& wake);
+          Stats& stats, const WakePipe& wake, LaneGroup& lanes, ProgressLine* progress);
 
-    // Runs until stopped; returns the exit status (exit_status.hpp).
+    // Runs until stopped; returns kExitFailure when this lane failed, else
+    // kExitOk (final_status judges the whole run).
     int run();
 
 private:
@@ -56,13 +62,13 @@ private:
                              std::optional<std::int64_t>* retry_in) const;
     bool may_claim() const;
     int claim_size() const;
-    void progress(Clock::time_point now, bool final_line);
+    void progress(Clock::time_point now);
     Millis tick_interval() const;
     void fail(const std::string& error);
     void stop_delivering();
     void resolved(const Delivery& delivery);
     void wait(Clock::time_point now);
-    int final_status();
+    void count_notifications();
     bool flushed() const {
         return to_ack_.empty() && to_nack_.empty() && to_release_.empty() && held_.empty();
     }
@@ -76,6 +82,8 @@ private:
     SinkTarget& target_;
     Stats& stats_;
     const WakePipe& wake_;
+    LaneGroup& lanes_;
+    ProgressLine* progress_;
 
     std::int64_t in_flight_ = 0;        // claimed and not yet acked, nacked or released
     std::int64_t in_flight_bytes_ = 0;  // their payloads and headers
@@ -86,7 +94,8 @@ private:
     Clock::time_point held_until_{};    // when held_ must be settled anyway
     SinkCheck check_;
     ClaimSizer sizer_;
-    std::unordered_set<std::int64_t> waiting_retry_;  // nacked as retryable, not delivered since
+    std::uint64_t notifications_counted_ = 0;
+    bool counted_down_ = false;         // in stats_.lanes_down
     std::uint64_t left_to_lease_ = 0;   // not attempted and not released (left to their lease)
     bool release_works_ = true;
     bool nothing_claimed_ = false;      // the last claim found nothing
@@ -115,9 +124,11 @@ private:
 
     bool lag_enabled_ = true;
     Clock::time_point next_progress_{};
-    Clock::time_point last_progress_{};
-    std::uint64_t last_delivered_ = 0;
-    double interval_max_delay_ = 0;
 };
+
+// The exit status of a run (exit_status.hpp), once every lane has ended:
+// code is the first lane failure (kExitOk if none), stopped whether a
+// signal or a failure stopped it. Logs why --once did not finish cleanly.
+int final_status(const Options& options, const Stats& stats, int code, bool stopped);
 
 }  // namespace idem::relay

@@ -7,18 +7,24 @@ namespace idem::relay {
 
 namespace {
 
+constexpr std::size_t kMaxPipes = 16;
+
 volatile sig_atomic_t stop_count = 0;
-const WakePipe* wake_pipe = nullptr;
+// Written before the handlers are installed, read only by them.
+const WakePipe* wake_pipes[kMaxPipes] = {};
+std::size_t wake_pipe_count = 0;
 
 extern "C" void on_stop_signal(int) {
     stop_count = stop_count + 1;
-    if (wake_pipe != nullptr) wake_pipe->notify();
+    for (std::size_t i = 0; i < wake_pipe_count; ++i) wake_pipes[i]->notify();
 }
 
 }  // namespace
 
-void install_signal_handlers(const WakePipe& wake) {
-    wake_pipe = &wake;
+void install_signal_handlers(const std::vector<const WakePipe*>& wakes) {
+    wake_pipe_count = 0;
+    for (const WakePipe* wake : wakes)
+        if (wake_pipe_count < kMaxPipes) wake_pipes[wake_pipe_count++] = wake;
     struct sigaction action {};
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);

@@ -2,12 +2,15 @@
 // it); SIGPIPE is ignored (a closed sink is an error, not a death).
 #pragma once
 
+#include <vector>
+
 #include "relay/wake.hpp"
 
 namespace idem::relay {
 
-// Installs the handlers; each signal also wakes this pipe.
-void install_signal_handlers(const WakePipe& wake);
+// Installs the handlers; each signal also wakes these pipes (one per lane,
+// at most 16).
+void install_signal_handlers(const std::vector<const WakePipe*>& wakes);
 
 // How many SIGTERM/SIGINT arrived so far.
 int stop_requests();

@@ -65,6 +65,12 @@ void Histogram::render(std::string& out, const std::string& name,
     out += name + "_count{" + labels + "} " + std::to_string(cumulative) + '\n';
 }
 
+void Stats::observe_delay_max(double seconds) {
+    double seen = delay_max.load();
+    while (seconds > seen && !delay_max.compare_exchange_weak(seen, seconds)) {
+    }
+}
+
 std::string Stats::prometheus(const std::string& relay) const {
     const std::string labels = "relay=\"" + label_value(relay) + "\"";
     std::string out;
@@ -102,8 +108,9 @@ std::string Stats::prometheus(const std::string& relay) const {
     metric(out, "idem_relay_healthy", "gauge",
            "1 unless the relay is stopping on a failure (see /healthz).", labels,
            healthy.load() ? "1" : "0");
-    metric(out, "idem_relay_db_connected", "gauge", "1 while the database connection is up.",
-           labels, connected.load() ? "1" : "0");
+    metric(out, "idem_relay_db_connected", "gauge",
+           "1 while the database connections (every one of --connections) are up.",
+           labels, connected() ? "1" : "0");
     if (lag_known.load())
         metric(out, "idem_relay_outbox_lag_seconds", "gauge",
                "Age of the oldest undelivered, not dead event of the relay's topics "

@@ -1,5 +1,6 @@
-// The relay's counters, shared by the database thread (writer), delivery
-// threads and the metrics endpoint (readers); rendered as Prometheus text.
+// The relay's counters, shared by the database threads (writers: one per
+// --connections lane, each adding what it did), delivery threads and the
+// metrics endpoint (readers); rendered as Prometheus text.
 #pragma once
 
 #include <array>
@@ -38,13 +39,18 @@ struct Stats {
     std::atomic<std::uint64_t> db_errors{0};
     std::atomic<std::int64_t> in_flight{0};     // claimed, not yet acked or nacked
     std::atomic<std::int64_t> in_flight_bytes{0};  // their payloads and headers
-    std::atomic<bool> connected{false};
+    std::atomic<std::int64_t> waiting_retry{0};    // nacked as retryable, not delivered since
+    std::atomic<std::uint64_t> not_attempted{0};   // not attempted and left to their lease
+    std::atomic<int> lanes_down{0};             // lanes whose database connection is down
     std::atomic<bool> healthy{true};            // false once the relay is stopping on a failure
     std::atomic<bool> lag_known{false};
     std::atomic<double> lag_seconds{0};         // idempotency.outbox_lag, max over our topics
     Histogram delivery_seconds;                 // time in the sink
     Histogram delay_seconds;                    // enqueue to ack
+    std::atomic<double> delay_max{0};           // enqueue to ack, largest since the last progress line
 
+    bool connected() const { return lanes_down.load() == 0; }
+    void observe_delay_max(double seconds);
     std::string prometheus(const std::string& relay) const;
 };
 

@@ -357,7 +357,9 @@ def main():
 
     # Events without a key: no order to keep, the same work for the hand
     # loop and the relay.
-    unkeyed = [hand("hand-written SKIP LOCKED loop, stdout"), sql_loop] + sinks("idem-relay, ")
+    lanes = ["--connections", "2"]
+    unkeyed = ([hand("hand-written SKIP LOCKED loop, stdout"), sql_loop] + sinks("idem-relay, ") +
+               sinks("idem-relay --connections 2, ", lanes))
     results = bench.throughput(unkeyed, 0)
     report("throughput: a backlog of %d events without a key, --batch %d, one process, median of %d"
            % (a.events, a.batch, a.rounds), unkeyed, results, unkeyed[0]["name"])
@@ -366,7 +368,8 @@ def main():
     # after its previous one is acked; so does the ordered hand loop, the
     # baseline here. The unordered loop shows what the order costs.
     keyed = [hand("hand loop keeping per-key order, stdout", ordered=True),
-             hand("hand loop without order, stdout"), sql_loop] + sinks("idem-relay, ")
+             hand("hand loop without order, stdout"), sql_loop] + sinks("idem-relay, ") + \
+        sinks("idem-relay --connections 2, ", lanes)
     results = bench.throughput(keyed, 1000)
     report("throughput: a backlog of %d events over 1000 keys, --batch %d, one process, median of %d;"
            " ratios to the hand loop that keeps per-key order" % (a.events, a.batch, a.rounds),

@@ -34,6 +34,9 @@
 #              started after it, the rest released
 #   memory     --max-in-flight-bytes bounds the relay's memory
 #   order      --parallel 4: deliveries overlap, per-key order holds
+#   connections  --connections 2: two connections share the work, per-key
+#              order holds, one SIGTERM drains both, one last line; a lane
+#              whose ack is refused stops every lane (exit 1)
 #   kill       SIGKILL mid-batch, restart: every event delivered, duplicates
 #              only with the same Idempotency-Key
 #   restart    pg_ctl restart -m immediate under a running relay and a running
@@ -134,7 +137,7 @@ log "command line"
 "$relay_bin" --help >"$dir/help.out" 2>&1
 status=$?
 missing=""
-for option in --dsn --relay --sink --topics --all-topics --batch --lease --parallel --once \
+for option in --dsn --relay --sink --topics --all-topics --batch --lease --parallel --connections --once \
     --metrics-addr --poll-interval --http-timeout --connect-timeout --progress-interval \
     --max-in-flight-bytes; do
     grep -q -- "$option" "$dir/help.out" || missing="$missing $option"
@@ -158,6 +161,8 @@ bad_option "--sink is required" --dsn "$dsn" --relay r
 bad_option "--batch must be" --dsn "$dsn" --relay r --sink stdout --batch 0
 bad_option "--batch must be" --dsn "$dsn" --relay r --sink stdout --batch 10001
 bad_option "--parallel must be" --dsn "$dsn" --relay r --sink stdout --parallel many
+bad_option "--connections must be" --dsn "$dsn" --relay r --sink stdout --connections 0
+bad_option "--connections must be" --dsn "$dsn" --relay r --sink stdout --connections 17
 bad_option "--lease must be" --dsn "$dsn" --relay r --sink stdout --lease 30x
 bad_option "--sink must be" --dsn "$dsn" --relay r --sink ftp://example
 bad_option "not a valid URL" --dsn "$dsn" --relay r --sink "http://" --all-topics
@@ -654,6 +659,47 @@ import json
 print(max([e['concurrent'] for e in map(json.loads, open('$dir/receiver.jsonl')) if e['topic']=='s_order'] or [0]))")
 check "order: deliveries overlapped (at most $concurrency at once)" test "$concurrency" -ge 2
 
+# ---------------------------------------------------------------- connections
+log "--connections 2: two lanes share the work, per-key order holds, one stop drains both"
+sql <<'SQL' >/dev/null
+SELECT idempotency.outbox_enqueue('s_lanes',
+         jsonb_build_object('seq', g, 'script',
+           CASE WHEN g % 41 = 0 THEN '["500", "delay:0.003"]'::jsonb ELSE '["delay:0.003"]'::jsonb END),
+         CASE WHEN g % 10 = 0 THEN NULL ELSE 'k' || (g * 7 % 13) END)
+  FROM generate_series(1, 600) g;
+SQL
+start_relay lanes --dsn "$dsn" --sink "$sink" --topics s_lanes --connections 2 --parallel 2 \
+    --batch 20 --poll-interval 200ms --progress-interval 0
+lanes_pid=$relay_pid
+check "connections: the relay holds two database connections" wait_until 20 \
+    sql_is "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idem-relay'" 2
+if wait_until 90 sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_lanes' AND state = 'delivered'" 600; then
+    ok "connections: 600 events delivered"
+else
+    not_ok "connections: 600 events delivered" "$(states s_lanes)"; show_err lanes
+fi
+stop_relay "$lanes_pid" 20
+check "connections: SIGTERM exits 0" test $? -eq 0
+check "connections: one last line for the whole relay, counting every lane's deliveries" \
+    test "$(grep -c 'stopped: delivered=600 ' "$dir/lanes.err")" = 1
+check "connections: per-key order at the receiver" $python "$here/check.py" order "$dir/receiver.jsonl" s_lanes
+dump
+check "connections: every event accepted by the receiver" $python "$here/check.py" complete "$dir/receiver.jsonl" "$dir/outbox.dump" s_lanes
+check "connections: duplicates only with the same Idempotency-Key" $python "$here/check.py" dups "$dir/receiver.jsonl" s_lanes
+# A lane that fails stops the others: the relay exits 1 instead of running on.
+sql -c "SELECT idempotency.outbox_enqueue('s_lanes_noack', jsonb_build_object('seq', g), 'ln' || g)
+        FROM generate_series(1, 40) g" >/dev/null
+start_relay lanes_noack --dsn "host=$dir port=$port dbname=$db user=relay_noack" --sink "$sink" \
+    --topics s_lanes_noack --connections 3 --batch 5 --lease 5s --http-timeout 2s --progress-interval 0
+lanes_noack_pid=$relay_pid
+if wait_until 20 bash -c "! kill -0 $lanes_noack_pid 2>/dev/null"; then
+    wait "$lanes_noack_pid"; status=$?
+else
+    status=running
+fi
+check "connections: an ack refused in one lane stops every lane, exit 1 (exit $status)" test "$status" = 1
+if [ "$status" = running ]; then stop_relay "$lanes_noack_pid" 5 KILL; fi
+
 # ---------------------------------------------------------------- kill
 log "SIGKILL mid-batch, then a restart"
 sql <<'SQL' >/dev/null
@@ -825,7 +871,7 @@ check "notify: SIGTERM exits 0" test $? -eq 0
 # ---------------------------------------------------------------- final
 log "final count"
 once final 60 --dsn "$dsn" --sink "$sink" \
-    --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big
+    --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big,s_lanes,s_lanes_noack
 check "final: a last --once run exits 0" test $? -eq 0
 sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pgenv', 's_pipe', 's_trim_a', 's_trim_b') OR payload->>'expect' = 'pending'"
 dump

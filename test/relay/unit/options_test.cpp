@@ -40,6 +40,7 @@ TEST(RelayOptions, RequiredOnlyGivesTheDefaults) {
     EXPECT_EQ(r.options.batch, 100);
     EXPECT_EQ(r.options.lease, Millis(30000));
     EXPECT_EQ(r.options.parallel, 1);
+    EXPECT_EQ(r.options.connections, 1);
     EXPECT_FALSE(r.options.once);
     EXPECT_FALSE(r.options.metrics);
     EXPECT_EQ(r.options.http_timeout, Millis(10000));
@@ -49,7 +50,8 @@ TEST(RelayOptions, RequiredOnlyGivesTheDefaults) {
 
 TEST(RelayOptions, EveryOption) {
     const ParseResult r = parse(base({"--topics", "a,b", "--batch=500", "--lease", "1m",
-                                      "--parallel", "4", "--once", "--metrics-addr",
+                                      "--parallel", "4", "--connections", "3", "--once",
+                                      "--metrics-addr",
                                       "127.0.0.1:9187", "--poll-interval", "250ms",
                                       "--max-in-flight-bytes", "8MB"}));
     ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
@@ -59,6 +61,7 @@ TEST(RelayOptions, EveryOption) {
     EXPECT_EQ(r.options.batch, 500);
     EXPECT_EQ(r.options.lease, Millis(60000));
     EXPECT_EQ(r.options.parallel, 4);
+    EXPECT_EQ(r.options.connections, 3);
     EXPECT_TRUE(r.options.once);
     EXPECT_TRUE(r.options.metrics);
     EXPECT_EQ(r.options.metrics_host, "127.0.0.1");
@@ -79,7 +82,7 @@ TEST(RelayOptions, HelpAndVersion) {
     EXPECT_EQ(parse({"--version"}).status, ParseStatus::Version);
     const std::string text = usage();
     for (const char* option : {"--dsn", "--relay", "--sink", "--topics", "--all-topics", "--batch",
-                               "--lease", "--parallel", "--once", "--metrics-addr",
+                               "--lease", "--parallel", "--connections", "--once", "--metrics-addr",
                                "--max-in-flight-bytes", "409", "Retry-After", "misconfigured",
                                "released", "Exit status", "nats://", "Nats-Msg-Id", "PubAck",
                                "amqp://", "message_id", "unroutable", "PGHOST", "0.0.0.0:9187"})
@@ -102,6 +105,12 @@ TEST(RelayOptions, Errors) {
         {required({"--batch", "10001"}), "--batch"},
         {required({"--batch", "12x"}), "--batch"},
         {required({"--parallel", "0"}), "--parallel"},
+        {required({"--connections", "0"}), "--connections"},
+        {required({"--connections", "17"}), "--connections"},
+        {required({"--connections", "-1"}), "--connections"},
+        {required({"--connections", "two"}), "--connections"},
+        {required({"--connections", ""}), "--connections"},
+        {required({"--connections"}), "needs a value"},
         {required({"--lease", "0s"}), "--lease"},
         {required({"--lease", "-1s"}), "--lease"},
         {required({"--lease", "10 s"}), "--lease"},
