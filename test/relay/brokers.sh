@@ -8,6 +8,7 @@
 #   order      --parallel 4 --once: every event arrives once, in per-key
 #              order, with the idempotency key as Nats-Msg-Id / message_id
 #              (its dedup_key where it has one), RabbitMQ's persistent
+#   lanes      the same with --connections 2 --parallel 2
 #   kill       the relay is SIGKILLed while events it published are not
 #              acked in the outbox (caught by freezing it until the broker
 #              holds more than the outbox has acked); the next relay
@@ -164,20 +165,22 @@ final_line() { grep 'stopped:' "$dir/$1.err" | tail -n 1; }
 # ---------------------------------------------------------------- scenarios
 # The scenarios' topics start with the broker's initial: n_..., r_...
 topic_of() { local initial=${1:0:1}; echo "${initial,,}"; }
-# run_order BROKER SINK DUMP-COMMAND...: the order scenario; the dump
-# command gets the output file as its last argument.
+# run_order BROKER SINK NAME "OPTIONS" DUMP-COMMAND...: the order scenario
+# (topic x_NAME) with the relay's OPTIONS; the dump command gets the output
+# file as its last argument.
 run_order() {
-    local broker=$1 sink=$2 topic=$(topic_of "$1")_order
-    shift 2
+    local broker=$1 sink=$2 name=$3 options=$4 topic=$(topic_of "$1")_$3
+    shift 4
     enqueue "$topic" 1200 30
-    once "${topic}1" 120 --dsn "$dsn" --sink "$sink" --topics "$topic" --parallel 4 --batch 50
+    # shellcheck disable=SC2086 # OPTIONS are words
+    once "${topic}1" 120 --dsn "$dsn" --sink "$sink" --topics "$topic" $options --batch 50
     local status=$?
-    check "$broker order: --once --parallel 4 exits 0 ($(states "$topic"))" \
+    check "$broker $name: --once $options exits 0 ($(states "$topic"))" \
         test "$status" -eq 0 -a "$(states "$topic")" = "delivered=1200"
     "$@" "$dir/$topic.dump"
     local verdict
     verdict=$($brokers check "$dir/$topic.dump" "$dir/$topic.ids" --once)
-    check "$broker order: every event once, per-key order, the idempotency key as message id ($verdict)" \
+    check "$broker $name: every event once, per-key order, the idempotency key as message id ($verdict)" \
         $brokers check "$dir/$topic.dump" "$dir/$topic.ids" --once
 }
 
@@ -279,10 +282,11 @@ run_drain() {
 
 # ---------------------------------------------------------------- NATS
 log "NATS JetStream"
-for topic in n_order n_kill n_outage n_drain; do
+for topic in n_order n_lanes n_kill n_outage n_drain; do
     $brokers nats-stream "$nats_port" "${topic^^}" "outbox.$topic" || give_up "cannot create stream ${topic^^}"
 done
-run_order NATS "$nats_sink" $brokers nats-dump "$nats_port" N_ORDER
+run_order NATS "$nats_sink" order "--parallel 4" $brokers nats-dump "$nats_port" N_ORDER
+run_order NATS "$nats_sink" lanes "--connections 2 --parallel 2" $brokers nats-dump "$nats_port" N_LANES
 subjects=$($python -c "import json,sys; print(sorted({json.loads(l)['subject'] for l in open(sys.argv[1])}))" "$dir/n_order.dump")
 check "NATS order: published to the subject prefix.topic ($subjects)" test "$subjects" = "['outbox.n_order']"
 check "NATS order: the payload and the event's own headers arrive" $python -c "
@@ -303,10 +307,11 @@ run_drain NATS "$nats_sink" $brokers nats-dump "$nats_port" N_DRAIN
 
 # ---------------------------------------------------------------- RabbitMQ
 log "RabbitMQ"
-for topic in r_order r_kill r_outage r_drain; do
+for topic in r_order r_lanes r_kill r_outage r_drain; do
     $brokers amqp-queue "$amqp_port" "$topic" || give_up "cannot declare queue $topic"
 done
-run_order RabbitMQ "$amqp_sink" $brokers amqp-dump "$amqp_port" r_order
+run_order RabbitMQ "$amqp_sink" order "--parallel 4" $brokers amqp-dump "$amqp_port" r_order
+run_order RabbitMQ "$amqp_sink" lanes "--connections 2 --parallel 2" $brokers amqp-dump "$amqp_port" r_lanes
 check "RabbitMQ order: persistent messages with the payload and the event's own headers" $python -c "
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
