@@ -4,7 +4,7 @@
 // out among them as among several relays (per-key order included); what
 // they share in the process is here: a failure in one lane stops them all,
 // and the events waiting for a retry are known to all (another lane may
-// deliver an event that one lane nacked).
+// deliver an event that one lane nacked), counted in Stats::waiting_retry.
 #pragma once
 
 #include <atomic>
@@ -13,14 +13,18 @@
 #include <unordered_set>
 #include <vector>
 
+#include "relay/event.hpp"
+#include "relay/stats.hpp"
 #include "relay/wake.hpp"
 
 namespace idem::relay {
 
 class LaneGroup {
 public:
-    // Before the lanes start.
-    void add(const WakePipe& wake) { wakes_.push_back(&wake); }
+    // wakes: every lane's wake pipe.
+    LaneGroup(std::vector<const WakePipe*> wakes, Stats& stats)
+        : wakes_(std::move(wakes)), stats_(stats) {}
+
     // One lane failed: every lane stops claiming and drains, as on SIGTERM.
     void fail() {
         failed_ = true;
@@ -29,22 +33,25 @@ public:
     bool failed() const { return failed_.load(); }
 
     // An event nacked as retryable waits for its retry until it is
-    // delivered or dead; these return how many wait now.
-    std::int64_t retry_waits(std::int64_t id, bool waits) {
+    // delivered or dead.
+    void retry_waits(std::int64_t id, bool waits) {
         std::lock_guard<std::mutex> lock(mutex_);
         if (waits) waiting_retry_.insert(id);
         else waiting_retry_.erase(id);
-        return static_cast<std::int64_t>(waiting_retry_.size());
+        stats_.waiting_retry = static_cast<std::int64_t>(waiting_retry_.size());
     }
-    std::int64_t delivered(const std::vector<std::int64_t>& ids) {
+    void delivered(const std::vector<Delivery>& deliveries) {
+        // The usual case, nothing waiting: no lock per ack.
+        if (stats_.waiting_retry.load() == 0) return;
         std::lock_guard<std::mutex> lock(mutex_);
-        for (const std::int64_t id : ids) waiting_retry_.erase(id);
-        return static_cast<std::int64_t>(waiting_retry_.size());
+        for (const Delivery& d : deliveries) waiting_retry_.erase(d.event.id);
+        stats_.waiting_retry = static_cast<std::int64_t>(waiting_retry_.size());
     }
 
 private:
     std::atomic<bool> failed_{false};
-    std::vector<const WakePipe*> wakes_;
+    const std::vector<const WakePipe*> wakes_;
+    Stats& stats_;
     std::mutex mutex_;
     std::unordered_set<std::int64_t> waiting_retry_;
 };

@@ -69,6 +69,10 @@ int run(const idem::relay::Options& options) {
 
     std::vector<std::unique_ptr<Lane>> lanes;
     std::vector<const WakePipe*> wakes;
+    // Destroyed before the lanes: the signal handler lets go of their pipes.
+    struct ForgetPipes {
+        ~ForgetPipes() { forget_wake_pipes(); }
+    } forget_pipes;
     for (int i = 0; i < options.connections; ++i) {
         lanes.push_back(std::make_unique<Lane>(options));
         if (!lanes.back()->wake.ok()) {
@@ -100,11 +104,10 @@ int run(const idem::relay::Options& options) {
         log_error("%s", error.c_str());
         return kExitFailure;
     }
-    LaneGroup group;
+    LaneGroup group(wakes, stats);
     ProgressLine progress(Clock::now());
     for (std::size_t i = 0; i < lanes.size(); ++i) {
         Lane& lane = *lanes[i];
-        group.add(lane.wake);
         lane.pool = std::make_unique<WorkerPool>(*target, options.parallel, lane.wake, stats);
         lane.relay = std::make_unique<Relay>(lane.options, lane.db, *lane.pool, *target, stats,
                                              lane.wake, group, i == 0 ? &progress : nullptr);

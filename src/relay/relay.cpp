@@ -327,18 +327,15 @@ void Relay::flush_acks(Clock::time_point now) {
 void Relay::acked(const std::vector<Delivery>& deliveries) {
     bool keyed = false;
     const double wall = wall_seconds();
-    std::vector<std::int64_t> ids;
-    ids.reserve(deliveries.size());
     for (const Delivery& d : deliveries) {
         keyed = keyed || d.event.key.has_value();
-        ids.push_back(d.event.id);
         if (d.outcome.duplicate) ++stats_.duplicates;
         const double delay = wall - d.event.enqueued_at;
         stats_.delay_seconds.observe(delay);
         stats_.observe_delay_max(delay);
         resolved(d);
     }
-    stats_.waiting_retry = lanes_.delivered(ids);
+    lanes_.delivered(deliveries);
     stats_.delivered += deliveries.size();
     // The next event of an acked key may be due now.
     if (keyed) due_ = true;
@@ -399,12 +396,12 @@ void Relay::nacked(const Delivery& d, const std::string& state,
                              (event.key ? ", key " + *event.key : std::string()) + ")";
     if (state == "dead") {
         ++stats_.dead;
-        stats_.waiting_retry = lanes_.retry_waits(event.id, false);
+        lanes_.retry_waits(event.id, false);
         log_warning("%s is dead after attempt %d: %s", what.c_str(), event.attempt,
                     d.outcome.error.c_str());
     } else if (state == "pending") {
         ++stats_.retried;
-        stats_.waiting_retry = lanes_.retry_waits(event.id, true);
+        lanes_.retry_waits(event.id, true);
         if (retry_in)
             log_info("%s attempt %d failed, retry in %lld ms: %s", what.c_str(), event.attempt,
                      static_cast<long long>(*retry_in), d.outcome.error.c_str());
@@ -445,10 +442,9 @@ void Relay::flush_releases(Clock::time_point now) {
         }
     }
     if (!db_.can_release() || !release_works_) {
-        if (left_to_lease_ == 0 && !db_.can_release())
+        if (stats_.not_attempted.load() == 0 && !db_.can_release())
             log_warning("this extension has no outbox_release (older than 0.4.0): events not "
                         "attempted are left to their lease, which counts an attempt");
-        left_to_lease_ += ids.size();
         stats_.not_attempted += ids.size();
     }
     for (const Delivery& d : to_release_) resolved(d);

@@ -96,7 +96,6 @@ private:
     ClaimSizer sizer_;
     std::uint64_t notifications_counted_ = 0;
     bool counted_down_ = false;         // in stats_.lanes_down
-    std::uint64_t left_to_lease_ = 0;   // not attempted and not released (left to their lease)
     bool release_works_ = true;
     bool nothing_claimed_ = false;      // the last claim found nothing
     bool due_ = true;                  // claim as soon as there is room

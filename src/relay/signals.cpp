@@ -10,21 +10,23 @@ namespace {
 constexpr std::size_t kMaxPipes = 16;
 
 volatile sig_atomic_t stop_count = 0;
-// Written before the handlers are installed, read only by them.
+// Written before the handlers are installed and by forget_wake_pipes(),
+// read only by them.
 const WakePipe* wake_pipes[kMaxPipes] = {};
-std::size_t wake_pipe_count = 0;
+volatile sig_atomic_t wake_pipe_count = 0;
 
 extern "C" void on_stop_signal(int) {
     stop_count = stop_count + 1;
-    for (std::size_t i = 0; i < wake_pipe_count; ++i) wake_pipes[i]->notify();
+    for (sig_atomic_t i = 0; i < wake_pipe_count; ++i) wake_pipes[i]->notify();
 }
 
 }  // namespace
 
 void install_signal_handlers(const std::vector<const WakePipe*>& wakes) {
-    wake_pipe_count = 0;
+    sig_atomic_t count = 0;
     for (const WakePipe* wake : wakes)
-        if (wake_pipe_count < kMaxPipes) wake_pipes[wake_pipe_count++] = wake;
+        if (count < static_cast<sig_atomic_t>(kMaxPipes)) wake_pipes[count++] = wake;
+    wake_pipe_count = count;
     struct sigaction action {};
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);
@@ -36,6 +38,8 @@ void install_signal_handlers(const std::vector<const WakePipe*>& wakes) {
     sigemptyset(&ignore.sa_mask);
     sigaction(SIGPIPE, &ignore, nullptr);
 }
+
+void forget_wake_pipes() { wake_pipe_count = 0; }
 
 int stop_requests() { return stop_count; }
 

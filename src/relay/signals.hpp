@@ -9,8 +9,11 @@
 namespace idem::relay {
 
 // Installs the handlers; each signal also wakes these pipes (one per lane,
-// at most 16).
+// at most 16) until forget_wake_pipes().
 void install_signal_handlers(const std::vector<const WakePipe*>& wakes);
+// Before the pipes are destroyed: a late signal is still counted, and wakes
+// nothing. Call from the thread the signals are delivered to.
+void forget_wake_pipes();
 
 // How many SIGTERM/SIGINT arrived so far.
 int stop_requests();

@@ -60,3 +60,25 @@ once() {
     timeout -s KILL "$limit" "$relay_bin" --relay "$name" --once "$@" >"$dir/$name.out" 2>"$dir/$name.err"
 }
 show_err() { echo "  --- $1.err:"; tail -n "${2:-15}" "$dir/$1.err" | sed 's/^/  /'; }
+# expect_delivered NAME SECONDS TOPIC COUNT [RELAY]: ok once COUNT events of
+# TOPIC are delivered within SECONDS; else not ok with their states (and
+# RELAY's stderr).
+expect_delivered() {
+    local name=$1 limit=$2 topic=$3 count=$4 relay=${5:-}
+    if wait_until "$limit" sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = '$topic' AND state = 'delivered'" "$count"; then
+        ok "$name"
+    else
+        not_ok "$name" "$(states "$topic")"
+        [ -n "$relay" ] && show_err "$relay"
+    fi
+    return 0
+}
+# own_exit PID SECONDS: sets status to the exit status of a relay that stops
+# by itself within SECONDS, else to "running".
+own_exit() {
+    if wait_until "$2" bash -c "! kill -0 $1 2>/dev/null"; then
+        wait "$1"; status=$?
+    else
+        status=running
+    fi
+}

@@ -583,11 +583,7 @@ except OSError:
     sys.exit(1)"
 }
 check "noack: /healthz turns 503 while the relay stops" wait_until 10 healthz "$noack_port"
-if wait_until 20 bash -c "! kill -0 $noack_pid 2>/dev/null"; then
-    wait "$noack_pid"; status=$?
-else
-    status=running
-fi
+own_exit "$noack_pid" 20
 check "noack: the relay stops by itself with exit 1 (exit $status)" test "$status" = 1
 check "noack: it says why" grep -q "outbox_ack.*stopping" "$dir/noack.err"
 check "noack: the acked-in-vain event was sent once, not again and again" test "$(received s_noack)" = 2
@@ -646,11 +642,7 @@ SQL
 start_relay order --dsn "$dsn" --sink "$sink" --topics s_order --parallel 4 --batch 50 \
     --poll-interval 200ms --progress-interval 0
 order_pid=$relay_pid
-if wait_until 90 sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_order' AND state = 'delivered'" 400; then
-    ok "order: 400 events delivered"
-else
-    not_ok "order: 400 events delivered" "$(states s_order)"; show_err order
-fi
+expect_delivered "order: 400 events delivered" 90 s_order 400 order
 stop_relay "$order_pid" 20 INT
 check "order: SIGINT exits 0" test $? -eq 0
 check "order: per-key order at the receiver" $python "$here/check.py" order "$dir/receiver.jsonl" s_order
@@ -673,11 +665,7 @@ start_relay lanes --dsn "$dsn" --sink "$sink" --topics s_lanes --connections 2 -
 lanes_pid=$relay_pid
 check "connections: the relay holds two database connections" wait_until 20 \
     sql_is "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idem-relay'" 2
-if wait_until 90 sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_lanes' AND state = 'delivered'" 600; then
-    ok "connections: 600 events delivered"
-else
-    not_ok "connections: 600 events delivered" "$(states s_lanes)"; show_err lanes
-fi
+expect_delivered "connections: 600 events delivered" 90 s_lanes 600 lanes
 stop_relay "$lanes_pid" 20
 check "connections: SIGTERM exits 0" test $? -eq 0
 check "connections: one last line for the whole relay, counting every lane's deliveries" \
@@ -692,11 +680,7 @@ sql -c "SELECT idempotency.outbox_enqueue('s_lanes_noack', jsonb_build_object('s
 start_relay lanes_noack --dsn "host=$dir port=$port dbname=$db user=relay_noack" --sink "$sink" \
     --topics s_lanes_noack --connections 3 --batch 5 --lease 5s --http-timeout 2s --progress-interval 0
 lanes_noack_pid=$relay_pid
-if wait_until 20 bash -c "! kill -0 $lanes_noack_pid 2>/dev/null"; then
-    wait "$lanes_noack_pid"; status=$?
-else
-    status=running
-fi
+own_exit "$lanes_noack_pid" 20
 check "connections: an ack refused in one lane stops every lane, exit 1 (exit $status)" test "$status" = 1
 if [ "$status" = running ]; then stop_relay "$lanes_noack_pid" 5 KILL; fi
 
@@ -718,11 +702,7 @@ check "kill: killed mid-run ($delivered_before delivered, $in_flight in flight)"
 start_relay kill2 --dsn "$dsn" --sink "$sink" --topics s_kill --parallel 4 --batch 40 --lease 2s \
     --http-timeout 500ms --poll-interval 200ms --progress-interval 0
 kill2_pid=$relay_pid
-if wait_until 90 sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_kill' AND state = 'delivered'" 300; then
-    ok "kill: the restarted relay delivers every event"
-else
-    not_ok "kill: the restarted relay delivers every event" "$(states s_kill)"; show_err kill2
-fi
+expect_delivered "kill: the restarted relay delivers every event" 90 s_kill 300 kill2
 stop_relay "$kill2_pid" 20
 check "kill: SIGTERM exits 0" test $? -eq 0
 dump
@@ -860,11 +840,7 @@ for i in $(seq 2 41); do
     echo "SELECT idempotency.outbox_enqueue('s_notify', '{\"seq\": $i}', 'n$((i % 3))');"
     echo "SELECT pg_sleep(0.003);"
 done | sql >/dev/null
-if wait_until 10 sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_notify' AND state = 'delivered'" 41; then
-    ok "notify: a burst of 40 commits all delivered by LISTEN alone"
-else
-    not_ok "notify: a burst of 40 commits all delivered by LISTEN alone" "$(states s_notify)"
-fi
+expect_delivered "notify: a burst of 40 commits all delivered by LISTEN alone" 10 s_notify 41
 stop_relay "$notify_pid" 20
 check "notify: SIGTERM exits 0" test $? -eq 0
 
