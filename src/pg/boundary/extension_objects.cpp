@@ -26,6 +26,20 @@ ExtensionObjects cached{};
 bool cached_valid = false;
 std::uint64_t last_generation = 0;
 bool callbacks_installed = false;
+// The layout the cached objects had when last looked up, and whether an
+// invalidation ended it since.
+std::uint64_t last_layout = 0;
+bool layout_ended = true;
+// Relations watched for the current layout (see watch_relation).
+constexpr int kWatched = 16;
+Oid watched[kWatched];
+int watched_count = 0;
+
+bool is_watched(Oid relation) {
+    for (int i = 0; i < watched_count; ++i)
+        if (watched[i] == relation) return true;
+    return false;
+}
 
 bool is_cached_table(Oid relation) {
     return relation == cached.keys || relation == cached.inbox || relation == cached.locks ||
@@ -35,11 +49,19 @@ bool is_cached_table(Oid relation) {
 
 // A change of one of the tables (ALTER, DROP, a rename) or of any schema
 // (a rename) may change the objects or their names.
+// Any of them, or a watched index, may have changed what the direct access
+// cached about it (an index replaced by REINDEX CONCURRENTLY, new columns).
 void forget_on_relation(Datum, Oid relation) {
-    if (cached_valid && (relation == InvalidOid || is_cached_table(relation))) cached_valid = false;
+    if (relation == InvalidOid || is_cached_table(relation) || is_watched(relation)) {
+        cached_valid = false;
+        layout_ended = true;
+    }
 }
 
-void forget_all(Datum, int, uint32) { cached_valid = false; }
+void forget_all(Datum, int, uint32) {
+    cached_valid = false;
+    layout_ended = true;
+}
 
 void install_callbacks() {
     if (callbacks_installed) return;
@@ -177,6 +199,13 @@ bool look_up() {
     collect_members(&found);
     char names[6][kNameBytes];
     found.generation = same_objects(found, names) ? cached.generation : ++last_generation;
+    if (layout_ended || found.generation != cached.generation) {
+        found.layout = ++last_layout;
+        watched_count = 0;
+        layout_ended = false;
+    } else {
+        found.layout = cached.layout;
+    }
     std::memcpy(cached_names, names, sizeof names);
     cached = found;
     cached_valid = true;
@@ -227,6 +256,17 @@ const char* qualified_table_name(Oid relation) {
     if (name == nullptr || schema == nullptr)
         elog(ERROR, "idempotency: relation %u of the extension has disappeared", relation);
     return quote_qualified_identifier(schema, name);
+}
+
+void watch_relation(Oid relation) {
+    if (is_watched(relation)) return;
+    // Past the room for them, every invalidation ends the layout.
+    if (watched_count == kWatched) {
+        cached_valid = false;
+        layout_ended = true;
+        return;
+    }
+    watched[watched_count++] = relation;
 }
 
 bool is_extension_table(Oid relation) {

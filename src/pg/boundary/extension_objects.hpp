@@ -29,6 +29,12 @@ struct ExtensionObjects {
     // Changes each time the objects are looked up afresh: plans made from an
     // older generation are made again.
     std::uint64_t generation;
+    // Changes with the generation and after every invalidation of one of the
+    // tables or of a watched relation (watch_relation): what the direct table
+    // access caches (index OIDs, column numbers) is found again when it does.
+    // A REINDEX CONCURRENTLY, a DROP and CREATE INDEX, a VACUUM FULL or an
+    // ALTER TABLE invalidates the table, and so changes it.
+    std::uint64_t layout;
 };
 
 // The objects of this database. Raises (a PostgreSQL error) 55000 when the
@@ -47,6 +53,11 @@ bool schema_is_trusted(const ExtensionObjects& objects);
 
 // "schema"."table" of one of the extension's tables, quoted as needed.
 const char* qualified_table_name(Oid relation);
+
+// Watches `relation` (an index a cache of the direct table access found by
+// name): an invalidation of it changes ExtensionObjects::layout too, as one
+// of the tables' does. Kept until the layout changes.
+void watch_relation(Oid relation);
 
 // Whether `relation` is one of the extension's tables.
 bool is_extension_table(Oid relation);

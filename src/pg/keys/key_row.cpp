@@ -25,8 +25,7 @@ AttrNumber column_named(TupleDesc desc, const char* name) {
 
 KeyColumns known;
 Oid known_table = InvalidOid;
-std::uint64_t known_generation = 0;  // of the extension's objects they were found for
-TupleDesc known_layout = nullptr;    // the descriptor they were found in
+std::uint64_t known_layout = 0;  // of the extension's objects they were found for
 
 // A by-reference value copied out of the row (which lives in a buffer).
 Datum copied(TupleTableSlot* row, AttrNumber column, bool* present) {
@@ -95,11 +94,10 @@ void put_status(KeyWrite* write, Status status) {
 }  // namespace
 
 const KeyColumns& key_columns(Relation keys) {
+    // Any change of the table's columns invalidates it, and so the layout.
     const TupleDesc desc = RelationGetDescr(keys);
-    const std::uint64_t generation = extension_objects().generation;
-    if (known_table == RelationGetRelid(keys) && known_generation == generation &&
-        known_layout == desc)
-        return known;
+    const std::uint64_t layout = extension_objects().layout;
+    if (known_table == RelationGetRelid(keys) && known_layout == layout) return known;
     known = KeyColumns{column_named(desc, "scope"),           column_named(desc, "key"),
                        column_named(desc, "status"),          column_named(desc, "token"),
                        column_named(desc, "attempts"),        column_named(desc, "lease_until"),
@@ -113,8 +111,7 @@ const KeyColumns& key_columns(Relation keys) {
                        column_named(desc, "max_attempts"),    column_named(desc, "retention"),
                        column_named(desc, "active_since")};
     known_table = RelationGetRelid(keys);
-    known_generation = generation;
-    known_layout = desc;
+    known_layout = layout;
     return known;
 }
 

@@ -24,10 +24,11 @@ namespace idem::pg {
 
 namespace {
 
-// The outbox's ready-queue indexes and the columns read, for one
-// generation of the extension's objects.
+// The outbox's ready-queue indexes and the columns read, for one layout of
+// the extension's objects (an index replaced by REINDEX CONCURRENTLY, or
+// dropped and created again, is found again by its name).
 struct Layout {
-    std::uint64_t generation;
+    std::uint64_t layout;
     Oid ready;      // (topic, ready_at, id) WHERE ready_at IS NOT NULL
     Oid ready_all;  // (ready_at, id) WHERE ready_at IS NOT NULL
     Oid key_order;  // (hash of topic and key, COALESCE(key_seq, id), id) WHERE not delivered AND keyed
@@ -44,6 +45,7 @@ Oid outbox_index(const ExtensionObjects& objects, const char* name) {
     if (!OidIsValid(index) || get_rel_relkind(index) != RELKIND_INDEX ||
         IndexGetRelation(index, false) != objects.outbox)
         elog(ERROR, "idempotency: the outbox has no index %s: update the extension", name);
+    watch_relation(index);
     return index;
 }
 
@@ -56,7 +58,7 @@ AttrNumber outbox_column(const ExtensionObjects& objects, const char* name) {
 
 const Layout& layout() {
     const ExtensionObjects& objects = extension_objects();
-    if (known.generation == objects.generation) return known;
+    if (known.layout == objects.layout) return known;
     Layout found{};
     found.ready = outbox_index(objects, "outbox_ready");
     found.ready_all = outbox_index(objects, "outbox_ready_all");
@@ -80,7 +82,7 @@ const Layout& layout() {
         CStringGetTextDatum(qualified_table_name(objects.outbox)), CStringGetTextDatum("id"));
     found.id_sequence = DatumGetObjectId(
         DirectFunctionCall1(regclassin, CStringGetDatum(TextDatumGetCString(sequence))));
-    found.generation = objects.generation;
+    found.layout = objects.layout;
     known = found;
     return known;
 }

@@ -11,14 +11,12 @@ namespace idem::pg {
 
 namespace {
 
-std::uint64_t known_generation = 0;
+std::uint64_t known_layout = 0;
 bool has_ready_queue = false;
 
 OutboxColumns columns;
 Oid columns_table = InvalidOid;
-std::uint64_t columns_generation = 0;  // of the extension's objects they were found for
-TupleDesc columns_layout = nullptr;    // the descriptor they were found in
-int columns_natts = 0;                 // and its columns (a new one may take its memory)
+std::uint64_t columns_layout = 0;  // of the extension's objects they were found for
 
 // Each column by its name (get_attnum gives 0, InvalidAttrNumber, for a
 // column the table has not got).
@@ -51,30 +49,26 @@ constexpr NamedColumn kColumns[] = {
 
 bool outbox_has_ready_queue() {
     const ExtensionObjects& objects = extension_objects();
-    if (known_generation != objects.generation) {
+    if (known_layout != objects.layout) {
         has_ready_queue = OidIsValid(objects.outbox) &&
                           get_attnum(objects.outbox, "ready_at") != InvalidAttrNumber;
-        known_generation = objects.generation;
+        known_layout = objects.layout;
     }
     return has_ready_queue;
 }
 
 const OutboxColumns& outbox_columns(Relation outbox) {
-    const TupleDesc desc = RelationGetDescr(outbox);
-    const std::uint64_t generation = extension_objects().generation;
+    // Any change of the table's columns invalidates it, and so the layout.
+    const std::uint64_t layout = extension_objects().layout;
     const Oid table = RelationGetRelid(outbox);
-    if (columns_table == table && columns_generation == generation &&
-        columns_layout == desc && columns_natts == desc->natts)
-        return columns;
+    if (columns_table == table && columns_layout == layout) return columns;
     for (const NamedColumn& named : kColumns) columns.*named.column = get_attnum(table, named.name);
     columns.pending = outbox_state_value("pending");
     columns.in_flight = outbox_state_value("in_flight");
     columns.delivered = outbox_state_value("delivered");
     columns.dead = outbox_state_value("dead");
     columns_table = table;
-    columns_generation = generation;
-    columns_layout = desc;
-    columns_natts = desc->natts;
+    columns_layout = layout;
     return columns;
 }
 
