@@ -22,7 +22,14 @@ SELECT idempotency.idem_complete('done', (idempotency.idem_claim('done', '{"n": 
 SELECT idempotency.idem_claim('busy', NULL, '1 hour');
 SELECT idempotency.idem_fail('final', (idempotency.idem_claim('final')).token, 'fatal', false);
 SELECT idempotency.idem_fail('later', (idempotency.idem_claim('later')).token, 'boom', true, '1 hour');
-SELECT idempotency.idem_fail('due', (idempotency.idem_claim('due')).token, 'boom', true, '0');});
+SELECT idempotency.idem_fail('due', (idempotency.idem_claim('due')).token, 'boom', true, '0');
+SELECT idempotency.outbox_enqueue('ro', '{"n": 1}', 'k1');
+SELECT idempotency.outbox_enqueue('ro', '{"n": 2}');
+SELECT count(*) FROM idempotency.outbox_claim('primary-relay', 1, '1 hour', '{ro}');});
+my $busy_token = $primary->safe_psql('postgres',
+	q{SELECT token FROM idempotency.idempotency_keys WHERE key = 'busy'});
+my $held_event = $primary->safe_psql('postgres',
+	q{SELECT id FROM idempotency.outbox WHERE state = 'in_flight'});
 $primary->backup('backup');
 my $standby = PostgreSQL::Test::Cluster->new('standby');
 $standby->init_from_backup($primary, 'backup', has_streaming => 1);
@@ -44,6 +51,19 @@ my @refused = (
 	[ q{idem_claim('new-key')}, 'a claim of a new key' ],
 	[ q{idem_claim('due')}, 'a claim of a retry that is due' ],
 	[ q{idem_register('new-key')}, 'a register of a new key' ],
+);
+
+# The calls of a holder and of a relay, which always write: refused with
+# 25006 as the statements they stand for are, before they change anything.
+my @writers = (
+	[ "SELECT idempotency.idem_complete('busy', $busy_token, '{}')", 'idem_complete' ],
+	[ "SELECT idempotency.idem_heartbeat('busy', $busy_token)", 'idem_heartbeat' ],
+	[ "SELECT idempotency.idem_fail('busy', $busy_token, 'x', true)", 'idem_fail' ],
+	[ "SELECT idempotency.idem_release('busy', $busy_token)", 'idem_release' ],
+	[ "SELECT count(*) FROM idempotency.outbox_claim('ro-relay', 10, '1 minute', '{ro}')", 'outbox_claim' ],
+	[ "SELECT idempotency.outbox_ack(ARRAY[$held_event]::bigint[])", 'outbox_ack' ],
+	[ "SELECT idempotency.outbox_enqueue('ro', '{}', 'k2')", 'outbox_enqueue with a key' ],
+	[ "SELECT idempotency.outbox_enqueue('ro', '{}')", 'outbox_enqueue' ],
 );
 
 # Runs each call on NODE, with PREFIX (and SUFFIX) around it.
@@ -68,6 +88,14 @@ sub check_calls
 		like($err, qr/HINT:  A duplicate of finished work is answered anywhere, also on a hot standby; a call that creates or claims a key needs a read-write transaction on the primary\./,
 			"$where: ... with the hint");
 	}
+	for my $call (@writers)
+	{
+		my ($sql, $what) = @$call;
+		my ($rc, $out, $err) = $node->psql('postgres',
+			"\\set VERBOSITY verbose\n$prefix $sql; $suffix");
+		like($err, qr/ERROR:  25006: cannot execute \S+( \S+)* (in a read-only transaction|during recovery)/,
+			"$where: $what raises 25006") or diag("out: $out, err: $err");
+	}
 }
 
 check_calls($standby, 'standby', '');
@@ -81,6 +109,15 @@ is( $primary->safe_psql(
 SELECT string_agg(key || ' ' || status || ' ' || attempts, ',' ORDER BY key) FROM idempotency.idempotency_keys}),
 	'busy PROCESSING 1,done COMPLETED 1,due FAILED_RETRYABLE 1,final FAILED_FINAL 1,later FAILED_RETRYABLE 1',
 	'the read-only calls changed nothing');
+is( $primary->safe_psql(
+		'postgres', q{
+SELECT string_agg(coalesce(key, '-') || ' ' || state || ' ' || attempts || ' ' || coalesce(relay, '-'), ',' ORDER BY id)
+  FROM idempotency.outbox}),
+	'k1 in_flight 1 primary-relay,- pending 0 -',
+	'the read-only calls changed no event');
+is( $primary->safe_psql('postgres',
+		qq{SELECT lease_until > now() + interval '50 minutes' FROM idempotency.idempotency_keys WHERE key = 'busy'}),
+	't', 'the refused heartbeat left the lease as it was');
 # And the same calls in a read-write transaction do write.
 like($primary->safe_psql('postgres', claim_sql('new-key', '1 minute')),
 	qr/^claimed\|\d+$/, 'read-write on the primary: a claim of a new key is claimed');

@@ -43,6 +43,10 @@ Statement kCountEvents = {
     "FROM @outbox@ GROUP BY ROLLUP (topic)",
     0, {}, nullptr};
 
+Statement kPreparedHere = {
+    "SELECT transaction FROM pg_catalog.pg_prepared_xact() WHERE dbid = $1", 1, {OIDOID},
+    nullptr};
+
 // The counts per name, and (ROLLUP) their totals in a row without a name:
 // the rows key_counts() and outbox_counts() return by a scan; a recount
 // keeps those with a name.
@@ -80,7 +84,15 @@ bool recount_if_unknown(bool repair) {
         (void)set_config_option(scan, "on", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
                                 false);
     if (repair) execute(kRepairActive, Params{});
-    Snapshot snapshot = begin_recount();
+    const std::uint64_t prepared_count =
+        execute(kPreparedHere, Params{}.add(ObjectIdGetDatum(MyDatabaseId)));
+    auto* prepared = static_cast<TransactionId*>(
+        palloc(sizeof(TransactionId) * std::max<std::uint64_t>(prepared_count, 1)));
+    for (std::uint64_t row = 0; row < prepared_count; ++row) {
+        bool isnull = false;
+        prepared[row] = DatumGetTransactionId(column(1, &isnull, row));
+    }
+    Snapshot snapshot = begin_recount(prepared, static_cast<int>(prepared_count));
     if (snapshot != nullptr) {
         for (GaugeFamily family : {GaugeFamily::Keys, GaugeFamily::Outbox})
             store_rows(family, execute_with_snapshot(count_statement(family), Params{}, snapshot),

@@ -66,7 +66,10 @@ Oid served_by(int slot) {
 
 // Runs `work` in a transaction of its own, as the extension's owner (in a
 // security-restricted operation, as autovacuum works as a table's owner:
-// never as the worker's superuser), with SPI connected. Returns false,
+// never as the worker's superuser), with SPI connected. Its constraints are
+// all immediate: a deferred trigger on a table the work changes fires at
+// the end of its statement, as the owner (queued for the commit, it would
+// run after the switch back). Returns false,
 // having done nothing, when the database is wanted by a command that needs
 // the worker gone; checked before each transaction, so that such a command
 // succeeds (the lock is the transaction's, released at its commit).
@@ -78,7 +81,11 @@ bool in_owner_transaction(Oid owner, const char* activity, Work work) {
         CommitTransactionCommand();
         return false;
     }
-    const OwnerScope scope = enter_owner_scope_of(owner);
+    const OwnerScope scope = enter_owner_scope_of(owner, true);
+    ConstraintsSetStmt* all_immediate = makeNode(ConstraintsSetStmt);
+    all_immediate->constraints = NIL;
+    all_immediate->deferred = false;
+    AfterTriggerSetState(all_immediate);
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "idempotency worker: SPI_connect failed");
     PushActiveSnapshot(GetTransactionSnapshot());
     pgstat_report_activity(STATE_RUNNING, activity);

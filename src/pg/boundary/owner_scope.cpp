@@ -53,13 +53,13 @@ OwnerScope enter_owner_scope(FunctionCallInfo fcinfo) {
     return enter_owner_scope_of(function_owner(fcinfo->flinfo->fn_oid));
 }
 
-OwnerScope enter_owner_scope_of(Oid owner) {
+OwnerScope enter_owner_scope_of(Oid owner, bool restricted) {
     OwnerScope scope{};
     GetUserIdAndSecContext(&scope.saved_user, &scope.saved_context);
     scope.saved_caller = current_caller;
     current_caller = scope.saved_user;
     SetUserIdAndSecContext(owner, scope.saved_context | SECURITY_LOCAL_USERID_CHANGE |
-                                      SECURITY_RESTRICTED_OPERATION);
+                                      (restricted ? SECURITY_RESTRICTED_OPERATION : 0));
 #if PG_VERSION_NUM < 170000
     PushOverrideSearchPath(&catalog_only_path);
 #else

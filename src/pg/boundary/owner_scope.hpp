@@ -2,12 +2,17 @@
 // pg_catalog, while they work on the extension's tables: a role allowed to
 // call them needs no privilege on the tables, and nothing on the caller's
 // search path (an operator, a type, a temporary table) can stand in for an
-// object the statements name. The switch is a security-restricted operation,
-// as PostgreSQL's own maintenance commands make theirs: code that runs
-// inside it (a trigger the owner added) cannot change the role, create
-// temporary objects or leave settings behind for the caller. This is what SECURITY DEFINER with
-// SET search_path does, without its cost on every call (that GUC is saved,
-// parsed and restored each time, and the plans' search path re-checked).
+// object the statements name. This is what SECURITY DEFINER with SET
+// search_path does, without its cost on every call (that GUC is saved,
+// parsed and restored each time, and the plans' search path re-checked),
+// and with its rules: code that runs inside (a trigger the owner added)
+// cannot change the role, and the deferred triggers a call's writes queue
+// fire at the commit, as for a SECURITY DEFINER function's statements.
+//
+// The background workers are sessions of their own: they work as the owner
+// in a security-restricted operation, as autovacuum works as a table's
+// owner, so that nothing the owner's code queues can run after the switch
+// back, as the worker's superuser.
 #pragma once
 
 #include "pg/boundary/postgres.hpp"
@@ -26,8 +31,9 @@ struct OwnerScope {
 
 OwnerScope enter_owner_scope(FunctionCallInfo fcinfo);
 // The same for work done on a function's behalf after it returned (at
-// commit), as `owner`.
-OwnerScope enter_owner_scope_of(Oid owner);
+// commit), as `owner`; `restricted`: in a security-restricted operation (a
+// background worker's).
+OwnerScope enter_owner_scope_of(Oid owner, bool restricted = false);
 void leave_owner_scope(const OwnerScope& scope);
 
 // The role that called the function running now, as it was before the

@@ -5,8 +5,10 @@
 extern "C" {
 #include "access/relscan.h"
 #include "access/table.h"
+#include "access/xact.h"
 #include "executor/nodeModifyTable.h"
 #include "rewrite/rewriteHandler.h"
+#include "tcop/utility.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 }
@@ -115,6 +117,18 @@ bool still_matches(Relation index, TupleTableSlot* slot, ScanKeyData* keys, int 
     return true;
 }
 
+// What the executor checks before a statement that writes or locks rows
+// starts (ExecCheckXactReadOnly): a read-only transaction, and so a hot
+// standby, refuses it with 25006 before any trigger fires or any
+// transaction id is taken.
+void refuse_if_read_only(CmdType command) {
+    if (!XactReadOnly) return;
+    PreventCommandIfReadOnly(command == CMD_INSERT   ? "INSERT"
+                             : command == CMD_UPDATE ? "UPDATE"
+                             : command == CMD_DELETE ? "DELETE"
+                                                     : "SELECT FOR NO KEY UPDATE");
+}
+
 [[noreturn]] void raise_serialization_failure() {
     ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
                     errmsg("could not serialize access due to concurrent update")));
@@ -126,6 +140,7 @@ bool still_matches(Relation index, TupleTableSlot* slot, ScanKeyData* keys, int 
 // against the index key; false when the row is gone, held (skip), or no
 // longer has the key.
 bool lock_found(OpenTable* table, RowLock lock) {
+    refuse_if_read_only(CMD_SELECT);
     const bool follow = !IsolationUsesXactSnapshot();
     TM_FailureData failure;
     ItemPointerData tid = table->found->tts_tid;
@@ -168,6 +183,7 @@ int statement_index(CmdType command) {
 TransitionCaptureState* start_statement(OpenTable* table, CmdType command) {
     WriteStatement& statement = table->statements[statement_index(command)];
     if (statement.started) return statement.capture;
+    refuse_if_read_only(command);
     statement.started = true;
     TriggerDesc* triggers = table->target->ri_TrigDesc;
     if (triggers == nullptr) return nullptr;
@@ -461,6 +477,8 @@ bool delete_found_row(OpenTable* table) {
     }
     return wanted;
 }
+
+void fire_triggers_deferred_to_commit() { AfterTriggerFireDeferred(); }
 
 Datum found_row_datum(OpenTable* table) { return ExecFetchSlotHeapTupleDatum(table->found); }
 

@@ -151,6 +151,12 @@ Change update_found_row(OpenTable* table, TupleTableSlot* row, const AttrNumber*
 // trigger skipped it.
 bool delete_found_row(OpenTable* table);
 
+// Writes made at the commit (from a pre-commit callback), after the commit
+// fired the transaction's deferred triggers: the deferred triggers they
+// queued fire now, since there is no later point (the commit would drop
+// them unfired).
+void fire_triggers_deferred_to_commit();
+
 // The found row as a composite datum of the table's row type, copied.
 Datum found_row_datum(OpenTable* table);
 

@@ -13,6 +13,7 @@ extern "C" {
 #include "access/table.h"
 #include "access/xact.h"
 #include "commands/sequence.h"
+#include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
@@ -49,6 +50,32 @@ KeyInsert probe(Relation table, Relation primary_key, const NewKey& key, Transac
     return found;
 }
 
+bool same_text(TupleTableSlot* row, AttrNumber column, const text* wanted) {
+    bool isnull = false;
+    const Datum value = slot_getattr(row, column, &isnull);
+    if (isnull) return false;
+    const text* stored = DatumGetTextPP(value);
+    const std::size_t size = VARSIZE_ANY_EXHDR(stored);
+    return size == VARSIZE_ANY_EXHDR(wanted) &&
+           std::memcmp(VARDATA_ANY(stored), VARDATA_ANY(wanted), size) == 0;
+}
+
+// The insert is speculative on the key the call names: a trigger that gave
+// the row another key would make the call answer for a key it did not
+// insert (or, were that key taken, probe and insert again forever).
+void refuse_changed_key(TupleTableSlot* row, const KeyColumns& at, const NewKey& key,
+                        Relation table) {
+    if (same_text(row, at.scope, key.scope) && same_text(row, at.key, key.key)) return;
+    ereport(ERROR,
+            (errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
+             errmsg("a trigger on table \"%s\" changed the scope or key of a new key",
+                    RelationGetRelationName(table)),
+             errdetail("The call is for key \"%s\" of scope \"%s\".", text_to_cstring(key.key),
+                       text_to_cstring(key.scope)),
+             errhint("A BEFORE INSERT trigger on the keys table must leave scope and key as "
+                     "they are.")));
+}
+
 }  // namespace
 
 KeyInsertResult insert_key(const NewKey& key) {
@@ -82,6 +109,7 @@ KeyInsertResult insert_key(const NewKey& key) {
         if (triggers != nullptr && triggers->trig_insert_before_row)
             wanted = ExecBRInsertTriggers(estate, target, slot);
         if (!wanted) elog(ERROR, "idempotency: a trigger on the keys table refused a new key");
+        refuse_changed_key(slot, *write.at, key, table);
         check_row(&open, slot, CMD_INSERT);
 
         for (;;) {

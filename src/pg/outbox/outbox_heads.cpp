@@ -9,6 +9,7 @@
 #include "pg/outbox/outbox_index.hpp"
 #include "pg/outbox/outbox_ready_floor.hpp"
 #include "pg/boundary/owner_scope.hpp"
+#include "pg/boundary/row_access.hpp"
 #include "pg/outbox/producer_turn.hpp"
 #include "pg/boundary/spi.hpp"
 #include "pg/boundary/text_bytes.hpp"
@@ -423,6 +424,7 @@ void before_commit() {
     connect_spi();
     check_all();
     finish_spi();
+    fire_triggers_deferred_to_commit();
     PopActiveSnapshot();
     leave_owner_scope(scope);
 }

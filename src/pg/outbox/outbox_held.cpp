@@ -8,6 +8,7 @@
 #include "pg/outbox/outbox_ready_floor.hpp"
 #include "pg/outbox/outbox_store.hpp"
 #include "pg/boundary/owner_scope.hpp"
+#include "pg/boundary/row_access.hpp"
 
 extern "C" {
 #include "access/xact.h"
@@ -91,6 +92,7 @@ void write_unsettled() {
     const ClaimedEvents claimed{ids, leases, relays, times, caps, n};
     const OwnerScope scope = enter_owner_scope_of(writer);
     write_claims(claimed);
+    fire_triggers_deferred_to_commit();
     leave_owner_scope(scope);
 }
 

@@ -14,6 +14,7 @@ extern "C" {
 #include "port/atomics.h"
 #include "storage/lwlock.h"
 #include "storage/proc.h"
+#include "storage/procarray.h"
 #include "storage/shmem.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
@@ -56,9 +57,38 @@ struct Recount {
     TransactionId xip[FLEXIBLE_ARRAY_MEMBER];
 };
 
+// A prepared transaction's adjustments wait here until it ends: applied if
+// it committed, dropped if it rolled back. Each prepared transaction of a
+// backend with the library has a marker (family 'p', no values) and one
+// entry per name it adjusted; all in one pool under the lock.
+constexpr char kPreparedFamily = 'p';
+constexpr int kParkedPerPrepared = 16;  // the pool's room per prepared transaction
+
+struct Parked {
+    TransactionId xid;  // InvalidTransactionId: free
+    Oid tables[2];      // the keys and outbox tables it changed
+    GaugeKey key;       // the database, family and name (the marker: family 'p')
+    std::int64_t values[kGaugeValues];
+    Micros latest;
+};
+
+struct ParkedPool {
+    pg_atomic_uint32 used;  // entries in use: read without the lock, a hint
+    int capacity;
+    Parked entries[FLEXIBLE_ARRAY_MEMBER];
+};
+
 LWLock* lock = nullptr;
 HTAB* entries = nullptr;
 Recount* recount = nullptr;
+ParkedPool* parked = nullptr;
+
+int parked_capacity() { return max_prepared_xacts * (1 + kParkedPerPrepared); }
+
+Size parked_size() {
+    return add_size(offsetof(ParkedPool, entries),
+                    mul_size(sizeof(Parked), static_cast<Size>(parked_capacity())));
+}
 
 int max_in_progress() { return MaxBackends + max_prepared_xacts; }
 
@@ -201,24 +231,27 @@ void add_to(GaugeEntry* entry, const std::int64_t values[kGaugeValues], Micros l
     if (latest != 0) raise_latest(&entry->latest, latest);
 }
 
-// Whether this transaction's changes go into the database's counts now:
-// known for the same tables, or being recounted by a snapshot that does not
-// see this transaction. Under the lock.
-bool counts_take_changes() {
-    GaugeEntry* database = database_entry(MyDatabaseId, HASH_FIND);
+// Whether the changes of transaction `xid` to `tables` go into the counts
+// of `database_id` now: known for the same tables, or being recounted by a
+// snapshot that does not see that transaction. Under the lock.
+bool counts_take(Oid database_id, const Oid tables[2], TransactionId xid) {
+    GaugeEntry* database = database_entry(database_id, HASH_FIND);
     if (database == nullptr) return false;
-    if (pg_atomic_read_u64(&database->values[1]) != pending_tables[0] ||
-        pg_atomic_read_u64(&database->values[2]) != pending_tables[1])
+    if (pg_atomic_read_u64(&database->values[1]) != tables[0] ||
+        pg_atomic_read_u64(&database->values[2]) != tables[1])
         return false;
     switch (state_of(database)) {
         case CountState::Known: return true;
         case CountState::Counting:
         case CountState::Stale:
-            return recount->database == MyDatabaseId && !recount_sees(committing_xid);
+            return recount->database == database_id && !recount_sees(xid);
         case CountState::Unknown: return false;
     }
     return false;
 }
+
+// The same for this transaction, committing.
+bool counts_take_changes() { return counts_take(MyDatabaseId, pending_tables, committing_xid); }
 
 // At commit (or prepare): nothing here may raise an error. Names already
 // known are added to under the shared lock; new ones are made under the
@@ -256,6 +289,122 @@ void apply_pending() {
         }
     }
     LWLockRelease(lock);
+}
+
+// --- prepared transactions ------------------------------------------------------
+
+void set_state(GaugeEntry* database, CountState state);
+
+// The counts of `database_id` become unknown (a recount is due); one
+// running now ends unknown. Under the exclusive lock.
+void make_unknown(Oid database_id) {
+    GaugeEntry* entry = database_entry(database_id, HASH_FIND);
+    if (entry == nullptr) return;
+    if (state_of(entry) == CountState::Known) set_state(entry, CountState::Unknown);
+    if (state_of(entry) == CountState::Counting) set_state(entry, CountState::Stale);
+}
+
+void free_parked(Parked* entry) {
+    entry->xid = InvalidTransactionId;
+    pg_atomic_fetch_sub_u32(&parked->used, 1);
+}
+
+// At PREPARE TRANSACTION (nothing here may raise an error): the marker of
+// transaction `xid` and its adjustments, parked until it ends. Without room
+// for all of them, none is parked and the database's counts become unknown:
+// the recount that follows finds the prepared transaction unparked and
+// stays unknown until it has ended.
+void park_pending(TransactionId xid) {
+    if (lock == nullptr || parked == nullptr || !TransactionIdIsValid(xid)) return;
+    const long changes = pending_any ? hash_get_num_entries(pending) : 0;
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    int free_count = 0;
+    for (int i = 0; i < parked->capacity; ++i)
+        if (!TransactionIdIsValid(parked->entries[i].xid)) ++free_count;
+    if (free_count < 1 + changes) {
+        if (changes > 0) make_unknown(MyDatabaseId);
+        LWLockRelease(lock);
+        return;
+    }
+    int next = 0;
+    auto take = [&]() -> Parked* {
+        while (TransactionIdIsValid(parked->entries[next].xid)) ++next;
+        Parked* entry = &parked->entries[next];
+        std::memset(entry, 0, sizeof *entry);
+        entry->xid = xid;
+        entry->tables[0] = pending_tables[0];
+        entry->tables[1] = pending_tables[1];
+        pg_atomic_fetch_add_u32(&parked->used, 1);
+        return entry;
+    };
+    make_key(&take()->key, MyDatabaseId, kPreparedFamily, "", 0);
+    if (changes > 0) {
+        HASH_SEQ_STATUS scan;
+        hash_seq_init(&scan, pending);
+        while (auto* change = static_cast<Pending*>(hash_seq_search(&scan))) {
+            Parked* entry = take();
+            entry->key = change->id.key;
+            std::memcpy(entry->values, change->values, sizeof entry->values);
+            entry->latest = change->latest;
+        }
+    }
+    LWLockRelease(lock);
+}
+
+// Prepared transactions that ended since they were parked: a committed
+// one's adjustments are applied as its commit would have applied them, a
+// rolled-back one's dropped. Any backend may settle any database's.
+void settle_prepared() {
+    if (parked == nullptr || pg_atomic_read_u32(&parked->used) == 0) return;
+    TransactionId xids[64];
+    int count = 0;
+    LWLockAcquire(lock, LW_SHARED);
+    for (int i = 0; i < parked->capacity && count < 64; ++i)
+        if (TransactionIdIsValid(parked->entries[i].xid) &&
+            parked->entries[i].key.family == kPreparedFamily)
+            xids[count++] = parked->entries[i].xid;
+    LWLockRelease(lock);
+    for (int x = 0; x < count; ++x) {
+        if (TransactionIdIsInProgress(xids[x])) continue;
+        const bool committed = TransactionIdDidCommit(xids[x]);
+        LWLockAcquire(lock, LW_EXCLUSIVE);
+        for (int i = 0; i < parked->capacity; ++i) {
+            Parked* entry = &parked->entries[i];
+            if (entry->xid != xids[x]) continue;
+            if (committed && entry->key.family != kPreparedFamily &&
+                counts_take(entry->key.database, entry->tables, entry->xid))
+                if (GaugeEntry* gauge = find_entry(entry->key.database, entry->key.family,
+                                                   entry->key.name, std::strlen(entry->key.name),
+                                                   HASH_ENTER_NULL))
+                    add_to(gauge, entry->values, entry->latest);
+            free_parked(entry);
+        }
+        LWLockRelease(lock);
+    }
+}
+
+// At the start of a recount of this database, under the exclusive lock:
+// what its snapshot sees ended is counted from the tables, so those parked
+// adjustments go. True when every prepared transaction of `prepared` (this
+// database's, listed before the snapshot) is parked: otherwise one prepared
+// before the server started (or without room) may change the tables
+// unseen, and the counts stay unknown until it has ended.
+bool recount_settles_parked(const TransactionId* prepared, int prepared_count) {
+    if (parked == nullptr) return prepared_count == 0;
+    for (int i = 0; i < parked->capacity; ++i) {
+        Parked* entry = &parked->entries[i];
+        if (TransactionIdIsValid(entry->xid) && entry->key.database == MyDatabaseId &&
+            recount_sees(entry->xid))
+            free_parked(entry);
+    }
+    for (int p = 0; p < prepared_count; ++p) {
+        bool found = false;
+        for (int i = 0; i < parked->capacity && !found; ++i)
+            found = parked->entries[i].xid == prepared[p] &&
+                    parked->entries[i].key.family == kPreparedFamily;
+        if (!found) return false;
+    }
+    return true;
 }
 
 // The adjustments of subtransaction level `level` and deeper, copied out.
@@ -309,13 +458,21 @@ void abandon_recount() {
 void on_transaction_end(XactEvent event, void*) {
     switch (event) {
         case XACT_EVENT_PRE_COMMIT:
-        case XACT_EVENT_PRE_PREPARE:
             if (pending_any) committing_xid = GetTopTransactionIdIfAny();
+            return;
+        case XACT_EVENT_PRE_PREPARE:
+            // Every prepared transaction is parked, with or without
+            // adjustments (see recount_settles_parked); the room of those
+            // that ended is taken back first.
+            settle_prepared();
+            committing_xid = GetTopTransactionIdIfAny();
             return;
         case XACT_EVENT_COMMIT:
         case XACT_EVENT_PARALLEL_COMMIT:
-        case XACT_EVENT_PREPARE:
             apply_pending();
+            break;
+        case XACT_EVENT_PREPARE:
+            park_pending(committing_xid);
             break;
         case XACT_EVENT_ABORT:
         case XACT_EVENT_PARALLEL_ABORT:
@@ -343,6 +500,7 @@ void gauge_latest_on_commit(GaugeFamily family, const text* name, Micros at) {
 bool gauges_known() {
     if (lock == nullptr) return false;
     const ExtensionObjects& objects = extension_objects();
+    settle_prepared();
     LWLockAcquire(lock, LW_SHARED);
     GaugeEntry* database = database_entry(MyDatabaseId, HASH_FIND);
     const bool known = database != nullptr && state_of(database) == CountState::Known &&
@@ -425,9 +583,10 @@ bool read_gauges(GaugeFamily family, GaugeRowSink sink, void* context) {
     }
 }
 
-Snapshot begin_recount() {
+Snapshot begin_recount(const TransactionId* prepared, int prepared_count) {
     if (lock == nullptr) return nullptr;
     const ExtensionObjects& objects = extension_objects();
+    settle_prepared();
     LWLockAcquire(lock, LW_EXCLUSIVE);
     if (recount->database != InvalidOid) {
         LWLockRelease(lock);
@@ -446,7 +605,8 @@ Snapshot begin_recount() {
     recount->xmax = snapshot->xmax;
     recount->xcnt = std::min<int>(static_cast<int>(snapshot->xcnt), max_in_progress());
     std::memcpy(recount->xip, snapshot->xip, sizeof(TransactionId) * recount->xcnt);
-    set_state(database, CountState::Counting);
+    set_state(database, recount_settles_parked(prepared, prepared_count) ? CountState::Counting
+                                                                          : CountState::Stale);
     pg_atomic_write_u64(&database->values[1], objects.keys);
     pg_atomic_write_u64(&database->values[2], objects.outbox);
     HASH_SEQ_STATUS scan;
@@ -483,8 +643,9 @@ void end_recount() {
 }
 
 Size gauges_size() {
-    return add_size(hash_estimate_size(entry_capacity(), sizeof(GaugeEntry)),
-                    MAXALIGN(recount_size()));
+    return add_size(add_size(hash_estimate_size(entry_capacity(), sizeof(GaugeEntry)),
+                             MAXALIGN(recount_size())),
+                    MAXALIGN(parked_size()));
 }
 
 void request_gauges_lock() { RequestNamedLWLockTranche(kTrancheName, 1); }
@@ -500,6 +661,13 @@ void init_gauges() {
     bool found = false;
     recount = static_cast<Recount*>(ShmemInitStruct("idempotency gauge recount", recount_size(), &found));
     if (!found) recount->database = InvalidOid;
+    parked = static_cast<ParkedPool*>(
+        ShmemInitStruct("idempotency gauges of prepared transactions", parked_size(), &found));
+    if (!found) {
+        std::memset(parked, 0, parked_size());
+        pg_atomic_init_u32(&parked->used, 0);
+        parked->capacity = parked_capacity();
+    }
     lock = &(GetNamedLWLockTranche(kTrancheName))->lock;
 }
 

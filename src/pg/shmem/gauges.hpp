@@ -5,7 +5,10 @@
 // (pg/outbox_counts.hpp).
 //
 // A transaction's adjustments are kept per subtransaction (a rolled-back
-// one's are dropped) and applied when it commits or prepares. The counts of
+// one's are dropped) and applied when it commits. A prepared transaction's
+// wait in shared memory until it ends, in whichever session: applied if it
+// committed, dropped if it rolled back (settled by the next read of the
+// counts or the next PREPARE). The counts of
 // a database are known only once recounted from its tables (after a server
 // start, an update of the extension, DROP and CREATE EXTENSION, or
 // idempotency.request_sweep()); until then they are unknown and committing
@@ -52,8 +55,11 @@ void forget_gauges(Oid database);
 // --- a recount (pg/gauge_recount.hpp) ---------------------------------------------------
 // Starts a recount of this database: its counts become unknown, and the
 // snapshot returned (registered; nullptr when another recount runs now, or
-// without shared memory) is the one to count with.
-Snapshot begin_recount();
+// without shared memory) is the one to count with. `prepared` are this
+// database's prepared transactions, listed before the call: one whose
+// adjustments are not waiting in shared memory (prepared before the server
+// started) leaves the counts unknown at the recount's end.
+Snapshot begin_recount(const TransactionId* prepared, int prepared_count);
 // A row counted with that snapshot.
 void recount_row(GaugeFamily family, const text* name, const std::int64_t values[kGaugeValues],
                  std::optional<Micros> latest);
