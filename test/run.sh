@@ -115,7 +115,7 @@ run_tap() {
 run_harnesses() {
     local script
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/matrix/versions_agree.sh \
-        test/docs/run.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh test/relay/brokers.sh \
+        test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh test/relay/brokers.sh \
         test/chaos/run.sh test/clients/*.sh test/monitoring/*.sh examples/run-all.sh}); do
         script=$stage/$script
         [ -x "$script" ] || continue

@@ -539,14 +539,20 @@ class Broker:
             line(f"{via}: {waited}completed -> replays charge "
                  f"#{ev['result']['charge_id']}, no second charge")
         elif kind == "in_progress":
-            line(f"{via}: in_progress, the holder's lease has "
-                 f"{ev['retry_after']:.2f}s left -> nack, retry in {ev['delay']:.2f}s")
+            # retry_after is NULL when another transaction is creating the
+            # key right now: there is no lease to tell of yet.
+            if ev["retry_after"] is None:
+                left = "another transaction is creating the key"
+            else:
+                left = f"the holder should be done in {ev['retry_after']:.2f}s"
+            line(f"{via}: in_progress, {left} -> nack, retry in {ev['delay']:.2f}s")
         elif kind == "retry_later":
             concurrent = p.busy is not None and p.busy.reason in ("first", "duplicate")
             waited = ("after waiting for the other transaction, "
                       if concurrent and ev["waited"] > 0.004 else "")
-            line(f"{via}: {waited}retry_later, {ev['retry_after'] * 1000:.0f} ms of backoff left"
-                 " -> nack")
+            left = ("" if ev["retry_after"] is None
+                    else f", {ev['retry_after'] * 1000:.0f} ms of backoff left")
+            line(f"{via}: {waited}retry_later{left} -> nack")
         elif kind == "failed_retryable":
             self.settle_claim(job, ev["token"])
             line(f"attempt {ev['attempt']} failed ({ev['error']}) -> idem_fail(retryable) -> "

@@ -6,13 +6,26 @@
 # folder, runs the scenario in test/demo/demo.py against it, and removes
 # everything on exit: on success, on failure and on Ctrl-C.
 # The exit status is the scenario's: non-zero when its proof fails.
-#   DEMO_PORT (54420)  port of the throwaway cluster (names its socket file)
+#   DEMO_PORT          port of the throwaway cluster (default: one no other
+#                      cluster of this machine uses; it names the socket file)
 #   DEMO_SEED          seed of the simulated broker's faults (default fixed)
 #   DEMO_VERBOSE=1     print every delivery, not only the interesting ones
 set -u
 . "$(dirname "$0")/../lib/common.sh"
 
-port=${DEMO_PORT:-54420}
+# A port nothing listens on now, TCP or Unix socket under the usual folders.
+free_port() {
+    local candidate
+    for candidate in $(shuf -i 20000-60000 -n 50); do
+        [ -e "/var/run/postgresql/.s.PGSQL.$candidate" ] && continue
+        [ -e "/tmp/.s.PGSQL.$candidate" ] && continue
+        (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null && continue
+        echo "$candidate"
+        return 0
+    done
+    return 1
+}
+port=${DEMO_PORT:-$(free_port)} || { echo "no free port found" >&2; exit 1; }
 dir=""
 demo_pid=""
 
@@ -33,10 +46,13 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-ensure_packages || exit 1
-build_and_install || exit 1
+# IDEM_SKIP_BUILD=1: use what is installed (the repeated runs of test/demo/repeat.sh).
+if [ -z "${IDEM_SKIP_BUILD:-}" ]; then
+    ensure_packages || exit 1
+    build_and_install || exit 1
+fi
 
-dir=$(mktemp -d /tmp/idempotency-demo.XXXXXX)
+dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-demo.XXXXXX")
 log "starting a throwaway cluster in $dir (port $port)"
 if ! start_cluster "$dir" "$port" \
     "max_connections = 40" \
