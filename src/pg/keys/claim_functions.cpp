@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "pg/boundary/args.hpp"
 #include "pg/shmem/due_table.hpp"
+#include "pg/shmem/durations.hpp"
 #include "pg/keys/fingerprint.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/keys/key_insert.hpp"
@@ -52,12 +53,25 @@ void describe(const StoredKey& stored, const ClaimDecision& decision, OutcomeFie
     out->token.reset();
     out->attempt = stored.state.attempts;
     out->retry_after = decision.retry_after;
+    out->holder_since = stored.state.status == Status::Processing ? stored.claimed_at : std::nullopt;
     out->job_ref = stored.job_ref;
     out->has_job_ref = stored.has_job_ref;
     out->has_result = decision.outcome == Outcome::Completed && stored.has_result;
     out->result = stored.result;
     out->has_error = decision.outcome == Outcome::Failed && stored.has_last_error;
     out->error = stored.last_error;
+}
+
+// An in_progress answer about a holder at work reports, instead of its
+// whole lease left, when it is expected to be done: from how long the
+// scope's recent completions took, never past the lease
+// (core/expected_done.hpp). Without an estimate, the lease left.
+void estimate_retry_after(const text* scope, OutcomeFields* out) {
+    if (out->outcome != Outcome::InProgress || !out->retry_after || !out->holder_since) return;
+    const std::optional<DurationEstimate> estimate = completion_estimate(scope);
+    if (!estimate) return;
+    const Micros elapsed = GetCurrentTimestamp() - *out->holder_since;
+    out->retry_after = expected_remaining(*estimate, elapsed, *out->retry_after);
 }
 
 // Answers are counted once per call, whatever the caller then does.
@@ -283,6 +297,7 @@ Datum claim_body(FunctionCallInfo fcinfo) {
         CHECK_FOR_INTERRUPTS();
     }
     if (wait) stop_waiting();
+    estimate_retry_after(args.id.scope, &out);
     count_answer_of(out.outcome);
     return outcome_datum(fcinfo, out);
 }
@@ -303,6 +318,7 @@ Datum register_body(FunctionCallInfo fcinfo) {
             describe(stored,
                      decide_register(stored.state, fingerprint_conflict(stored, request), now),
                      &out);
+            estimate_retry_after(id.scope, &out);
             break;
         }
         if (read_only_transaction()) raise_read_only("idem_register");

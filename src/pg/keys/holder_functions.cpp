@@ -6,6 +6,7 @@
 #include "core/retry.hpp"
 #include "pg/boundary/args.hpp"
 #include "pg/shmem/due_table.hpp"
+#include "pg/shmem/durations.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/keys/key_store.hpp"
 #include "pg/shmem/metrics.hpp"
@@ -147,7 +148,10 @@ Datum complete_body(FunctionCallInfo fcinfo) {
         // No lease_until: the sweep expired the lease and settled it.
         if (!stored.state.lease_until || *stored.state.lease_until < now)
             count_on_commit(Counter::LateCompletions);
-        if (stored.claimed_at) observe_processing_on_commit(now - *stored.claimed_at);
+        if (stored.claimed_at) {
+            observe_processing_on_commit(now - *stored.claimed_at);
+            note_completion(id.scope, now - *stored.claimed_at);
+        }
         wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
         log_transition(id.scope, id.key, stored.state.status, Status::Completed, token,
                        stored.state.attempts);

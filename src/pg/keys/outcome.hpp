@@ -20,6 +20,9 @@ struct OutcomeFields {
     Datum error = 0;   // text, when has_error
     bool has_error = false;
     std::optional<Micros> retry_after;
+    // Not returned: when the holder of a PROCESSING key claimed it (for the
+    // estimate of when it will be done).
+    std::optional<Micros> holder_since;
     Datum job_ref = 0;  // text, when has_job_ref
     bool has_job_ref = false;
 };

@@ -4,6 +4,7 @@
 #include "pg/outbox/outbox_ready_floor.hpp"
 #include "pg/outbox/producer_turn.hpp"
 #include "pg/shmem/due_table.hpp"
+#include "pg/shmem/durations.hpp"
 #include "pg/shmem/gauges.hpp"
 #include "pg/shmem/notifier_table.hpp"
 #include "pg/shmem/waiter_table.hpp"
@@ -29,6 +30,7 @@ Size shared_memory_size() {
     size = add_size(size, notifier_table_size());
     size = add_size(size, ready_floor_size());
     size = add_size(size, gauges_size());
+    size = add_size(size, durations_size());
     size = add_size(size, MAXALIGN(waiter_table_size()));
     return add_size(size, producer_turn_size());
 }
@@ -39,6 +41,7 @@ void request_shared_memory() {
     request_due_table_lock();
     request_notifier_table_lock();
     request_gauges_lock();
+    request_durations_lock();
 }
 
 void start_shared_memory() {
@@ -57,6 +60,7 @@ void start_shared_memory() {
     init_ready_floor();
     init_producer_turns();
     init_gauges();
+    init_durations();
     init_waiter_table();
     LWLockRelease(AddinShmemInitLock);
 }

@@ -8,6 +8,9 @@
 //                           (shmem/due_table.hpp).
 //   the gauges              per database and scope or topic, the views'
 //                           counts: their LWLock (shmem/gauges.hpp).
+//   the durations           per database and scope, how long completions
+//                           took: an LWLock for the table, a spinlock per
+//                           entry (shmem/durations.hpp).
 //   the notifier table      per database, the topics waiting for the outbox
 //                           notifier: its LWLock (shmem/notifier_table.hpp).
 //   the ready floor         the outbox's oldest possibly uncommitted id: a
