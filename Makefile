@@ -81,11 +81,18 @@ build/relay/%.o: src/relay/%.cpp
 	$(CXX) $(RELAY_CPPFLAGS) $(RELAY_CXXFLAGS) -c -o $@ $<
 $(RELAY): $(RELAY_OBJS)
 	$(CXX) -o $@ $(RELAY_OBJS) $(RELAY_LIBS)
+# pg_config --bindir is seldom on PATH: a direct install (no DESTDIR) also
+# links the relay from RELAY_LINK_DIR, which is. Packages put it in /usr/bin.
+RELAY_LINK_DIR ?= /usr/local/bin
 install-relay: $(RELAY)
 	$(MKDIR_P) '$(DESTDIR)$(bindir)'
 	$(INSTALL_PROGRAM) $(RELAY) '$(DESTDIR)$(bindir)/idem-relay'
+	$(if $(DESTDIR)$(filter none,$(RELAY_LINK_DIR)),,$(MKDIR_P) '$(RELAY_LINK_DIR)' && \
+	    ln -sf '$(bindir)/idem-relay' '$(RELAY_LINK_DIR)/idem-relay')
 uninstall-relay:
 	rm -f '$(DESTDIR)$(bindir)/idem-relay'
+	$(if $(DESTDIR)$(filter none,$(RELAY_LINK_DIR)),,[ "$$(readlink '$(RELAY_LINK_DIR)/idem-relay')" != '$(bindir)/idem-relay' ] || \
+	    rm -f '$(RELAY_LINK_DIR)/idem-relay')
 .PHONY: install-relay uninstall-relay
 -include $(RELAY_OBJS:.o=.d)
 
