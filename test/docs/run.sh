@@ -3,11 +3,15 @@
 # is not marked with a line `<!-- illustrative -->` before it runs, in the
 # order of its page, against a throwaway cluster with the library preloaded,
 # one fresh database per page, and must succeed. README.md starts from an
-# empty database (it creates the extension itself); every page of docs/ from
-# one where the extension exists, as the README's install leaves it. SQL blocks run in psql as
-# the postgres superuser (ON_ERROR_STOP); shell blocks run in bash -e as the
-# postgres OS user, with PGHOST, PGPORT and PGDATABASE set for the page's
-# database and the PostgreSQL binaries (idem-relay among them) on PATH.
+# empty database (it creates the extension and the roles app, relay and
+# monitoring itself); every page of docs/ from one where the extension
+# exists and those roles have their rights, as the README's install leaves
+# it. Each block runs as the database role its page names for it (a line
+# `<!-- role: NAME -->` before its fence; a block without one fails): SQL
+# blocks in psql as that role (ON_ERROR_STOP); shell blocks in bash -e as
+# the postgres OS user with PGUSER set to it, and PGHOST, PGPORT and
+# PGDATABASE set for the page's database and the PostgreSQL binaries
+# (idem-relay among them) on PATH.
 # Ends with "N passed, N failed", one block a test. DOCS_PORT (54470).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,16 +32,21 @@ if ! start_cluster "$dir" "$port" "idempotency.naptime = '200ms'" \
     exit 1
 fi
 
-run_block() {  # run_block PAGE DB FILE LINE
-    local page=$1 db=$2 file=$3 line=$4 out status
+run_block() {  # run_block PAGE DB FILE LINE ROLE
+    local page=$1 db=$2 file=$3 line=$4 role=$5 out status
     out=$dir/out.txt
+    if [ "$role" = - ]; then
+        failed=$((failed + 1))
+        echo "FAIL $page:$line: the block names no role (a line <!-- role: NAME --> before it)"
+        return
+    fi
     case $file in
     *.sql)
-        as_pg "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p "$port" -U postgres \
+        as_pg "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p "$port" -U "$role" \
             -d "$db" -f "$file" >"$out" 2>&1 ;;
     *.sh)
         (cd "$dir/scratch" && as_pg env PGHOST="$dir" PGPORT="$port" PGDATABASE="$db" \
-            PGUSER=postgres PATH="$bindir:$PATH" bash -e "$file") >"$out" 2>&1 ;;
+            PGUSER="$role" PATH="$bindir:$PATH" bash -e "$file") >"$out" 2>&1 ;;
     esac
     status=$?
     if [ "$status" -eq 0 ] && ! grep -q '^psql:.*ERROR' "$out"; then
@@ -60,11 +69,12 @@ for page in "$root"/README.md "$root"/docs/*.md; do
     chmod -R a+rX "$dir/blocks"
     as_pg "$bindir/createdb" -h "$dir" -p "$port" -U postgres "$db" || { failed=$((failed + 1)); continue; }
     if [ "$name" != README ]; then
-        as_pg "$bindir/psql" -X -q -h "$dir" -p "$port" -U postgres -d "$db" \
-            -c 'CREATE EXTENSION idempotency' || { failed=$((failed + 1)); continue; }
+        as_pg "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -p "$port" -U postgres -d "$db" \
+            -c 'CREATE EXTENSION idempotency' -f "$here/roles.sql" >/dev/null ||
+            { failed=$((failed + 1)); continue; }
     fi
-    while IFS=$'\t' read -r file line; do
-        run_block "${page#$root/}" "$db" "$file" "$line"
+    while IFS=$'\t' read -r file line role; do
+        run_block "${page#$root/}" "$db" "$file" "$line" "$role"
     done <<<"$list"
 done
 echo "$passed passed, $failed failed"
