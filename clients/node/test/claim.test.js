@@ -32,11 +32,14 @@ describe('claim', () => {
     assert.deepEqual(await claim(pool, { key, request: { n: 2 } }, async () => 'again'), { outcome: 'mismatch' });
   });
 
+  // A scope with no completion yet has no estimate of when the holder will
+  // be done: retryAfter is the lease left (docs/keys.md).
   test('a key held by another worker is in progress, with the time its lease has left', async () => {
     const key = newKey();
+    const scope = `no-estimate-${key}`;
     let inner;
-    await claim(pool, { key, lease: 20 }, async () => {
-      inner = await claim(pool, { key }, async () => assert.fail('ran twice'));
+    await claim(pool, { key, scope, lease: 20 }, async () => {
+      inner = await claim(pool, { key, scope }, async () => assert.fail('ran twice'));
     });
     assert.equal(inner.outcome, 'in_progress');
     assert.ok(inner.retryAfter > 10 && inner.retryAfter <= 20, `retryAfter ${inner.retryAfter}`);

@@ -38,9 +38,12 @@ def test_another_request_under_the_key_is_a_mismatch(conn, new_key):
 
 
 def test_a_key_held_elsewhere_is_in_progress_with_the_lease_left(conn, other, new_key):
+    # A scope with no completion yet has no estimate of when the holder will
+    # be done: retry_after is the lease left (docs/keys.md).
     key = new_key()
-    with idem.claim(conn, key, lease=20) as job:
-        inner = run_once(other, key, "twice")
+    scope = f"no-estimate-{key}"
+    with idem.claim(conn, key, lease=20, scope=scope) as job:
+        inner = run_once(other, key, "twice", scope=scope)
     assert job.outcome == "completed"
     assert inner.outcome == "in_progress" and not inner.claimed
     assert 10 < inner.retry_after <= 20
