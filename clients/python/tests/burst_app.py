@@ -1,0 +1,44 @@
+"""The app of test_burst.py, run by uvicorn: POST /pay behind the ASGI
+middleware (claim mode, `wait` on) with a pool of BURST_POOL connections;
+the handler appends its key to BURST_RUNS, then takes BURST_HANDLER
+seconds."""
+
+import asyncio
+import os
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from psycopg_pool import AsyncConnectionPool
+
+from pg_idempotency.asgi import IdempotencyMiddleware
+
+HANDLER = float(os.environ.get("BURST_HANDLER", "1"))
+pool = AsyncConnectionPool("", min_size=1, max_size=int(os.environ.get("BURST_POOL", "5")), open=False,
+                           kwargs={"autocommit": True})
+app = FastAPI()
+app.add_middleware(IdempotencyMiddleware, pool=pool, scope=os.environ.get("BURST_SCOPE", "burst"),
+                   wait=float(os.environ.get("BURST_WAIT", "5")), lease=float(os.environ.get("BURST_LEASE", "1.5")))
+
+
+@app.on_event("startup")
+async def open_pool():
+    await pool.open()
+
+
+@app.on_event("shutdown")
+async def close_pool():
+    await pool.close()
+
+
+@app.get("/healthz")
+async def healthz():
+    return {"ok": True}
+
+
+@app.post("/pay")
+async def pay(request: Request):
+    key = request.state.idempotency.key
+    with open(os.environ["BURST_RUNS"], "a") as runs:
+        runs.write(key + "\n")
+    await asyncio.sleep(HANDLER)
+    return JSONResponse({"paid": key}, status_code=201)

@@ -1,0 +1,130 @@
+"""Finding 1 under a real server: uvicorn (Debian's), the ASGI middleware in
+claim mode with `wait` on and a pool of at most 5 connections, 200
+concurrent identical POSTs; then a SIGTERM during a burst. Prints the
+measured figures."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import wait_for
+
+HERE = Path(__file__).resolve().parent
+HANDLER, WAIT, POOL, LEASE = 1.0, 5.0, 5, 1.5
+
+
+class Server:
+    def __init__(self, tmp_path, scope):
+        self.socket = str(tmp_path / "api.sock")
+        self.runs = tmp_path / "runs.txt"
+        self.runs.write_text("")
+        self.log = open(tmp_path / "uvicorn.log", "w")
+        env = {**os.environ, "BURST_RUNS": str(self.runs), "BURST_HANDLER": str(HANDLER), "BURST_WAIT": str(WAIT),
+               "BURST_POOL": str(POOL), "BURST_LEASE": str(LEASE), "BURST_SCOPE": scope}
+        self.process = subprocess.Popen([sys.executable, "-m", "uvicorn", "burst_app:app", "--uds", self.socket,
+                                         "--log-level", "warning", "--backlog", "1024"],
+                                        cwd=HERE, env=env, stdout=self.log, stderr=self.log)
+
+        def up():
+            try:
+                with httpx.Client(transport=httpx.HTTPTransport(uds=self.socket)) as c:
+                    return c.get("http://burst/healthz").status_code == 200
+            except httpx.TransportError:
+                return False
+        wait_for("uvicorn", up, 30)
+
+    def ran(self):
+        return self.runs.read_text().split()
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def server(tmp_path, request):
+    s = Server(tmp_path, f"burst-{uuid.uuid4()}")
+    yield s
+    s.stop()
+
+
+async def burst(socket, keys, copies):
+    """Sends `copies` POSTs of each key at once; returns (key, response or error, seconds) per request."""
+    limits = httpx.Limits(max_connections=len(keys) * copies + 10, max_keepalive_connections=0)
+    async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=socket, limits=limits),
+                                 base_url="http://burst", timeout=60) as client:
+        async def one(key):
+            started = time.monotonic()
+            try:
+                answer = await client.post("/pay", json={"amount": 5}, headers={"Idempotency-Key": key})
+            except httpx.TransportError as exc:
+                answer = exc
+            return key, answer, time.monotonic() - started
+        return await asyncio.gather(*(one(key) for _ in range(copies) for key in keys))
+
+
+def is_owner(answer):
+    return isinstance(answer, httpx.Response) and answer.status_code == 201 and \
+        answer.headers.get("idempotent-replayed") != "true"
+
+
+def figures(label, times):
+    times = sorted(times)
+    return f"{label}: n={len(times)} max={times[-1]:.2f}s median={times[len(times) // 2]:.2f}s" if times else f"{label}: n=0"
+
+
+def test_200_identical_posts_with_wait_and_a_pool_of_5(server, admin, capsys):
+    key = f"burst-{uuid.uuid4()}"
+    answers = asyncio.run(burst(server.socket, [key], 200))
+    owners = [t for _, a, t in answers if is_owner(a)]
+    replays = [t for _, a, t in answers if isinstance(a, httpx.Response) and a.status_code == 201 and not is_owner(a)]
+    conflicts = [t for _, a, t in answers if isinstance(a, httpx.Response) and a.status_code == 409]
+    others = [a for _, a, _ in answers if not (isinstance(a, httpx.Response) and a.status_code in (201, 409))]
+    with capsys.disabled():
+        print(f"\n[burst] 200 POSTs, handler {HANDLER}s, wait {WAIT}s, pool {POOL}: "
+              f"{figures('owner', owners)}; {figures('replays', replays)}; {figures('409s', conflicts)}; other {len(others)}")
+    assert server.ran() == [key], "the handler ran once"
+    assert len(owners) == 1 and not others, [repr(a) for a in others[:3]]
+    assert owners[0] <= HANDLER + 1, f"the owner answered in {owners[0]:.2f}s"
+    assert max(replays + conflicts) <= WAIT + 1, f"a duplicate took {max(replays + conflicts):.2f}s"
+    assert len(replays) + len(conflicts) == 199
+
+
+def test_sigterm_during_a_burst(server, admin, capsys):
+    keys = [f"term-{uuid.uuid4()}" for _ in range(10)]
+
+    async def scenario():
+        sent = asyncio.create_task(burst(server.socket, keys, 20))
+        loop = asyncio.get_running_loop()
+        # Every key's handler is running: then the signal.
+        while len(server.ran()) < len(keys) and not sent.done():
+            await asyncio.sleep(0.02)
+        signalled = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        code = await loop.run_in_executor(None, lambda: server.process.wait(HANDLER + WAIT + 10))
+        exited = time.monotonic() - signalled
+        return await sent, code, exited
+    answers, code, exited = asyncio.run(scenario())
+    grace = HANDLER + 2
+    answered = [t for _, a, t in answers if isinstance(a, httpx.Response)]
+    statuses = sorted({a.status_code for _, a, _ in answers if isinstance(a, httpx.Response)})
+    rows = admin.execute("SELECT status::text, count(*) FROM idempotency.idempotency_keys WHERE key = ANY(%s) "
+                         "GROUP BY 1", (keys,)).fetchall()
+    with capsys.disabled():
+        print(f"\n[burst] SIGTERM during 10 keys x 20 POSTs: uvicorn exited {exited:.2f}s after it (bound {grace}s), "
+              f"status {code}; {figures('answered', answered)} statuses {statuses}; "
+              f"not answered (refused at shutdown) {len(answers) - len(answered)}; keys {dict(rows)}")
+    assert exited <= grace, f"uvicorn took {exited:.2f}s to stop"
+    assert sorted(server.ran()) == sorted(keys), "each handler ran once"
+    assert dict(rows) == {"COMPLETED": len(keys)}, "no key left PROCESSING"
+    assert statuses and set(statuses) <= {201, 409}
