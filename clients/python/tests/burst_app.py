@@ -20,6 +20,23 @@ app.add_middleware(IdempotencyMiddleware, pool=pool, scope=os.environ.get("BURST
                    wait=float(os.environ.get("BURST_WAIT", "5")), lease=float(os.environ.get("BURST_LEASE", "1.5")))
 
 
+class Seen:
+    """Counts the POSTs the server took in (a byte each in BURST_SEEN), outside
+    the idempotency middleware (added last, so outermost)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST":
+            with open(os.environ["BURST_SEEN"], "a") as out:
+                out.write("r")
+        await self.app(scope, receive, send)
+
+
+app.add_middleware(Seen)
+
+
 @app.on_event("startup")
 async def open_pool():
     await pool.open()

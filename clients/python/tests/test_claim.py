@@ -27,17 +27,16 @@ def test_runs_once_and_replays_the_result(conn, new_key):
 
 def test_the_block_of_a_duplicate_does_not_run(conn, new_key):
     """Finding 4: the block ran for every duplicate unless it checked job.claimed."""
-    key, runs, replays = new_key(), [], []
+    key, runs = new_key(), []
     for _ in range(3):
         try:
-            with idem.claim(conn, key, {"n": 1}, on_replay=replays.append) as job:
+            with idem.claim(conn, key, {"n": 1}) as job:
                 runs.append(job.attempt)        # no `if job.claimed:`
                 job.result = {"sent": "m-1"}
         except idem.NotClaimed as answer:
             job = answer.job
     assert runs == [1], "the work ran once, not once per duplicate"
     assert (job.outcome, job.result, job.replayed, job.claimed) == ("completed", {"sent": "m-1"}, True, False)
-    assert [r["outcome"] for r in replays] == ["completed", "completed"]
 
 
 def test_hooks_report_conflicts_replays_and_fenced_workers(conn, other, new_key):
