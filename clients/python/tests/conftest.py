@@ -67,14 +67,14 @@ def estimates_retry_after(conn):
     """The feature probe of the Retry-After estimate: does `retry_after` of an
     in_progress answer estimate when the work will be done (recent
     completion durations of the scope, capped by the lease left) rather than
-    give the whole lease left? In a scope of its own: three keys claimed and
+    give the whole lease left? In a scope of its own: five keys claimed and
     completed at once, then a fourth claimed with a 60 s lease and claimed
     again from another connection. An estimate is well under the lease."""
     scope = f"probe-{uuid.uuid4()}"
     claim = ("SELECT outcome::text, token, extract(epoch FROM retry_after)::float8 FROM idempotency.idem_claim("
              "%s, lease => '60s', scope => %s)")
     with psycopg.connect(autocommit=True) as a, psycopg.connect(autocommit=True) as b:
-        for n in range(3):
+        for n in range(5):
             _, token, _ = a.execute(claim, (f"done-{n}", scope)).fetchone()
             a.execute("SELECT idempotency.idem_complete(%s, %s, scope => %s)", (f"done-{n}", token, scope))
         _, token, _ = a.execute(claim, ("held", scope)).fetchone()
