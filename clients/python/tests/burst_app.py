@@ -5,6 +5,8 @@ seconds."""
 
 import asyncio
 import os
+import signal
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -37,8 +39,20 @@ class Seen:
 app.add_middleware(Seen)
 
 
+def dump_tasks(signum, frame):
+    """SIGUSR1: where every thread and task is (the test asks when uvicorn does not stop)."""
+    import faulthandler
+    faulthandler.dump_traceback(all_threads=True)
+    for task in asyncio.all_tasks(loop):
+        task.print_stack(limit=8, file=sys.stderr)
+    sys.stderr.flush()
+
+
 @app.on_event("startup")
 async def open_pool():
+    global loop
+    loop = asyncio.get_running_loop()
+    signal.signal(signal.SIGUSR1, dump_tasks)
     await pool.open()
 
 

@@ -448,3 +448,42 @@ def test_a_300_ms_handlers_duplicates_get_retry_after_1(new_key, conn):
     values = [b.headers.get("retry-after") for b in busy if b.status_code == 409]
     print(f"[retry-after] 300 ms handler, lease 30 s: Retry-After {values}")
     assert values and set(values) == {"1"}, values
+
+
+def test_duplicates_of_a_holder_elsewhere_poll_off_the_pool(new_key):
+    """Two middleware instances (two processes, as far as their holders go)
+    share a pool of 2: A's request holds the key, 20 duplicates reach B and
+    wait. A still finds a connection for its complete at once."""
+    key = new_key()
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=2,
+                                       max_size=2) as pool:
+            def app_for():
+                app = FastAPI()
+
+                @app.post("/pay")
+                async def pay(request: Request):
+                    runs[request.state.idempotency.key] += 1
+                    await asyncio.sleep(0.5)
+                    return JSONResponse({"paid": True}, status_code=201)
+                app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.elsewhere", wait=5)
+                return app
+            a, b = (httpx.AsyncClient(transport=httpx.ASGITransport(app=app_for()), base_url="http://test")
+                    for _ in range(2))
+            loop = asyncio.get_running_loop()
+            async with a, b:
+                started = loop.time()
+
+                async def timed(client):
+                    answer = await client.post("/pay", headers={"idempotency-key": key})
+                    return answer, loop.time() - started
+                owner = asyncio.create_task(timed(a))
+                await asyncio.sleep(0.1)
+                duplicates = await asyncio.gather(*(timed(b) for _ in range(20)))
+                return await owner, duplicates
+    (owner, took), duplicates = asyncio.run(main())
+    assert owner.status_code == 201 and took < 0.5 + 1, took
+    assert all(d.status_code == 201 and d.headers["idempotent-replayed"] == "true" for d, _ in duplicates)
+    assert max(t for _, t in duplicates) < 0.5 + 1
+    assert runs[key] == 1

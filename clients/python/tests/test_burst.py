@@ -18,7 +18,7 @@ import pytest
 from conftest import wait_for
 
 HERE = Path(__file__).resolve().parent
-HANDLER, WAIT, POOL, LEASE = 1.0, 5.0, 5, 1.5
+HANDLER, WAIT, POOL, LEASE = 1.0, 5.0, 5, 5.0
 
 
 class Server:
@@ -31,7 +31,7 @@ class Server:
         env = {**os.environ, "BURST_RUNS": str(self.runs), "BURST_SEEN": str(self.seen), "BURST_HANDLER": str(handler), "BURST_WAIT": str(WAIT),
                "BURST_POOL": str(POOL), "BURST_LEASE": str(LEASE), "BURST_SCOPE": scope}
         self.process = subprocess.Popen([sys.executable, "-m", "uvicorn", "burst_app:app", "--uds", self.socket,
-                                         "--log-level", "warning", "--backlog", "1024"],
+                                         "--log-level", "info", "--no-access-log", "--backlog", "1024"],
                                         cwd=HERE, env=env, stdout=self.log, stderr=self.log)
 
         def up():
@@ -44,6 +44,10 @@ class Server:
 
     def ran(self):
         return self.runs.read_text().split()
+
+    def logged(self):
+        self.log.flush()
+        return Path(self.log.name).read_text()[-6000:]
 
     def taken_in(self):
         return len(self.seen.read_text())
@@ -119,7 +123,12 @@ def test_sigterm_during_a_burst(server, admin, capsys):
             await asyncio.sleep(0.02)
         signalled = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
-        code = await loop.run_in_executor(None, lambda: server.process.wait(TERM_HANDLER + WAIT + 10))
+        try:
+            code = await loop.run_in_executor(None, lambda: server.process.wait(TERM_HANDLER + WAIT + 10))
+        except subprocess.TimeoutExpired:
+            server.process.send_signal(signal.SIGUSR1)     # its tasks into the log
+            await asyncio.sleep(1)
+            raise AssertionError("uvicorn did not stop; its tasks:\n" + server.logged())
         exited = time.monotonic() - signalled
         return await sent, code, exited
     answers, code, exited = asyncio.run(scenario())
