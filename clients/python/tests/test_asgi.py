@@ -487,3 +487,27 @@ def test_duplicates_of_a_holder_elsewhere_poll_off_the_pool(new_key):
     assert all(d.status_code == 201 and d.headers["idempotent-replayed"] == "true" for d, _ in duplicates)
     assert max(t for _, t in duplicates) < 0.5 + 1
     assert runs[key] == 1
+
+
+def test_transaction_mode_with_wait_replays_to_waiting_duplicates(new_key, admin):
+    key = new_key()
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=2,
+                                       max_size=3) as pool:
+            app = FastAPI()
+
+            @app.post("/tx")
+            async def tx(request: Request):
+                ctx = request.state.idempotency
+                runs[ctx.key] += 1
+                await ctx.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'tx-wait')", (ctx.key,))
+                await asyncio.sleep(0.4)
+                return JSONResponse({"written": True}, status_code=201)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.tx-wait", mode="transaction", wait=5)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+                return await asyncio.gather(*(client.post("/tx", headers={"idempotency-key": key}) for _ in range(12)))
+    answers = asyncio.run(main())
+    assert [a.status_code for a in answers] == [201] * 12
+    assert sum(a.headers.get("idempotent-replayed") == "true" for a in answers) == 11
+    assert runs[key] == 1 and effects(admin, key) == ["tx-wait"]
