@@ -256,6 +256,7 @@ class IdempotencyMiddleware:
         ran = {}
 
         async def attempt():
+            row = {"outcome": "error"}      # what the wait is told when the database failed (ran["response"])
             async with pool.connection() as conn:
                 try:
                     async with conn.transaction() as tx:

@@ -194,6 +194,7 @@ class SyncIdempotency:
         ran = {}
 
         def attempt():
+            row = {"outcome": "error"}      # what the wait is told when the database failed (ran["response"])
             with pool.connection() as conn:
                 try:
                     with conn.transaction() as tx:
