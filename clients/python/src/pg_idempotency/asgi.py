@@ -30,7 +30,7 @@ from . import _sql
 from ._state import JobState, dict_cursor
 from .aclaim import start_beat, stop_beat
 from .hooks import Hooks
-from .waiting import AsyncOwners
+from .waiting import AsyncOwners, answered_row
 from .http import (Response, answer, default_classify, default_fingerprint, encode_response, json_response,
                    problem)
 
@@ -208,6 +208,7 @@ class IdempotencyMiddleware:
         async def renew():
             await record(_sql.HEARTBEAT)
         done = self.owners.hold(job)
+        published = None        # what the duplicates waiting in this process are answered
         beat, stopping = start_beat(job, renew)
         recorder = _Recorder()
         try:
@@ -232,10 +233,12 @@ class IdempotencyMiddleware:
             try:
                 if kind == "complete":
                     await record(_sql.COMPLETE, result=_sql.jsonb(stored))
+                    published = answered_row(job, "completed", result=stored)
                 else:
                     final = kind == "final"
-                    await record(_sql.FAIL, error=_json_text(stored) if final else f"HTTP {response.status}",
-                                 retryable=not final, retry_in=None if final else self.retry_in)
+                    error = _json_text(stored) if final else f"HTTP {response.status}"
+                    await record(_sql.FAIL, error=error, retryable=not final, retry_in=None if final else self.retry_in)
+                    published = answered_row(job, "failed", error=error) if final else None
             except psycopg.Error as exc:
                 # IK001: the lease was lost and another request holds the key;
                 # this response is still the truth about the work done here.
@@ -246,7 +249,7 @@ class IdempotencyMiddleware:
                     self.hooks.fenced(job, **self._http(scope, response.status))
         finally:
             stopping.set()
-            self.owners.release(job, done)
+            self.owners.release(job, done, published)
         await _send(send, response)
 
     async def _run_in_transaction(self, context, scope, receive, send):

@@ -16,7 +16,7 @@ from ._state import JobState
 from .asgi import IdempotencyContext
 from .hooks import Hooks
 from .http import answer, default_classify, default_fingerprint, encode_response, json_response, problem
-from .waiting import ThreadOwners
+from .waiting import ThreadOwners, answered_row
 
 _MODES = ("claim", "transaction")
 _SAVEPOINT = "idempotent_handler"
@@ -155,6 +155,7 @@ class SyncIdempotency:
             with pool.connection() as conn:
                 conn.execute(sql, job.params(**params))
         done = self.owners.hold(job)
+        published = None        # what the duplicates waiting in this process are answered
         beat = _Beat(job, lambda: record(_sql.HEARTBEAT))
         beat.start()
         try:
@@ -173,10 +174,12 @@ class SyncIdempotency:
             try:
                 if kind == "complete":
                     record(_sql.COMPLETE, result=_sql.jsonb(stored))
+                    published = answered_row(job, "completed", result=stored)
                 else:
                     final = kind == "final"
-                    record(_sql.FAIL, error=json.dumps(stored, separators=(",", ":")) if final
-                           else f"HTTP {response.status}", retryable=not final, retry_in=None if final else self.retry_in)
+                    error = json.dumps(stored, separators=(",", ":")) if final else f"HTTP {response.status}"
+                    record(_sql.FAIL, error=error, retryable=not final, retry_in=None if final else self.retry_in)
+                    published = answered_row(job, "failed", error=error) if final else None
             except psycopg.Error as exc:
                 if getattr(exc, "sqlstate", None) != "IK001":
                     response = problem(500, "Internal error", "The response could not be recorded.")
@@ -185,7 +188,7 @@ class SyncIdempotency:
                     self.hooks.fenced(job, status=response.status, **http)
         finally:
             beat.stopping.set()
-            self.owners.release(job, done)
+            self.owners.release(job, done, published)
         return response
 
     def _run_in_transaction(self, context, call, http):

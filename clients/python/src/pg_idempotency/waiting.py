@@ -12,7 +12,9 @@ last answer is then sent (409 with Retry-After).
 
 A duplicate that arrives while a request of this process holds its key
 with the same fingerprint does not even make its first try: it waits for
-that request's event, then claims.
+that request's event, and takes the answer the holder recorded (its
+stored response, or its final failure) without a claim; after a
+retryable failure it claims (and one of the duplicates runs the handler).
 
 The owner's heartbeat and its complete therefore always find a pool
 connection after at most the tries in front of them, whatever the number of
@@ -40,6 +42,15 @@ def _give_up(row, left):
     return row["outcome"] == "retry_later" and (row["retry_after"] or 0.0) > left
 
 
+def answered_row(job, outcome, result=None, error=None):
+    """The answer a claim of the key would give once its holder in this
+    process recorded ``outcome`` ('completed' or 'failed' for good): handed to
+    the duplicates that waited for it, instead of a claim each."""
+    return {"outcome": outcome, "status": "COMPLETED" if outcome == "completed" else "FAILED_FINAL",
+            "token": None, "attempt": job.attempt, "result": result, "error": error, "retry_after": None,
+            "job_ref": None}
+
+
 class AsyncOwners:
     """The keys held by requests of this process (asyncio), and the wait of
     their duplicates."""
@@ -49,47 +60,48 @@ class AsyncOwners:
 
     def hold(self, job):
         done = asyncio.Event()
-        done.request = job.request
+        done.request, done.row = job.request, None
         self.held[(job.scope, job.key)] = done
         return done
 
-    def release(self, job, done):
+    def release(self, job, done, row=None):
+        """The holder is done; ``row``: what it recorded, for its duplicates
+        (None: they claim again, as after a retryable failure)."""
+        done.row = row
         done.set()
         if self.held.get((job.scope, job.key)) is done:
             del self.held[(job.scope, job.key)]
 
-    async def _local(self, job, left):
-        """Waits for a holder of this process with the same request; False if there is none."""
+    def _same(self, job):
         done = self.held.get((job.scope, job.key))
-        if done is None or done.is_set() or done.request != job.request or left <= 0:
-            return False
-        try:
-            await asyncio.wait_for(done.wait(), left)
-        except asyncio.TimeoutError:
-            pass
-        return True
+        return done if done is not None and done.request == job.request else None
 
     async def claim(self, attempt, job, wait):
         """Awaits attempt() (one claim without wait) until it answers
-        anything but in_progress / retry_later, or ``wait`` seconds passed."""
+        anything but in_progress / retry_later, or ``wait`` seconds passed.
+        With a holder of the same request in this process it waits for that
+        holder instead, and takes its answer when it recorded one."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (wait or 0)
         pause = FIRST_PAUSE
-        await self._local(job, wait or 0)
         while True:
+            done, left = self._same(job), deadline - loop.time()
+            if done is not None and left > 0 and not done.is_set():
+                try:
+                    await asyncio.wait_for(done.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+            if done is not None and done.is_set() and done.row is not None:
+                return done.row
             row = await attempt()
             left = deadline - loop.time()
             if _give_up(row, left):
                 return row
-            done = self.held.get((job.scope, job.key))
-            nap = _nap(row, left, pause, done is not None)
-            if done is not None and not done.is_set():
-                try:
-                    await asyncio.wait_for(done.wait(), nap)
-                except asyncio.TimeoutError:
-                    pass
-            else:
-                await asyncio.sleep(nap)
+            following = self._same(job)
+            if following is not None and not following.is_set():
+                continue        # wait for it at the top
+            local = self.held.get((job.scope, job.key)) is not None
+            await asyncio.sleep(_nap(row, left, pause, local))
             pause = min(pause * 2, MAX_PAUSE)
 
 
@@ -102,34 +114,40 @@ class ThreadOwners:
 
     def hold(self, job):
         done = threading.Event()
-        done.request = job.request
+        done.request, done.row = job.request, None
         with self.lock:
             self.held[(job.scope, job.key)] = done
         return done
 
-    def release(self, job, done):
+    def release(self, job, done, row=None):
+        done.row = row
         done.set()
         with self.lock:
             if self.held.get((job.scope, job.key)) is done:
                 del self.held[(job.scope, job.key)]
 
+    def _same(self, job):
+        with self.lock:
+            done = self.held.get((job.scope, job.key))
+        return done if done is not None and done.request == job.request else None
+
     def claim(self, attempt, job, wait):
         deadline = time.monotonic() + (wait or 0)
         pause = FIRST_PAUSE
-        with self.lock:
-            done = self.held.get((job.scope, job.key))
-        if wait and done is not None and done.request == job.request:
-            done.wait(wait)
         while True:
+            done, left = self._same(job), deadline - time.monotonic()
+            if done is not None and left > 0:
+                done.wait(left)
+            if done is not None and done.is_set() and done.row is not None:
+                return done.row
             row = attempt()
             left = deadline - time.monotonic()
             if _give_up(row, left):
                 return row
+            following = self._same(job)
+            if following is not None and not following.is_set():
+                continue
             with self.lock:
-                done = self.held.get((job.scope, job.key))
-            nap = _nap(row, left, pause, done is not None)
-            if done is not None:
-                done.wait(nap)
-            else:
-                time.sleep(nap)
+                local = (job.scope, job.key) in self.held
+            time.sleep(_nap(row, left, pause, local))
             pause = min(pause * 2, MAX_PAUSE)
