@@ -15,6 +15,8 @@ with the same fingerprint does not even make its first try: it waits for
 that request's event, and takes the answer the holder recorded (its
 stored response, or its final failure) without a claim; after a
 retryable failure it claims (and one of the duplicates runs the handler).
+When their wait ends first, the duplicates of one holder share one claim
+for their 409 (one every 100 ms at most).
 
 The owner's heartbeat and its complete therefore always find a pool
 connection after at most the tries in front of them, whatever the number of
@@ -27,6 +29,7 @@ import time
 
 FIRST_PAUSE = 0.02
 MAX_PAUSE = 0.25
+SHARE_FOR = 0.1       # how long one in_progress answer serves a holder's other duplicates
 WAITING = ("in_progress", "retry_later")
 
 
@@ -93,6 +96,10 @@ class AsyncOwners:
                     pass
             if done is not None and done.is_set() and done.row is not None:
                 return done.row
+            if done is not None and not done.is_set():
+                row = await self._shared_claim(done, attempt)
+                if row is not None:
+                    return row
             row = await attempt()
             left = deadline - loop.time()
             if _give_up(row, left):
@@ -103,6 +110,22 @@ class AsyncOwners:
             local = self.held.get((job.scope, job.key)) is not None
             await asyncio.sleep(_nap(row, left, pause, local))
             pause = min(pause * 2, MAX_PAUSE)
+
+    @staticmethod
+    async def _shared_claim(done, attempt):
+        """The waits of a holder's duplicates ended and it still works: one
+        claim (at most one every SHARE_FOR seconds) answers them all with its
+        in_progress (and its retry_after), instead of a crowd of claims at
+        the same moment. The duplicate whose claim it was also takes any other
+        answer; the others then claim on their own (None)."""
+        loop = asyncio.get_running_loop()
+        shared = getattr(done, "probe", None)
+        mine = shared is None or (shared.done() and loop.time() - done.probe_at > SHARE_FOR)
+        if mine:
+            shared = done.probe = loop.create_task(attempt())
+            done.probe_at = loop.time()
+        row = await asyncio.shield(shared)
+        return row if mine or row["outcome"] in WAITING else None
 
 
 class ThreadOwners:
