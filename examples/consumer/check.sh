@@ -12,6 +12,11 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 example_start consumer "${CONSUMER_PORT:-54462}" loyalty "max_connections = 50"
 example_psql -f "$here/schema.sql" >/dev/null || example_fail "schema.sql failed"
+# The consumer's role has what the README says: the application's rights only.
+example_sql -d "$PGDATABASE" >/dev/null <<'SQL' || example_fail "setup failed"
+SELECT idempotency.revoke_role('app');
+SELECT idempotency.grant_application('app');
+SQL
 
 mkdir -p "$EXAMPLE_DIR/work"
 dsn="host=$PGHOST port=$PGPORT dbname=$PGDATABASE user=app"

@@ -19,6 +19,11 @@ example_psql -f "$here/schema.sql" >/dev/null || example_fail "schema.sql failed
 # on-call role reads the extension's views through pg_monitor, and may look
 # up the keys of the dead jobs it lists.
 example_sql -d billing >/dev/null <<'SQL' || example_fail "setup failed"
+-- The worker's role has what the README says, and no more: the
+-- application's rights and the relay's for its topic (Consumer).
+SELECT idempotency.revoke_role('app');
+SELECT idempotency.grant_application('app');
+SELECT idempotency.grant_relay('app', topics => '{invoice.email}');
 ALTER DATABASE billing SET idempotency.max_attempts = 3;
 ALTER DATABASE billing SET idempotency.retry_base_delay = '300ms';
 ALTER DATABASE billing SET idempotency.retry_max_delay = '2s';

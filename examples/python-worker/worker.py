@@ -73,13 +73,15 @@ def main():
     def handle(event):
         payload = event["payload"]
         key = payload["idempotency_key"]
-        with idem.claim(conn, key, payload, scope=SCOPE, lease=args.key_lease) as job:
-            if job.claimed:
+        try:
+            with idem.claim(conn, key, payload, scope=SCOPE, lease=args.key_lease) as job:
                 message_id = send_email(args.provider_url, key, payload, args.http_timeout)
                 with job.transaction():
                     conn.execute("UPDATE invoices SET emailed_at = now(), email_message_id = %s WHERE id = %s",
                                  (message_id, payload["invoice_id"]))
                     job.complete({"message_id": message_id})
+        except idem.NotClaimed as answer:      # a duplicate: nothing is sent, the answer is the claim's
+            job = answer.job
         if job.outcome == "failed":
             log(f"{key}: {job.error}; " + (f"retry in {job.retry_after:.2f} s" if job.retryable else "failed for good"))
         else:

@@ -21,7 +21,8 @@ idem_packages_for() {
             harnesses) echo "postgresql-contrib python3 python3-psycopg2 nodejs gnuplot-nox
                 python3-psycopg python3-psycopg-pool python3-venv python3-pip python3-fastapi
                 python3-httpx python3-pytest python3-uvicorn curl prometheus prometheus-postgres-exporter
-                python3-matplotlib nats-server rabbitmq-server python3-pika" ;;
+                python3-matplotlib nats-server rabbitmq-server python3-pika
+                python3-flask python3-django" ;;
             packaging) echo "postgresql-server-dev-all debhelper build-essential fakeroot" ;;
         esac
     done

@@ -61,3 +61,23 @@ def key_row(admin, key, scope="default"):
 
 def effects(admin, key):
     return [r[0] for r in admin.execute("SELECT worker FROM effects WHERE key = %s ORDER BY worker", (key,))]
+
+
+def estimates_retry_after(conn):
+    """The feature probe of the Retry-After estimate: does `retry_after` of an
+    in_progress answer estimate when the work will be done (recent
+    completion durations of the scope, capped by the lease left) rather than
+    give the whole lease left? In a scope of its own: five keys claimed and
+    completed at once, then a fourth claimed with a 60 s lease and claimed
+    again from another connection. An estimate is well under the lease."""
+    scope = f"probe-{uuid.uuid4()}"
+    claim = ("SELECT outcome::text, token, extract(epoch FROM retry_after)::float8 FROM idempotency.idem_claim("
+             "%s, lease => '60s', scope => %s)")
+    with psycopg.connect(autocommit=True) as a, psycopg.connect(autocommit=True) as b:
+        for n in range(5):
+            _, token, _ = a.execute(claim, (f"done-{n}", scope)).fetchone()
+            a.execute("SELECT idempotency.idem_complete(%s, %s, scope => %s)", (f"done-{n}", token, scope))
+        _, token, _ = a.execute(claim, ("held", scope)).fetchone()
+        outcome, _, retry_after = b.execute(claim, ("held", scope)).fetchone()
+        a.execute("SELECT idempotency.idem_complete('held', %s, scope => %s)", (token, scope))
+    return outcome == "in_progress" and retry_after is not None and retry_after < 30

@@ -3,18 +3,20 @@ httpx (requests at once run concurrently on one event loop)."""
 
 import asyncio
 import json
+import math
 from collections import Counter
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+import pytest
 from psycopg_pool import AsyncConnectionPool
 from starlette.testclient import TestClient
 
 import pg_idempotency as idem
 from pg_idempotency.asgi import IdempotencyMiddleware
 from pg_idempotency.http import Response as StoredResponse
-from conftest import SETTINGS, effects, key_row
+from conftest import SETTINGS, effects, estimates_retry_after, key_row
 
 runs = Counter()     # per key: how many times a handler ran
 
@@ -280,3 +282,232 @@ def test_with_a_conninfo_the_middleware_opens_its_pool_and_closes_it_at_shutdown
         middleware = app.middleware_stack.app
     assert (first.status_code, again.headers.get("idempotent-replayed")) == (200, "true")
     assert isinstance(middleware, IdempotencyMiddleware) and middleware.pool is None
+
+
+class SlowHandOut:
+    """A pool whose hand-out of a connection takes a while and loses a
+    cancellation that lands meanwhile, as psycopg_pool 3.1.7 can: the task
+    then goes on as if nothing happened."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.handing_out = asyncio.Event()
+        self.heartbeats = 0
+
+    def connection(self):
+        outer = self
+
+        class Lease:
+            async def __aenter__(self):
+                outer.handing_out.set()
+                try:
+                    await asyncio.sleep(0.3)
+                except asyncio.CancelledError:
+                    pass                   # the cancel is lost
+                outer.handing_out.clear()
+                self.cm = outer.pool.connection()
+                conn = await self.cm.__aenter__()
+                return Counting(conn, outer)
+
+            async def __aexit__(self, *exc):
+                return await self.cm.__aexit__(*exc)
+        return Lease()
+
+
+class Counting:
+    def __init__(self, conn, pool):
+        self.conn, self.pool = conn, pool
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+    async def execute(self, sql, *args, **kwargs):
+        if "idem_heartbeat" in sql:
+            self.pool.heartbeats += 1
+        return await self.conn.execute(sql, *args, **kwargs)
+
+
+def test_a_lost_cancel_does_not_keep_the_heartbeat_or_the_request(new_key, admin):
+    """Finding 1: the heartbeat swallowed its cancellation, the request never
+    answered and its key stayed PROCESSING with a moving lease."""
+    key = new_key()
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=1,
+                                       max_size=4) as real:
+            pool = SlowHandOut(real)
+            app = FastAPI()
+
+            @app.post("/slow")
+            async def slow():
+                await asyncio.sleep(0.35)              # the first beat is due
+                await pool.handing_out.wait()          # answer while the beat is handed a connection
+                return JSONResponse({"ok": True}, status_code=201)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.lost", lease=0.9)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                started = asyncio.get_running_loop().time()
+                answer = await asyncio.wait_for(client.post("/slow", headers={"idempotency-key": key}), 10)
+                took = asyncio.get_running_loop().time() - started
+                beats = pool.heartbeats
+                await asyncio.sleep(1.2)               # more than a beat period
+                return answer, took, beats, pool.heartbeats
+    answer, took, beats, later = asyncio.run(main())
+    assert answer.status_code == 201 and took < 3, took
+    assert later <= beats + 1, "the heartbeat went on after its request"
+    assert key_row(admin, key, "asgi.lost") == ("COMPLETED", 1)
+
+
+def test_a_cancelled_request_leaves_no_key_processing(new_key, admin):
+    key = new_key()
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=1,
+                                       max_size=4) as pool:
+            started = asyncio.Event()
+
+            async def app(scope, receive, send):
+                started.set()
+                await asyncio.sleep(30)
+            middleware = IdempotencyMiddleware(app, pool=pool, scope="asgi.cancel", lease=0.9)
+            scope = {"type": "http", "method": "POST", "path": "/x", "headers": [(b"idempotency-key", key.encode())]}
+
+            async def receive():
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message):
+                pass
+            task = asyncio.create_task(middleware(scope, receive, send))
+            await started.wait()
+            task.cancel()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await asyncio.wait({task}, timeout=10)
+            return task.cancelled(), loop.time() - t0
+    cancelled, took = asyncio.run(main())
+    assert cancelled and took < 6, took
+    assert key_row(admin, key, "asgi.cancel") == ("FAILED_RETRYABLE", 1), "not PROCESSING"
+
+
+def test_retry_after_is_the_claims_retry_after_rounded_up(new_key):
+    key = new_key()
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=1,
+                                       max_size=4) as pool:
+            seen = []
+            app = FastAPI()
+
+            @app.post("/hold")
+            async def hold():
+                await asyncio.sleep(0.8)
+                return {"ok": True}
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.retry_after", lease=2.5,
+                               on_conflict=seen.append, on_replay=seen.append)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+                first = asyncio.create_task(client.post("/hold", headers={"idempotency-key": key}))
+                await asyncio.sleep(0.3)
+                busy = await client.post("/hold", headers={"idempotency-key": key})
+                await first
+                again = await client.post("/hold", headers={"idempotency-key": key})
+            return busy, again, seen
+    busy, again, seen = asyncio.run(main())
+    assert busy.status_code == 409
+    retry_after = seen[0]["retry_after"]
+    assert 0 < retry_after <= 2.5 and busy.headers["retry-after"] == str(max(1, math.ceil(retry_after)))
+    assert [(s["outcome"], s["status"], s["path"]) for s in seen] == [("in_progress", 409, "/hold"),
+                                                                        ("completed", 200, "/hold")]
+    assert again.headers["idempotent-replayed"] == "true"
+
+
+def test_a_300_ms_handlers_duplicates_get_retry_after_1(new_key, conn):
+    if not estimates_retry_after(conn):
+        pytest.skip("the installed extension does not estimate retry_after yet (feature probe "
+                    "estimates_retry_after: in_progress answers the whole lease left)")
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=1,
+                                       max_size=8) as pool:
+            app = FastAPI()
+
+            @app.post("/quick")
+            async def quick():
+                await asyncio.sleep(0.3)
+                return {"ok": True}
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope=f"asgi.estimate-{new_key()}", lease=30)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+                for _ in range(5):      # the scope's recent durations: about 300 ms
+                    await client.post("/quick", headers={"idempotency-key": new_key()})
+                key = new_key()
+                first = asyncio.create_task(client.post("/quick", headers={"idempotency-key": key}))
+                await asyncio.sleep(0.1)
+                busy = await asyncio.gather(*(client.post("/quick", headers={"idempotency-key": key}) for _ in range(5)))
+                await first
+            return busy
+    busy = asyncio.run(main())
+    values = [b.headers.get("retry-after") for b in busy if b.status_code == 409]
+    print(f"[retry-after] 300 ms handler, lease 30 s: Retry-After {values}")
+    assert values and set(values) == {"1"}, values
+
+
+def test_duplicates_of_a_holder_elsewhere_poll_off_the_pool(new_key):
+    """Two middleware instances (two processes, as far as their holders go)
+    share a pool of 2: A's request holds the key, 20 duplicates reach B and
+    wait. A still finds a connection for its complete at once."""
+    key = new_key()
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=2,
+                                       max_size=2) as pool:
+            def app_for():
+                app = FastAPI()
+
+                @app.post("/pay")
+                async def pay(request: Request):
+                    runs[request.state.idempotency.key] += 1
+                    await asyncio.sleep(0.5)
+                    return JSONResponse({"paid": True}, status_code=201)
+                app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.elsewhere", wait=5)
+                return app
+            a, b = (httpx.AsyncClient(transport=httpx.ASGITransport(app=app_for()), base_url="http://test")
+                    for _ in range(2))
+            loop = asyncio.get_running_loop()
+            async with a, b:
+                started = loop.time()
+
+                async def timed(client):
+                    answer = await client.post("/pay", headers={"idempotency-key": key})
+                    return answer, loop.time() - started
+                owner = asyncio.create_task(timed(a))
+                await asyncio.sleep(0.1)
+                duplicates = await asyncio.gather(*(timed(b) for _ in range(20)))
+                return await owner, duplicates
+    (owner, took), duplicates = asyncio.run(main())
+    assert owner.status_code == 201 and took < 0.5 + 1, took
+    assert all(d.status_code == 201 and d.headers["idempotent-replayed"] == "true" for d, _ in duplicates)
+    assert max(t for _, t in duplicates) < 0.5 + 1
+    assert runs[key] == 1
+
+
+def test_transaction_mode_with_wait_replays_to_waiting_duplicates(new_key, admin):
+    key = new_key()
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=2,
+                                       max_size=3) as pool:
+            app = FastAPI()
+
+            @app.post("/tx")
+            async def tx(request: Request):
+                ctx = request.state.idempotency
+                runs[ctx.key] += 1
+                await ctx.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'tx-wait')", (ctx.key,))
+                await asyncio.sleep(0.4)
+                return JSONResponse({"written": True}, status_code=201)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.tx-wait", mode="transaction", wait=5)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+                return await asyncio.gather(*(client.post("/tx", headers={"idempotency-key": key}) for _ in range(12)))
+    answers = asyncio.run(main())
+    assert [a.status_code for a in answers] == [201] * 12
+    assert sum(a.headers.get("idempotent-replayed") == "true" for a in answers) == 11
+    assert runs[key] == 1 and effects(admin, key) == ["tx-wait"]

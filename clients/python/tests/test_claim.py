@@ -14,21 +14,52 @@ from conftest import SETTINGS, effects, key_row, wait_for
 
 
 def run_once(conn, key, result, **options):
-    with idem.claim(conn, key, **options) as job:
-        if job.claimed:
-            job.result = result
-    return job
+    return idem.run_once(conn, key, lambda job: result, **options)
 
 
 def test_runs_once_and_replays_the_result(conn, new_key):
     key, runs = new_key(), []
     for _ in range(2):
-        with idem.claim(conn, key, {"n": 1}) as job:
-            if job.claimed:
-                runs.append(job.attempt)
-                job.result = {"sent": "m-1"}
+        job = idem.run_once(conn, key, lambda job: runs.append(job.attempt) or {"sent": "m-1"}, {"n": 1})
     assert runs == [1]
     assert (job.outcome, job.result, job.replayed) == ("completed", {"sent": "m-1"}, True)
+
+
+def test_the_block_of_a_duplicate_does_not_run(conn, new_key):
+    """Finding 4: the block ran for every duplicate unless it checked job.claimed."""
+    key, runs = new_key(), []
+    for _ in range(3):
+        try:
+            with idem.claim(conn, key, {"n": 1}) as job:
+                runs.append(job.attempt)        # no `if job.claimed:`
+                job.result = {"sent": "m-1"}
+        except idem.NotClaimed as answer:
+            job = answer.job
+    assert runs == [1], "the work ran once, not once per duplicate"
+    assert (job.outcome, job.result, job.replayed, job.claimed) == ("completed", {"sent": "m-1"}, True, False)
+
+
+def test_hooks_report_conflicts_replays_and_fenced_workers(conn, other, new_key):
+    key, seen = new_key(), []
+    hooks = {name: (lambda info, name=name: seen.append((name, info["outcome"], info["key"])))
+             for name in ("on_replay", "on_conflict", "on_fenced")}
+    with idem.claim(conn, key, lease=1, heartbeat=False, **hooks) as late:
+        assert run_once(other, key, "x", **hooks).outcome == "in_progress"
+        wait_for("the takeover", lambda: run_once(other, key, "taker", **hooks).outcome == "completed")
+        late.complete("late")
+    assert late.outcome == "fenced"
+    assert ("on_conflict", "in_progress", key) in seen
+    assert ("on_fenced", "fenced", key) in seen
+    assert run_once(other, key, "x", **hooks).replayed and seen[-1] == ("on_replay", "completed", key)
+
+
+def test_a_failing_hook_changes_nothing(conn, new_key):
+    key = new_key()
+    run_once(conn, key, "done")
+
+    def broken(info):
+        raise RuntimeError("hook")
+    assert run_once(conn, key, "again", on_replay=broken).result == "done"
 
 
 def test_another_request_under_the_key_is_a_mismatch(conn, new_key):
@@ -44,9 +75,9 @@ def test_a_key_held_elsewhere_is_in_progress_with_the_lease_left(conn, other, ne
     scope = f"no-estimate-{key}"
     with idem.claim(conn, key, lease=20, scope=scope) as job:
         inner = run_once(other, key, "twice", scope=scope)
+        assert 10 < inner.retry_after <= 20
     assert job.outcome == "completed"
     assert inner.outcome == "in_progress" and not inner.claimed
-    assert 10 < inner.retry_after <= 20
 
 
 def test_transaction_commits_writes_and_complete_together(conn, admin, new_key):
@@ -127,11 +158,11 @@ def test_without_heartbeat_the_late_worker_is_fenced_and_its_writes_roll_back(co
     key = new_key()
     with idem.claim(conn, key, lease=1, heartbeat=False) as late:
         def take_over():
-            with idem.claim(other, key) as taker:
-                if taker.claimed:
-                    with taker.transaction():
-                        other.execute("INSERT INTO effects (key, worker) VALUES (%s, 'taker')", (key,))
-                        taker.complete("taker")
+            def work(taker):
+                with taker.transaction():
+                    other.execute("INSERT INTO effects (key, worker) VALUES (%s, 'taker')", (key,))
+                    taker.complete("taker")
+            taker = idem.run_once(other, key, work)
             return taker.outcome == "completed" and not taker.replayed
         wait_for("the takeover", take_over)
         with late.transaction():
@@ -180,12 +211,16 @@ def test_aclaim(new_key):
                 await psycopg.AsyncConnection.connect(options=SETTINGS, autocommit=True) as aother:
             async with idem.aclaim(aconn, key, lease=1) as job:
                 await asyncio.sleep(1.5)    # the heartbeat task keeps the lease
-                async with idem.aclaim(aother, key) as inner:
-                    pass
+                with pytest.raises(idem.NotClaimed) as refused:
+                    async with idem.aclaim(aother, key):
+                        raise AssertionError("the block of a duplicate ran")
+                inner = refused.value.job
                 async with job.transaction():
                     await job.complete({"ok": True})
-            async with idem.aclaim(aother, key) as again:
-                pass
+
+            async def never(job):
+                raise AssertionError("work ran for a duplicate")
+            again = await idem.arun_once(aother, key, never)
             async with idem.aclaim(aconn, new_key()) as failing:
                 raise idem.FinalError("no")
         return job, inner, again, failing
@@ -205,11 +240,11 @@ class TestWorkerProcess:
 
     def take_over(self, conn, key):
         def once():
-            with idem.claim(conn, key, lease=10) as job:
-                if job.claimed:
-                    with job.transaction():
-                        conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'taker')", (key,))
-                        job.complete({"attempt": job.attempt})
+            def work(job):
+                with job.transaction():
+                    conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'taker')", (key,))
+                    job.complete({"attempt": job.attempt})
+            job = idem.run_once(conn, key, work, lease=10)
             return job.outcome == "completed" and not job.replayed and job
         return wait_for("the takeover", once)
 

@@ -105,9 +105,8 @@ def test_as_a_job_queue_duplicates_of_a_key_run_once(conn, admin, new_key):
 
     def handle(event):
         with idem.claim(work, event["payload"]["key"], event["payload"], scope="jobs", wait=10) as job:
-            if job.claimed:
-                runs.append(event["id"])
-                job.result = {"paid": event["payload"]["amount"]}
+            runs.append(event["id"])          # a duplicate raises NotClaimed: the consumer settles by it
+            job.result = {"paid": event["payload"]["amount"]}
         return job
 
     consumer = idem.Consumer("", [topic], poll=0.2)
@@ -117,3 +116,24 @@ def test_as_a_job_queue_duplicates_of_a_key_run_once(conn, admin, new_key):
     thread.join(10)
     work.close()
     assert len(runs) == 1
+
+
+class Stale(Exception):
+    sqlstate = "IK001"
+
+
+def test_a_fenced_handler_leaves_its_event_and_calls_on_fenced(conn, admin, new_key):
+    topic = new_key("topic")
+    with conn.transaction():
+        event_id = idem.enqueue(conn, topic, {"n": 1}, key="k-1")
+    fenced = []
+    consumer = idem.Consumer("", [topic], poll=0.2, lease=30, log=lambda message: None, on_fenced=fenced.append)
+
+    def handle(event):
+        consumer.stop()
+        raise Stale("stale token: the key was claimed again")
+    thread = run_consumer(consumer, handle)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert state(admin, event_id)[0] == "in_flight", "left for the worker that took the key over"
+    assert [(f["outcome"], f["event_id"], f["key"]) for f in fenced] == [("fenced", event_id, "k-1")]

@@ -1,13 +1,16 @@
 """pg_idempotency: the idempotency PostgreSQL extension from Python
-(psycopg 3). The worker pattern (``claim``, ``aclaim``, ``idempotent``),
-the outbox (``enqueue``, ``aenqueue``, ``Consumer``), and ASGI middleware
-for the Idempotency-Key header (``pg_idempotency.asgi``)."""
+(psycopg 3). The worker pattern (``claim``, ``aclaim``, ``run_once``,
+``arun_once``, ``idempotent``), the outbox (``enqueue``, ``aenqueue``,
+``Consumer``, ``AsyncConsumer``), and middleware for the Idempotency-Key
+header: ``pg_idempotency.asgi`` (FastAPI, Starlette), ``pg_idempotency.wsgi``
+with ``pg_idempotency.flask``, and ``pg_idempotency.django``."""
 
-from .aclaim import AsyncJob, aclaim
-from .claim import Job, claim, idempotent
-from .errors import FinalError, RetryableError, default_classify, is_stale_token
-from .outbox import Consumer, aenqueue, enqueue, settlement
+from .aclaim import AsyncJob, aclaim, arun_once
+from .claim import Job, claim, idempotent, run_once
+from .errors import FinalError, NotClaimed, RetryableError, default_classify, is_stale_token
+from .outbox import AsyncConsumer, Consumer, aenqueue, enqueue, settlement
 
-__all__ = ["AsyncJob", "Consumer", "FinalError", "Job", "RetryableError", "aclaim", "aenqueue", "claim",
-           "default_classify", "enqueue", "idempotent", "is_stale_token", "settlement"]
-__version__ = "0.1.0"
+__all__ = ["AsyncConsumer", "AsyncJob", "Consumer", "FinalError", "Job", "NotClaimed", "RetryableError", "aclaim",
+           "aenqueue", "arun_once", "claim", "default_classify", "enqueue", "idempotent", "is_stale_token",
+           "run_once", "settlement"]
+__version__ = "0.2.0"

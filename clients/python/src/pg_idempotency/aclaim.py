@@ -9,7 +9,11 @@ from psycopg import pq
 
 from . import _sql
 from ._state import JobState, dict_cursor, exit_action
-from .errors import is_stale_token
+from .errors import NotClaimed, is_stale_token
+from .hooks import Hooks
+
+# How long stop_beat waits for a heartbeat task after its stop flag is set.
+STOP_WAIT = 5.0
 
 
 async def _connect_like(conn):
@@ -18,21 +22,65 @@ async def _connect_like(conn):
         conn.info.dsn, autocommit=True, **({"password": password} if password else {}))
 
 
-async def keep_alive(job, renew):
-    """Awaits renew() every third of the lease until cancelled. IK001 or
-    IK003 means the lease is lost: job.lost is set and it ends. Other
-    errors (a dropped connection) are transient; the next beat retries."""
-    while True:
-        await asyncio.sleep(job.lease / 3)
+async def keep_alive(job, renew, stopping):
+    """Awaits renew() every third of the lease until ``stopping`` (an
+    asyncio.Event) is set. IK001 or IK003 means the lease is lost: job.lost
+    is set and it ends. Other errors (a dropped connection, a pool that
+    timed out) are transient; the next beat retries. The flag, not a
+    cancellation, is what stops it: a cancel that lands while a pool hands
+    out a connection can be lost (psycopg_pool 3.1), the flag cannot."""
+    period = job.lease / 3
+    while not stopping.is_set():
         try:
-            await renew()
+            await asyncio.wait_for(stopping.wait(), period)
+            return
+        except asyncio.TimeoutError:
+            pass
+        if stopping.is_set():
+            return
+        try:
+            await asyncio.wait_for(renew(), period)
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) in ("IK001", "IK003"):
                 job.lost.set()
                 return
+            if type(exc).__name__ == "PoolClosed":
+                return
+            # anything else (a dropped connection, a pool's timeout) is
+            # transient: the next beat retries
+        except (asyncio.TimeoutError, OSError):
+            pass
 
 
-async def heartbeat(job, connect):
+def start_beat(job, renew):
+    """Starts keep_alive in a task; returns (task, stop flag)."""
+    stopping = asyncio.Event()
+    return asyncio.create_task(keep_alive(job, renew, stopping)), stopping
+
+
+async def stop_beat(beat, stopping, wait=STOP_WAIT):
+    """Stops a heartbeat task within ``wait`` seconds: sets its flag, cancels
+    it (more than once if a cancel is swallowed) and waits for it, never
+    longer than ``wait``. A task still running after that ends at the flag
+    once its renew returns. Raises only a cancellation of its caller."""
+    stopping.set()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while not beat.done():
+        beat.cancel()
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        try:
+            await asyncio.wait({beat}, timeout=min(0.5, left))
+        except asyncio.CancelledError:
+            stopping.set()
+            raise
+    if beat.done() and not beat.cancelled():
+        beat.exception()    # retrieved: a failed beat is not an error of the job
+
+
+async def heartbeat(job, connect, stopping):
     """keep_alive on a connection of its own, opened by connect()."""
     conn = None
 
@@ -42,7 +90,7 @@ async def heartbeat(job, connect):
             conn = await connect()
         await conn.execute(_sql.HEARTBEAT, job.params())
     try:
-        await keep_alive(job, renew)
+        await keep_alive(job, renew, stopping)
     finally:
         if conn is not None:
             await conn.close()
@@ -86,11 +134,16 @@ class AsyncJob(JobState):
 class aclaim:
     """``async with aclaim(aconn, key, request=None, *, scope='default',
     lease=30, wait=None, heartbeat=True, classify=None, reraise=False,
-    connect=None) as job``; ``connect`` is a coroutine function."""
+    connect=None, on_replay=None, on_conflict=None, on_fenced=None) as job``;
+    ``connect`` is a coroutine function. Entering raises ``NotClaimed``
+    unless the key is claimed."""
 
     def __init__(self, conn, key, request=None, *, scope="default", lease=30, wait=None,
-                 heartbeat=True, classify=None, reraise=False, connect=None):
+                 heartbeat=True, classify=None, reraise=False, connect=None,
+                 on_replay=None, on_conflict=None, on_fenced=None):
         self.job = AsyncJob(conn, key, request, scope, lease, classify)
+        self.hooks = Hooks(on_replay, on_conflict, on_fenced)
+        self.stopping = None
         self.wait = wait
         self.reraise = reraise
         self.in_transaction = conn.info.transaction_status != pq.TransactionStatus.IDLE
@@ -103,15 +156,18 @@ class aclaim:
         async with job.conn.transaction():
             cur = await dict_cursor(job.conn).execute(_sql.CLAIM, job.claim_params(self.wait))
             job.answered(await cur.fetchone())
-        if job.claimed and self.heartbeat:
-            self.beat = asyncio.create_task(heartbeat(job, self.connect))
+        if not job.claimed:
+            self.hooks.answered(job)
+            raise NotClaimed(job)
+        if self.heartbeat:
+            self.stopping = asyncio.Event()
+            self.beat = asyncio.create_task(heartbeat(job, self.connect, self.stopping))
         return job
 
     async def __aexit__(self, exc_type, exc, tb):
         job = self.job
         if self.beat is not None:
-            self.beat.cancel()
-            await asyncio.gather(self.beat, return_exceptions=True)
+            await stop_beat(self.beat, self.stopping)
         action = exit_action(job, exc, self.in_transaction)
         try:
             if action == "complete":
@@ -124,4 +180,19 @@ class aclaim:
             if not is_stale_token(recording_error):
                 raise
             job.fenced(recording_error)
+        if job.outcome == "fenced":
+            self.hooks.fenced(job)
         return action in ("fail", "fence") and not self.reraise
+
+
+async def arun_once(conn, key, work, request=None, **options):
+    """``run_once`` for asyncio: awaits ``work(job)`` only if the key is
+    claimed; returns the job either way."""
+    try:
+        async with aclaim(conn, key, request, **options) as job:
+            value = await work(job)
+            if job.finished is None:
+                job.result = value
+    except NotClaimed as answer:
+        return answer.job
+    return job

@@ -28,9 +28,11 @@ import psycopg
 
 from . import _sql
 from ._state import JobState, dict_cursor
-from .aclaim import keep_alive
-from .http import (Response, decode_response, default_classify, default_fingerprint, encode_response,
-                   is_stored_response, json_response, problem, stored_failure)
+from .aclaim import start_beat, stop_beat
+from .hooks import Hooks
+from .waiting import AsyncOwners, answered_row
+from .http import (Response, answer, default_classify, default_fingerprint, encode_response, json_response,
+                   problem)
 
 _MODES = ("claim", "transaction", "register")
 _SAVEPOINT = "idempotent_handler"
@@ -119,17 +121,21 @@ class IdempotencyMiddleware:
     mode='claim', required=True, methods=('POST', 'PATCH'), header='Idempotency-Key',
     replay_header='Idempotent-Replayed', lease=30, wait=0, retry_in=0,
     fingerprint=default_fingerprint, classify=default_classify,
-    completed_response=None, failed_response=None, paths=None)``
+    completed_response=None, failed_response=None, paths=None, on_replay=None,
+    on_conflict=None, on_fenced=None)``
 
     ``pool``: a psycopg_pool.AsyncConnectionPool (or ``conninfo``, and the
     middleware opens one, closed at the app's shutdown). ``paths``: only
     requests whose path starts with one of these take part (default: all).
+    ``wait``: a duplicate waits up to this long for the holder, holding no
+    pool connection while it waits (see pg_idempotency.waiting).
     """
 
     def __init__(self, app, *, pool=None, conninfo=None, scope="default", mode="claim", required=True,
                  methods=("POST", "PATCH"), header="Idempotency-Key", replay_header="Idempotent-Replayed",
                  lease=30, wait=0, retry_in=0, fingerprint=default_fingerprint, classify=default_classify,
-                 completed_response=None, failed_response=None, paths=None):
+                 completed_response=None, failed_response=None, paths=None, on_replay=None,
+                 on_conflict=None, on_fenced=None):
         if pool is None and conninfo is None:
             raise TypeError("IdempotencyMiddleware needs a pool or a conninfo")
         if mode not in _MODES:
@@ -153,6 +159,8 @@ class IdempotencyMiddleware:
         self.completed_response = completed_response or (lambda result: json_response(200, result))
         self.failed_response = failed_response or (lambda error: problem(500, "Request failed", error))
         self.paths = tuple(paths) if paths else None
+        self.hooks = Hooks(on_replay, on_conflict, on_fenced)
+        self.owners = AsyncOwners()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan" and self.own_pool:
@@ -179,13 +187,16 @@ class IdempotencyMiddleware:
 
     # ------------------------------------------------------------ the modes
 
+    async def _claim_once(self, pool, job):
+        async with pool.connection() as conn:
+            return await (await dict_cursor(conn).execute(_sql.CLAIM, job.claim_params(None))).fetchone()
+
     async def _run_claimed(self, context, scope, receive, send):
         pool = await self._pool()
         job = JobState(context.key, context.request, self.scope, self.lease, None)
-        async with pool.connection() as conn:
-            row = await (await dict_cursor(conn).execute(_sql.CLAIM, job.claim_params(self.wait))).fetchone()
+        row = await self.owners.claim(lambda: self._claim_once(pool, job), job, self.wait)
         if row["outcome"] != "claimed":
-            return await _send(send, self._answer(row))
+            return await _send(send, self._answer(row, job, scope))
         job.answered(row)
         context.token, context.attempt, context.lost = job.token, job.attempt, asyncio.Event()
         job.lost = context.lost
@@ -196,56 +207,82 @@ class IdempotencyMiddleware:
 
         async def renew():
             await record(_sql.HEARTBEAT)
-        beat = asyncio.create_task(keep_alive(job, renew))
+        done = self.owners.hold(job)
+        published = None        # what the duplicates waiting in this process are answered
+        beat, stopping = start_beat(job, renew)
         recorder = _Recorder()
         try:
-            await self.app(scope, receive, recorder.send)
-        except Exception as exc:
-            await self._stop(beat)
             try:
-                await record(_sql.FAIL, error=str(exc) or type(exc).__name__, retryable=True,
-                             retry_in=self.retry_in)
-            except psycopg.Error:
-                pass    # taken over, or the database is gone: the lease ends it
-            raise
-        await self._stop(beat)
-        response = recorder.response()
-        kind = self.classify(response)
-        stored = encode_response(response)
-        try:
-            if kind == "complete":
-                await record(_sql.COMPLETE, result=_sql.jsonb(stored))
-            else:
-                final = kind == "final"
-                await record(_sql.FAIL, error=_json_text(stored) if final else f"HTTP {response.status}",
-                             retryable=not final, retry_in=None if final else self.retry_in)
-        except psycopg.Error as exc:
-            # IK001: the lease was lost and another request holds the key;
-            # this response is still the truth about the work done here.
-            if getattr(exc, "sqlstate", None) != "IK001":
-                response = problem(500, "Internal error", "The response could not be recorded.")
+                await self.app(scope, receive, recorder.send)
+            except BaseException as exc:
+                await stop_beat(beat, stopping)
+                # Raised, or cancelled (a client gone, a server stopping):
+                # a retryable failure, so that a retry runs at once. Bounded
+                # and shielded: a second cancel cannot leave the key held.
+                error = str(exc) or type(exc).__name__
+                try:
+                    await asyncio.wait_for(asyncio.shield(record(
+                        _sql.FAIL, error=error, retryable=True, retry_in=self.retry_in)), 5)
+                except (psycopg.Error, asyncio.TimeoutError, asyncio.CancelledError):
+                    pass    # taken over, or the database is gone: the lease ends it
+                raise
+            await stop_beat(beat, stopping)
+            response = recorder.response()
+            kind = self.classify(response)
+            stored = encode_response(response)
+            try:
+                if kind == "complete":
+                    await record(_sql.COMPLETE, result=_sql.jsonb(stored))
+                    published = answered_row(job, "completed", result=stored)
+                else:
+                    final = kind == "final"
+                    error = _json_text(stored) if final else f"HTTP {response.status}"
+                    await record(_sql.FAIL, error=error, retryable=not final, retry_in=None if final else self.retry_in)
+                    published = answered_row(job, "failed", error=error) if final else None
+            except psycopg.Error as exc:
+                # IK001: the lease was lost and another request holds the key;
+                # this response is still the truth about the work done here.
+                if getattr(exc, "sqlstate", None) != "IK001":
+                    response = problem(500, "Internal error", "The response could not be recorded.")
+                else:
+                    job.fenced(exc)
+                    self.hooks.fenced(job, **self._http(scope, response.status))
+        finally:
+            stopping.set()
+            self.owners.release(job, done, published)
         await _send(send, response)
 
     async def _run_in_transaction(self, context, scope, receive, send):
         pool = await self._pool()
         registering = self.mode == "register"
         job = JobState(context.key, context.request, self.scope, self.lease, None)
-        async with pool.connection() as conn:
-            try:
-                async with conn.transaction() as tx:
-                    cur = dict_cursor(conn)
-                    sql = _sql.REGISTER if registering else _sql.CLAIM
-                    row = await (await cur.execute(sql, job.claim_params(self.wait))).fetchone()
-                    if row["outcome"] not in ("claimed", "registered"):
-                        response = self._answer(row)
-                    else:
-                        response, keep = await self._handle_in(conn, row, job, context, scope, receive)
+        ran = {}
+
+        async def attempt():
+            row = {"outcome": "error"}      # what the wait is told when the database failed (ran["response"])
+            async with pool.connection() as conn:
+                try:
+                    async with conn.transaction() as tx:
+                        cur = dict_cursor(conn)
+                        sql = _sql.REGISTER if registering else _sql.CLAIM
+                        row = await (await cur.execute(sql, job.claim_params(None))).fetchone()
+                        if row["outcome"] not in ("claimed", "registered"):
+                            return row
+                        ran["done"] = self.owners.hold(job)
+                        ran["response"], keep = await self._handle_in(conn, row, job, context, scope, receive)
                         if not keep:
                             raise psycopg.Rollback(tx)  # as if the request never came; the response is sent
-            except _AppFailed as failed:
-                raise failed.error
-            except psycopg.Error:
-                response = problem(500, "Internal error", "The response could not be recorded.")
+                except _AppFailed as failed:
+                    raise failed.error
+                except psycopg.Error:
+                    ran["response"] = problem(500, "Internal error", "The response could not be recorded.")
+                finally:
+                    if "done" in ran:
+                        self.owners.release(job, ran.pop("done"))
+            return row
+
+        row = await self.owners.claim(attempt, job, 0 if registering else self.wait)
+        response = ran.get("response") or self._answer(row, job, scope)
         await _send(send, response)
 
     async def _handle_in(self, conn, row, job, context, scope, receive):
@@ -275,30 +312,15 @@ class IdempotencyMiddleware:
 
     # ------------------------------------------------------------ helpers
 
-    def _answer(self, row):
-        outcome = row["outcome"]
-        if outcome == "completed":
-            result = row["result"]
-            return self._replay(decode_response(result) if is_stored_response(result)
-                                else self.completed_response(result))
-        if outcome == "failed":
-            stored = stored_failure(row["error"])
-            return self._replay(decode_response(stored) if stored else self.failed_response(row["error"]))
-        if outcome == "mismatch":
-            return problem(422, "Idempotency-Key reused",
-                           "This Idempotency-Key was already used with a different request.")
-        retry_after = max(1, int(-(-(row["retry_after"] or 1) // 1)))
-        return problem(409, "Request in progress",
-                       "A request with this Idempotency-Key is being processed; retry later.",
-                       {"retry-after": str(retry_after)})
-
-    def _replay(self, response):
-        return Response(response.status, {**response.headers, self.replay_header: "true"}, response.body)
+    def _answer(self, row, job, scope):
+        response = answer(row, self.completed_response, self.failed_response, self.replay_header)
+        job.answered(row)
+        self.hooks.answered(job, **self._http(scope, response.status))
+        return response
 
     @staticmethod
-    async def _stop(beat):
-        beat.cancel()
-        await asyncio.gather(beat, return_exceptions=True)
+    def _http(scope, status):
+        return {"method": scope["method"], "path": scope["path"], "status": status}
 
     async def _pool(self):
         if self.pool is None:

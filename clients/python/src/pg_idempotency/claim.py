@@ -2,11 +2,15 @@
 heartbeat thread keeps the lease, and record how the block ended.
 
     with idem.claim(conn, key, request, scope="invoice.email") as job:
-        if job.claimed:
-            message_id = send(...)                  # the external effect
-            with job.transaction():                 # fence, writes, complete
-                conn.execute("UPDATE invoices ...")
-                job.complete({"message_id": message_id})
+        message_id = send(...)                  # the external effect
+        with job.transaction():                 # fence, writes, complete
+            conn.execute("UPDATE invoices ...")
+            job.complete({"message_id": message_id})
+
+The block runs only when the key is claimed: otherwise entering it raises
+``NotClaimed`` (its ``job`` holds the answer: a replayed result, 'in
+progress' with ``retry_after``...). ``run_once(conn, key, work, request)``
+runs ``work(job)`` only when claimed and returns the job either way.
 
 Leaving the block normally completes the key with ``job.result`` unless the
 block completed or released it. An exception fails the key (retryable or
@@ -28,7 +32,12 @@ from psycopg import pq
 
 from . import _sql
 from ._state import JobState, dict_cursor, exit_action
-from .errors import is_stale_token
+from .errors import NotClaimed, is_stale_token
+from .hooks import Hooks
+
+# How long stopping waits for the heartbeat (it stops by itself at its next
+# beat whatever happens to this wait).
+STOP_WAIT = 5.0
 
 
 def _connect_like(conn):
@@ -53,6 +62,8 @@ class Heartbeat(threading.Thread):
             while not self.stopping.wait(self.job.lease / 3):
                 try:
                     conn = conn or self.connect()
+                    if self.stopping.is_set():
+                        return
                     conn.execute(_sql.HEARTBEAT, self.job.params())
                 except psycopg.Error as exc:
                     if getattr(exc, "sqlstate", None) in ("IK001", "IK003"):
@@ -65,8 +76,10 @@ class Heartbeat(threading.Thread):
                 conn.close()
 
     def stop(self):
+        """Sets the stop flag and waits a bounded time: a beat in flight may
+        still be blocked on the network; it ends at the flag once it returns."""
         self.stopping.set()
-        self.join()
+        self.join(min(STOP_WAIT, max(1.0, self.job.lease / 3)))
 
 
 class Job(JobState):
@@ -113,13 +126,16 @@ class Job(JobState):
 
 class claim:
     """``with claim(conn, key, request=None, *, scope='default', lease=30,
-    wait=None, heartbeat=True, classify=None, reraise=False, connect=None)
-    as job``. ``connect()`` opens the heartbeat's connection (default: one
-    like ``conn``)."""
+    wait=None, heartbeat=True, classify=None, reraise=False, connect=None,
+    on_replay=None, on_conflict=None, on_fenced=None) as job``. ``connect()``
+    opens the heartbeat's connection (default: one like ``conn``). Entering
+    raises ``NotClaimed`` unless the key is claimed."""
 
     def __init__(self, conn, key, request=None, *, scope="default", lease=30, wait=None,
-                 heartbeat=True, classify=None, reraise=False, connect=None):
+                 heartbeat=True, classify=None, reraise=False, connect=None,
+                 on_replay=None, on_conflict=None, on_fenced=None):
         self.job = Job(conn, key, request, scope, lease, classify)
+        self.hooks = Hooks(on_replay, on_conflict, on_fenced)
         self.wait = wait
         self.reraise = reraise
         self.in_transaction = conn.info.transaction_status != pq.TransactionStatus.IDLE
@@ -131,7 +147,10 @@ class claim:
         job = self.job
         with job.conn.transaction():
             job.answered(dict_cursor(job.conn).execute(_sql.CLAIM, job.claim_params(self.wait)).fetchone())
-        if job.claimed and self.heartbeat:
+        if not job.claimed:
+            self.hooks.answered(job)
+            raise NotClaimed(job)
+        if self.heartbeat:
             self.beat = Heartbeat(job, self.connect)
             self.beat.start()
         return job
@@ -152,7 +171,24 @@ class claim:
             if not is_stale_token(recording_error):
                 raise
             job.fenced(recording_error)
+        if job.outcome == "fenced":
+            self.hooks.fenced(job)
         return action in ("fail", "fence") and not self.reraise
+
+
+def run_once(conn, key, work, request=None, **options):
+    """Runs ``work(job)`` under a claim of ``key`` only if the key is
+    claimed; its return value is the result (unless ``work`` completed or
+    released the key itself). Returns the job: for a duplicate, the claim's
+    answer (``job.claimed`` False). Options as ``claim``."""
+    try:
+        with claim(conn, key, request, **options) as job:
+            value = work(job)
+            if job.finished is None:
+                job.result = value
+    except NotClaimed as answer:
+        return answer.job
+    return job
 
 
 def idempotent(*, key, request=None, **options):
@@ -165,9 +201,6 @@ def idempotent(*, key, request=None, **options):
         @functools.wraps(fn)
         def run(conn, *args, **kwargs):
             req = request(*args, **kwargs) if request else None
-            with claim(conn, key(*args, **kwargs), req, **options) as job:
-                if job.claimed:
-                    job.result = fn(job, *args, **kwargs)
-            return job
+            return run_once(conn, key(*args, **kwargs), lambda job: fn(job, *args, **kwargs), req, **options)
         return run
     return decorate

@@ -26,3 +26,13 @@ def is_stale_token(exc):
 def default_classify(exc):
     """'final' for errors that say so (``retryable = False``), else 'retryable'."""
     return "final" if getattr(exc, "retryable", True) is False else "retryable"
+
+
+class NotClaimed(Exception):
+    """Raised by ``with claim(...)`` / ``async with aclaim(...)`` when the key
+    is not granted: the block does not run. ``job`` is the claim's answer
+    (``outcome``, ``result``, ``replayed``, ``retry_after``...)."""
+
+    def __init__(self, job):
+        super().__init__(f"{job.scope}/{job.key}: {job.outcome}")
+        self.job = job

@@ -7,6 +7,7 @@ is not UTF-8); the Node.js client stores the same."""
 import base64
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 
 # Headers that describe one transfer, not the response: never replayed.
@@ -90,3 +91,29 @@ def stored_failure(error):
     except ValueError:
         return None
     return value if is_stored_response(value) else None
+
+
+def retry_after_header(seconds):
+    """Retry-After for a claim's ``retry_after``: whole seconds rounded up, at least 1."""
+    return str(max(1, math.ceil(seconds or 0)))
+
+
+def answer(row, completed_response, failed_response, replay_header):
+    """The HTTP answer to a claim that did not grant the key (every
+    middleware's): a replay, 422, or 409 with Retry-After."""
+    outcome = row["outcome"]
+
+    def replay(response):
+        return Response(response.status, {**response.headers, replay_header: "true"}, response.body)
+    if outcome == "completed":
+        result = row["result"]
+        return replay(decode_response(result) if is_stored_response(result) else completed_response(result))
+    if outcome == "failed":
+        stored = stored_failure(row["error"])
+        return replay(decode_response(stored) if stored else failed_response(row["error"]))
+    if outcome == "mismatch":
+        return problem(422, "Idempotency-Key reused",
+                       "This Idempotency-Key was already used with a different request.")
+    return problem(409, "Request in progress",
+                   "A request with this Idempotency-Key is being processed; retry later.",
+                   {"retry-after": retry_after_header(row["retry_after"])})

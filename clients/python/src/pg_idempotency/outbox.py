@@ -1,6 +1,8 @@
 """The transactional outbox: enqueue in the caller's transaction, and a
 consumer loop for those who use the outbox as a job queue."""
 
+import asyncio
+import inspect
 import os
 import select
 import sys
@@ -9,7 +11,8 @@ import psycopg
 
 from . import _sql
 from ._state import JobState, dict_cursor
-from .errors import default_classify, is_stale_token
+from .errors import NotClaimed, default_classify, is_stale_token
+from .hooks import Hooks
 
 
 def _enqueue_params(topic, payload, key, headers, dedup_key, deliver_at):
@@ -33,7 +36,10 @@ async def aenqueue(conn, topic, payload, *, key=None, headers=None, dedup_key=No
 def settlement(value, error, classify=default_classify):
     """What to do with an event once its handler has run: ('ack',),
     ('nack', error, retryable, retry_in) or ('leave',) (it comes back when
-    its lease ends). A handler may return the Job of its claim."""
+    its lease ends). A handler may return the Job of its claim, or let the
+    claim's NotClaimed through (the same as returning its job)."""
+    if isinstance(error, NotClaimed):
+        value, error = error.job, None
     if error is not None:
         if is_stale_token(error):
             return ("leave",)
@@ -67,7 +73,7 @@ class Consumer:
     """
 
     def __init__(self, conninfo, topics=None, *, name=None, lease=60, batch=1, poll=1.0,
-                 classify=default_classify, log=None):
+                 classify=default_classify, log=None, on_fenced=None):
         self.conninfo = conninfo
         self.topics = list(topics) if topics is not None else None
         self.name = name or f"consumer-{os.getpid()}"
@@ -76,6 +82,7 @@ class Consumer:
         self.poll = poll
         self.classify = classify
         self.log = log or (lambda message: print(f"[{self.name}] {message}", file=sys.stderr, flush=True))
+        self.hooks = Hooks(on_fenced=on_fenced)
         self.stopping = False
         self._wake_read, self._wake_write = os.pipe()
 
@@ -104,14 +111,9 @@ class Consumer:
             value = handler(event)
         except Exception as exc:   # the handler's failure is the event's
             error = exc
-            self.log(f"event {event['id']}: {exc!r}")
-        action, *args = settlement(value, error, self.classify)
-        if action == "ack":
-            conn.execute(_sql.OUTBOX_ACK, {"id": event["id"]})
-        elif action == "nack":
-            error_text, retryable, retry_in = args
-            conn.execute(_sql.OUTBOX_NACK, {"id": event["id"], "error": error_text,
-                                            "retryable": retryable, "retry_in": retry_in})
+        sql, params = _settle(self, event, value, error)
+        if sql:
+            conn.execute(sql, params)
 
     def _idle(self, listener):
         """Waits for a notification, stop() or the poll interval."""
@@ -120,3 +122,111 @@ class Consumer:
             listener.execute("SELECT 1")     # takes in the notifications
         if self._wake_read in ready:
             os.read(self._wake_read, 64)
+
+
+def _settle(consumer, event, value, error):
+    """The statement that settles ``event`` (or None), with its logging and hooks."""
+    if error is not None and not isinstance(error, NotClaimed):
+        consumer.log(f"event {event['id']}: {error!r}")
+    action, *args = settlement(value, error, consumer.classify)
+    job = error.job if isinstance(error, NotClaimed) else value
+    if action == "leave":
+        consumer.hooks.fenced(job if isinstance(job, JobState) else _Stale(event, error), event_id=event["id"])
+        return None, None
+    if action == "ack":
+        return _sql.OUTBOX_ACK, {"id": event["id"]}
+    error_text, retryable, retry_in = args
+    return _sql.OUTBOX_NACK, {"id": event["id"], "error": error_text, "retryable": retryable, "retry_in": retry_in}
+
+
+class _Stale:
+    """What on_fenced is told about an event whose handler raised IK001."""
+
+    def __init__(self, event, error):
+        self.key, self.scope, self.outcome = event.get("key"), None, "fenced"
+        self.retry_after = self.token = self.attempt = None
+        self.error = str(error)
+
+
+class AsyncConsumer:
+    """``Consumer`` for asyncio: ``await AsyncConsumer(conninfo, topics,
+    name=...).run(handler)`` with ``handler(event)`` a coroutine function
+    (a plain function works too); the same settlement. ``stop()`` (from the
+    event loop's thread, e.g. in ``loop.add_signal_handler``) ends ``run()``
+    once the event in hand is settled; ``run()`` is bounded after it: the
+    listener is closed, not waited for.
+
+        await AsyncConsumer(conninfo, ["invoice.email"], name="worker-1").run(handle)
+    """
+
+    def __init__(self, conninfo, topics=None, *, name=None, lease=60, batch=1, poll=1.0,
+                 classify=default_classify, log=None, on_fenced=None):
+        self.conninfo = conninfo
+        self.topics = list(topics) if topics is not None else None
+        self.name = name or f"consumer-{os.getpid()}"
+        self.lease = lease
+        self.batch = batch
+        self.poll = poll
+        self.classify = classify
+        self.log = log or (lambda message: print(f"[{self.name}] {message}", file=sys.stderr, flush=True))
+        self.hooks = Hooks(on_fenced=on_fenced)
+        self.stopping = False
+        self._wake = None
+
+    def stop(self):
+        self.stopping = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def run(self, handler):
+        self._wake = asyncio.Event()
+        if self.stopping:
+            return
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True, application_name=self.name)
+        listener = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
+                                                          application_name=f"{self.name} listener")
+        listening = None
+        try:
+            await listener.execute(_sql.LISTEN)
+            listening = asyncio.create_task(self._listen(listener))
+            params = {"relay": self.name, "batch": self.batch, "lease": self.lease, "topics": self.topics}
+            while not self.stopping:
+                self._wake.clear()
+                cur = dict_cursor(conn)
+                events = await (await cur.execute(_sql.OUTBOX_CLAIM, params)).fetchall()
+                for event in events:
+                    await self._handle(conn, handler, event)
+                if not events and not self.stopping:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), self.poll)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            if listening is not None:
+                listening.cancel()
+            for c in (listener, conn):
+                try:
+                    await asyncio.wait_for(c.close(), 5)
+                except Exception:
+                    pass
+            if listening is not None:
+                await asyncio.wait({listening}, timeout=1)
+
+    async def _listen(self, listener):
+        try:
+            async for _ in listener.notifies():
+                self._wake.set()
+        except Exception:
+            self._wake.set()    # the listener is gone: the loop polls
+
+    async def _handle(self, conn, handler, event):
+        value, error = None, None
+        try:
+            value = handler(event)
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:   # the handler's failure is the event's
+            error = exc
+        sql, params = _settle(self, event, value, error)
+        if sql:
+            await conn.execute(sql, params)

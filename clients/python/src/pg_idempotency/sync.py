@@ -1,0 +1,240 @@
+"""The Idempotency-Key middleware for threaded servers, independent of the
+framework: ``pg_idempotency.wsgi`` (and with it ``pg_idempotency.flask``)
+and ``pg_idempotency.django`` are thin adapters over ``SyncIdempotency``.
+The behaviour is the ASGI middleware's (see pg_idempotency.asgi), in the
+modes 'claim' and 'transaction', on a ``psycopg_pool.ConnectionPool``;
+the heartbeat of claim mode is a thread, stopped by a flag."""
+
+import json
+import threading
+
+import psycopg
+from psycopg.rows import dict_row
+
+from . import _sql
+from ._state import JobState
+from .asgi import IdempotencyContext
+from .hooks import Hooks
+from .http import answer, default_classify, default_fingerprint, encode_response, json_response, problem
+from .waiting import ThreadOwners, answered_row
+
+_MODES = ("claim", "transaction")
+_SAVEPOINT = "idempotent_handler"
+
+
+class SyncContext(IdempotencyContext):
+    """What the handler finds (``request.environ['idempotency']`` with
+    Flask, ``request.idempotency`` with Django): key, request, scope, token,
+    attempt, conn (transaction mode: a psycopg Connection in the key's
+    transaction), lost (a threading.Event, claim mode), fence(conn)."""
+
+    def fence(self, conn):
+        conn.execute(_sql.ASSERT_OWNER, {"key": self.key, "token": self.token, "scope": self.scope})
+
+
+class _Beat(threading.Thread):
+    """Renews the lease every third of it until its flag is set."""
+
+    def __init__(self, job, renew):
+        super().__init__(name=f"heartbeat {job.key}", daemon=True)
+        self.job, self.renew, self.stopping = job, renew, threading.Event()
+
+    def run(self):
+        while not self.stopping.wait(self.job.lease / 3):
+            try:
+                self.renew()
+            except psycopg.Error as exc:
+                if getattr(exc, "sqlstate", None) in ("IK001", "IK003"):
+                    self.job.lost.set()
+                    return
+                if type(exc).__name__ == "PoolClosed":
+                    return
+
+    def stop(self):
+        self.stopping.set()
+        self.join(min(5.0, max(1.0, self.job.lease / 3)))
+
+
+class _AppFailed(Exception):
+    def __init__(self, error):
+        super().__init__(error)
+        self.error = error
+
+
+class SyncIdempotency:
+    """``SyncIdempotency(*, pool=None, conninfo=None, scope='default',
+    mode='claim', required=True, methods=('POST', 'PATCH'),
+    header='Idempotency-Key', replay_header='Idempotent-Replayed', lease=30,
+    wait=0, retry_in=0, fingerprint=default_fingerprint,
+    classify=default_classify, completed_response=None, failed_response=None,
+    paths=None, on_replay=None, on_conflict=None, on_fenced=None,
+    pool_options=None)``. With ``conninfo`` it opens a
+    ``psycopg_pool.ConnectionPool`` at the first request (``pool_options``:
+    its arguments, such as ``max_size``); ``close()`` closes it."""
+
+    def __init__(self, *, pool=None, conninfo=None, scope="default", mode="claim", required=True,
+                 methods=("POST", "PATCH"), header="Idempotency-Key", replay_header="Idempotent-Replayed",
+                 lease=30, wait=0, retry_in=0, fingerprint=default_fingerprint, classify=default_classify,
+                 completed_response=None, failed_response=None, paths=None, on_replay=None,
+                 on_conflict=None, on_fenced=None, pool_options=None):
+        if pool is None and conninfo is None:
+            raise TypeError("the Idempotency-Key middleware needs a pool or a conninfo")
+        if mode not in _MODES:
+            raise ValueError(f"unknown mode {mode!r} (threaded servers: 'claim' or 'transaction')")
+        self._pool, self.conninfo, self.pool_options = pool, conninfo, dict(pool_options or {})
+        self.pool_lock = threading.Lock()
+        self.scope, self.mode, self.required = scope, mode, required
+        self.methods = {m.upper() for m in methods}
+        self.header = header
+        self.replay_header = replay_header.lower()
+        self.lease, self.wait, self.retry_in = lease, wait, retry_in
+        self.fingerprint, self.classify = fingerprint, classify
+        self.completed_response = completed_response or (lambda result: json_response(200, result))
+        self.failed_response = failed_response or (lambda error: problem(500, "Request failed", error))
+        self.paths = tuple(paths) if paths else None
+        self.hooks = Hooks(on_replay, on_conflict, on_fenced)
+        self.owners = ThreadOwners()
+
+    def pool(self):
+        if self._pool is None:
+            with self.pool_lock:
+                if self._pool is None:
+                    from psycopg_pool import ConnectionPool
+                    options = {"min_size": 1, "max_size": 10, **self.pool_options}
+                    kwargs = {"autocommit": True, **options.pop("kwargs", {})}
+                    self._pool = ConnectionPool(self.conninfo, kwargs=kwargs, **options)
+        return self._pool
+
+    def close(self):
+        if self._pool is not None and self.conninfo is not None:
+            self._pool.close()
+            self._pool = None
+
+    def covers(self, method, path):
+        return method.upper() in self.methods and (not self.paths or path.startswith(self.paths))
+
+    def handle(self, method, path, key, body, content_type, call):
+        """The response to a covered request; ``call(context)`` runs the
+        app and returns its ``pg_idempotency.http.Response`` (``context`` is
+        None for a request without a key that is let through)."""
+        if not key:
+            if not self.required:
+                return call(None)
+            return problem(400, "Idempotency-Key is missing", "This request requires an Idempotency-Key header.")
+        if len(key.encode()) > 255:
+            return problem(400, "Idempotency-Key is too long", "At most 255 bytes.")
+        request = self.fingerprint(method, path, body, content_type)
+        context = SyncContext(key=key, request=request, scope=self.scope)
+        http = {"method": method, "path": path}
+        run = self._run_claimed if self.mode == "claim" else self._run_in_transaction
+        return run(context, call, http)
+
+    def _claim_once(self, job, conn=None):
+        if conn is not None:
+            return conn.cursor(row_factory=dict_row).execute(_sql.CLAIM, job.claim_params(None)).fetchone()
+        with self.pool().connection() as c:
+            return c.cursor(row_factory=dict_row).execute(_sql.CLAIM, job.claim_params(None)).fetchone()
+
+    def _answer(self, row, job, http):
+        response = answer(row, self.completed_response, self.failed_response, self.replay_header)
+        job.answered(row)
+        self.hooks.answered(job, status=response.status, **http)
+        return response
+
+    def _run_claimed(self, context, call, http):
+        pool = self.pool()
+        job = JobState(context.key, context.request, self.scope, self.lease, None)
+        row = self.owners.claim(lambda: self._claim_once(job), job, self.wait)
+        if row["outcome"] != "claimed":
+            return self._answer(row, job, http)
+        job.answered(row)
+        job.lost = threading.Event()
+        context.token, context.attempt, context.lost = job.token, job.attempt, job.lost
+
+        def record(sql, **params):
+            with pool.connection() as conn:
+                conn.execute(sql, job.params(**params))
+        done = self.owners.hold(job)
+        published = None        # what the duplicates waiting in this process are answered
+        beat = _Beat(job, lambda: record(_sql.HEARTBEAT))
+        beat.start()
+        try:
+            try:
+                response = call(context)
+            except BaseException as exc:
+                beat.stop()
+                try:
+                    record(_sql.FAIL, error=str(exc) or type(exc).__name__, retryable=True, retry_in=self.retry_in)
+                except psycopg.Error:
+                    pass    # taken over, or the database is gone: the lease ends it
+                raise
+            beat.stop()
+            kind = self.classify(response)
+            stored = encode_response(response)
+            try:
+                if kind == "complete":
+                    record(_sql.COMPLETE, result=_sql.jsonb(stored))
+                    published = answered_row(job, "completed", result=stored)
+                else:
+                    final = kind == "final"
+                    error = json.dumps(stored, separators=(",", ":")) if final else f"HTTP {response.status}"
+                    record(_sql.FAIL, error=error, retryable=not final, retry_in=None if final else self.retry_in)
+                    published = answered_row(job, "failed", error=error) if final else None
+            except psycopg.Error as exc:
+                if getattr(exc, "sqlstate", None) != "IK001":
+                    response = problem(500, "Internal error", "The response could not be recorded.")
+                else:
+                    job.fenced(exc)
+                    self.hooks.fenced(job, status=response.status, **http)
+        finally:
+            beat.stopping.set()
+            self.owners.release(job, done, published)
+        return response
+
+    def _run_in_transaction(self, context, call, http):
+        pool = self.pool()
+        job = JobState(context.key, context.request, self.scope, self.lease, None)
+        ran = {}
+
+        def attempt():
+            row = {"outcome": "error"}      # what the wait is told when the database failed (ran["response"])
+            with pool.connection() as conn:
+                try:
+                    with conn.transaction() as tx:
+                        row = self._claim_once(job, conn)
+                        if row["outcome"] != "claimed":
+                            return row
+                        ran["done"] = self.owners.hold(job)
+                        ran["response"], keep = self._handle_in(conn, row, job, context, call)
+                        if not keep:
+                            raise psycopg.Rollback(tx)
+                except _AppFailed as failed:
+                    raise failed.error
+                except psycopg.Error:
+                    ran["response"] = problem(500, "Internal error", "The response could not be recorded.")
+                finally:
+                    if "done" in ran:
+                        self.owners.release(job, ran.pop("done"))
+            return row
+
+        row = self.owners.claim(attempt, job, self.wait)
+        return ran.get("response") or self._answer(row, job, http)
+
+    def _handle_in(self, conn, row, job, context, call):
+        job.answered(row)
+        context.token, context.attempt, context.conn = job.token, job.attempt, conn
+        conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        try:
+            response = call(context)
+        except Exception as exc:
+            raise _AppFailed(exc) from exc
+        kind = self.classify(response)
+        if kind == "retryable":
+            return response, False
+        if kind == "final":
+            conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+            conn.execute(_sql.FAIL, job.params(error=json.dumps(encode_response(response), separators=(",", ":")),
+                                               retryable=False, retry_in=None))
+        else:
+            conn.execute(_sql.COMPLETE, job.params(result=_sql.jsonb(encode_response(response))))
+        return response, True

@@ -1,0 +1,168 @@
+"""The threaded middleware: Flask (WSGI) and Django, from Debian's packages.
+Concurrent duplicates come from threads (the servers' model)."""
+
+import math
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from conftest import SETTINGS, effects, key_row
+
+flask = pytest.importorskip("flask", reason="python3-flask is not installed")
+from pg_idempotency.flask import Idempotency, context  # noqa: E402
+
+runs = Counter()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=1, max_size=3) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def flask_app(pool):
+    app = flask.Flask("test")
+    seen = []
+    Idempotency(app, pool=pool, scope="flask.orders", paths=["/orders", "/slow"], lease=2.5, wait=0,
+                on_conflict=seen.append, on_replay=seen.append)
+    Idempotency(app, pool=pool, scope="flask.waiting", paths=["/waiting"], wait=10)
+    Idempotency(app, pool=pool, scope="flask.tx", paths=["/tx"], mode="transaction")
+
+    @app.post("/orders")
+    def orders():
+        key = context().key
+        runs[key] += 1
+        return flask.jsonify(order=runs[key], echo=flask.request.get_json()), 201, {"x-order": f"o-{runs[key]}"}
+
+    @app.post("/slow")
+    def slow():
+        runs[context().key] += 1
+        time.sleep(0.8)
+        return flask.jsonify(ok=True), 201
+
+    @app.post("/waiting")
+    def waiting():
+        runs[context().key] += 1
+        time.sleep(0.5)
+        return flask.jsonify(ok=True), 201
+
+    @app.post("/tx")
+    def tx():
+        ctx = context()
+        runs[ctx.key] += 1
+        ctx.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'flask')", (ctx.key,))
+        if flask.request.get_json().get("fail"):
+            return flask.jsonify(error="after writing"), 500
+        return flask.jsonify(written=True), 201
+    app.seen = seen
+    return app
+
+
+def post(client, path, key, body=None):
+    headers = {"Idempotency-Key": key} if key else {}
+    return client.post(path, json=body or {}, headers=headers)
+
+
+def test_flask_replays_and_refuses(flask_app):
+    client = flask_app.test_client()
+    key = f"f-{uuid.uuid4()}"
+    assert post(client, "/orders", None).status_code == 400
+    first, again = post(client, "/orders", key, {"a": 1}), post(client, "/orders", key, {"a": 1})
+    assert (first.status_code, again.status_code, again.headers["Idempotent-Replayed"]) == (201, 201, "true")
+    assert again.data == first.data and again.headers["x-order"] == "o-1"
+    assert post(client, "/orders", key, {"a": 2}).status_code == 422
+    assert runs[key] == 1
+
+
+def test_flask_duplicates_run_once_and_get_retry_after(flask_app):
+    key = f"f-{uuid.uuid4()}"
+    flask_app.seen.clear()
+    with ThreadPoolExecutor(8) as threads:
+        answers = list(threads.map(lambda _: post(flask_app.test_client(), "/slow", key), range(8)))
+    assert runs[key] == 1
+    conflicts = [a for a in answers if a.status_code == 409]
+    assert conflicts and sum(a.status_code == 201 for a in answers) == 8 - len(conflicts)
+    busy = [s for s in flask_app.seen if s["outcome"] == "in_progress"]
+    assert len(busy) == len(conflicts)
+    for answer, info in zip(sorted(conflicts, key=lambda a: a.headers["retry-after"]),
+                            sorted(busy, key=lambda i: i["retry_after"])):
+        assert answer.headers["retry-after"] == str(max(1, math.ceil(info["retry_after"])))
+
+
+def test_flask_waiting_duplicates_share_a_pool_of_3(flask_app):
+    key = f"f-{uuid.uuid4()}"
+    started = time.monotonic()
+    with ThreadPoolExecutor(12) as threads:
+        answers = list(threads.map(lambda _: post(flask_app.test_client(), "/waiting", key), range(12)))
+    took = time.monotonic() - started
+    assert [a.status_code for a in answers] == [201] * 12 and runs[key] == 1
+    assert took < 0.5 + 2, f"{took:.2f}s: duplicates held the pool"
+
+
+def test_flask_transaction_mode(flask_app, admin):
+    client = flask_app.test_client()
+    ok, failing = f"f-{uuid.uuid4()}", f"f-{uuid.uuid4()}"
+    assert post(client, "/tx", ok).status_code == 201 and post(client, "/tx", ok).headers["Idempotent-Replayed"] == "true"
+    assert post(client, "/tx", failing, {"fail": True}).status_code == 500
+    assert effects(admin, ok) == ["flask"] and effects(admin, failing) == []
+    assert key_row(admin, failing, "flask.tx") is None
+
+
+def test_django(pool):
+    django = pytest.importorskip("django", reason="python3-django is not installed")
+    from django.conf import settings
+    seen = []
+    if not settings.configured:
+        settings.configure(ROOT_URLCONF=__name__, ALLOWED_HOSTS=["testserver"], SECRET_KEY="test",
+                           MIDDLEWARE=["pg_idempotency.django.IdempotencyMiddleware"],
+                           IDEMPOTENCY=[{"pool": pool, "scope": "django.orders", "paths": ["/orders"], "lease": 2.5,
+                                         "on_conflict": seen.append, "on_replay": seen.append},
+                                        {"pool": pool, "scope": "django.slow", "paths": ["/slow"], "lease": 2.5}])
+        django.setup()
+    from django.test import Client
+    key, slow = f"d-{uuid.uuid4()}", f"d-{uuid.uuid4()}"
+    client = Client()
+
+    def send(path, k, body):
+        return Client().post(path, body, content_type="application/json", HTTP_IDEMPOTENCY_KEY=k)
+    assert client.post("/orders", {}, content_type="application/json").status_code == 400
+    first, again = send("/orders", key, {"a": 1}), send("/orders", key, {"a": 1})
+    assert (first.status_code, again.status_code, again.headers["Idempotent-Replayed"]) == (201, 201, "true")
+    assert again.content == first.content and again.headers["x-order"] == "o-1"
+    assert send("/orders", key, {"a": 2}).status_code == 422
+    with ThreadPoolExecutor(6) as threads:
+        answers = list(threads.map(lambda _: send("/slow", slow, {}), range(6)))
+    assert runs[slow] == 1
+    conflicts = [a for a in answers if a.status_code == 409]
+    assert conflicts and all(1 <= int(a.headers["retry-after"]) <= 3 for a in conflicts)
+    assert [s["outcome"] for s in seen] == ["completed"]
+
+
+def _django_orders(request):
+    from django.http import JsonResponse
+    key = request.idempotency.key
+    runs[key] += 1
+    response = JsonResponse({"order": runs[key]}, status=201)
+    response["x-order"] = f"o-{runs[key]}"
+    return response
+
+
+def _django_slow(request):
+    from django.http import JsonResponse
+    runs[request.idempotency.key] += 1
+    time.sleep(0.8)
+    return JsonResponse({"ok": True}, status=201)
+
+
+def __getattr__(name):
+    # Django reads urlpatterns from this module (ROOT_URLCONF) once it is configured.
+    if name == "urlpatterns":
+        from django.urls import path
+        return [path("orders", _django_orders), path("slow", _django_slow)]
+    raise AttributeError(name)
