@@ -28,9 +28,10 @@ export function startServer(env) {
       setTimeout(() => { if (watchers.delete(watcher)) reject(new Error(`timed out waiting for ${what}`)); }, seconds * 1000).unref();
     });
   };
+  const url = seen((v) => v.port, 'its port').then(({ port }) => `http://127.0.0.1:${port}`);
+  url.catch(() => {});   // reported to whoever awaits it
   return {
-    child, lines, seen, exited,
-    url: seen((v) => v.port, 'its port').then(({ port }) => `http://127.0.0.1:${port}`),
+    child, lines, seen, exited, url,
     kill: () => { if (child.exitCode === null) child.kill('SIGKILL'); },
   };
 }
