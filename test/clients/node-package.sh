@@ -18,6 +18,12 @@ trap 'rm -rf "$work"' EXIT
 export npm_config_prefer_offline=true npm_config_audit=false npm_config_fund=false npm_config_loglevel=error
 fail() { echo "not ok - $*" >&2; exit 1; }
 
+# The install commands name the tarball of this version, here and in the docs.
+version=$(node -p "require('$package/package.json').version")
+for page in "$package/README.md" "$root/docs/clients-node.md"; do
+    grep -q "npm install ./pg-idempotency-$version.tgz" "$page" || fail "${page#$root/} does not install pg-idempotency-$version.tgz"
+done
+
 # The README's first shell block, with its checkout path set to this one.
 block=$(awk '/^```sh$/ { if (++n == 1) { inside = 1; next } } /^```$/ { inside = 0 } inside' "$package/README.md")
 [ -n "$block" ] || fail "clients/node/README.md has no sh block"
