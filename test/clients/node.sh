@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The Node.js client's tests (clients/node, `node --test`) against a
 # throwaway cluster: `npm ci` of its development dependencies (Express,
-# Fastify, TypeScript), then every test file, each on its own keys. Exits
+# Fastify, TypeScript), then every test file, each on its own keys (among
+# them the burst and shutdown tests, which print their timings, and the
+# documentation's examples, in a database of their own). Exits
 # non-zero on any failure. Needs the extension installed (make install).
 # Settings: CLIENTS_NODE_PORT (54471, names the cluster's socket),
 # EXAMPLE_KEEP=1 keeps the cluster's folder when a test fails.
@@ -11,6 +13,12 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 package=$(cd "$here/../../clients/node" && pwd)
 
 example_start clients-node "${CLIENTS_NODE_PORT:-54471}" clients
+# The documentation's examples run in a database of their own where `app`
+# has only grant_application: what more they need, the page must grant.
+example_sql -d postgres -c 'CREATE DATABASE clients_docs OWNER app' >/dev/null &&
+    example_sql -d clients_docs -c 'CREATE EXTENSION idempotency' -c "SELECT idempotency.grant_application('app')" >/dev/null ||
+    example_fail "could not create the docs database"
+export DOCS_DATABASE=clients_docs
 log "clients/node: npm ci"
 example_run timeout 300 npm ci --prefix "$package" --no-audit --no-fund --loglevel=error \
     >"$EXAMPLE_DIR/npm.log" 2>&1 || { cat "$EXAMPLE_DIR/npm.log" >&2; example_fail "npm ci failed"; }

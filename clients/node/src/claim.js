@@ -4,8 +4,11 @@
 // nothing at all when the key was taken over meanwhile (fenced).
 import { defaultClassify, isStaleToken } from './errors.js';
 import { Heartbeat } from './heartbeat.js';
+import { callHook } from './hooks.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, NEXT_ATTEMPT, RELEASE, jsonParam } from './sql.js';
+import { isClosing, track } from './state.js';
 import { withTransaction } from './transaction.js';
+import { claimWaiting, groupId } from './wait.js';
 
 const DEFAULT_LEASE = 30;
 
@@ -49,26 +52,42 @@ export class Job {
   }
 }
 
-// claim(pool, { key, request, scope, lease, wait, heartbeat, classify }, work)
-// resolves to one of:
+// claim(pool, { key, request, scope, lease, wait, heartbeat, classify,
+// signal, onReplay, onConflict, onFenced }, work) resolves to one of:
 //   { outcome: 'completed', result, replayed }     done now, or a duplicate of finished work
 //   { outcome: 'failed', error, retryable, retryAfter, replayed, cause }
 //   { outcome: 'in_progress' | 'retry_later', retryAfter }   someone else holds it / backoff
 //   { outcome: 'mismatch' }                        the key was used with another request
 //   { outcome: 'fenced', error }                   the lease was lost and the key taken over
 //   { outcome: 'released' }                        the work gave the key back
+// With `wait`, a key held by another worker is waited for without holding
+// a connection of the pool (see wait.js).
 export async function claim(pool, options, work) {
-  const { key, request = null, scope = 'default', lease = DEFAULT_LEASE, wait = null } = options;
-  const { rows: [row] } = await pool.query(CLAIM, [key, jsonParam(request), lease, scope, wait || null]);
+  const { key, request = null, scope = 'default', lease = DEFAULT_LEASE, wait = null, signal = null } = options;
+  if (isClosing(pool)) return { outcome: 'in_progress', retryAfter: 1 };
+  const params = [key, jsonParam(request), lease, scope, null];
+  const { row } = await claimWaiting(pool, {
+    id: groupId('claim', scope, key, request, lease),
+    wait,
+    signal,
+    attempt: async () => {
+      const { rows: [claimed] } = await pool.query(CLAIM, params);
+      return { row: claimed, abandon: () => pool.query(RELEASE, [key, claimed.token, scope]) };
+    },
+  });
+  const event = { key, scope, outcome: row.outcome };
   switch (row.outcome) {
     case 'claimed':
       return run(pool, { ...options, key, scope, lease }, row, work);
     case 'completed':
+      callHook(options.onReplay, event);
       return { outcome: 'completed', result: row.result, replayed: true };
     case 'failed':
+      callHook(options.onReplay, event);
       return { outcome: 'failed', error: row.error, retryable: false, retryAfter: null, replayed: true };
     case 'in_progress':
     case 'retry_later':
+      callHook(options.onConflict, { ...event, retryAfter: row.retry_after ?? 0 });
       return { outcome: row.outcome, retryAfter: row.retry_after ?? 0 };
     default:
       return { outcome: row.outcome };
@@ -76,32 +95,65 @@ export async function claim(pool, options, work) {
 }
 
 async function run(pool, options, row, work) {
-  const { key, scope, lease, heartbeat = true, classify = defaultClassify } = options;
+  const { key, scope, lease, heartbeat = true, classify = defaultClassify, signal = null } = options;
   const beat = heartbeat ? new Heartbeat(pool, { key, token: row.token, scope, lease }) : null;
-  const job = new Job(pool, { key, token: row.token, scope, attempt: row.attempt, lease, signal: beat?.signal });
-  let value;
-  let error = null;
+  // job.signal: aborted when the lease is lost, the caller's signal
+  // aborts, or a shutdown ends the work.
+  const controller = new AbortController();
+  const forward = (source) => {
+    if (!source) return;
+    if (source.aborted) controller.abort(source.reason);
+    else source.addEventListener('abort', () => controller.abort(source.reason), { once: true });
+  };
+  forward(beat?.signal);
+  forward(signal);
+  const job = new Job(pool, { key, token: row.token, scope, attempt: row.attempt, lease, signal: controller.signal });
+  let settled;
+  let stopped = false;
+  const untrack = track(pool, {
+    settled: new Promise((resolve) => { settled = resolve; }),
+    stop: async (reason) => {
+      stopped = true;
+      controller.abort(reason);
+      await beat?.stop();
+      if (!job.finished) await pool.query(RELEASE, [key, row.token, scope]).catch(() => {});
+    },
+  });
+  const fenced = (err) => {
+    callHook(options.onFenced, { key, scope, outcome: 'fenced', error: err.message });
+    return { outcome: 'fenced', error: err.message };
+  };
   try {
-    value = await work(job);
-  } catch (err) {
-    error = err;
+    let value;
+    let error = null;
+    try {
+      value = await work(job);
+    } catch (err) {
+      error = err;
+    } finally {
+      await beat?.stop();
+    }
+    if (stopped) return { outcome: 'released' };   // a shutdown gave the key back
+    if (error && job.finished) throw error;   // after the key was recorded: the caller's own error
+    try {
+      if (error) {
+        if (isStaleToken(error)) return fenced(error);
+        return await fail(pool, job, error, classify(error));
+      }
+      if (job.finished === 'released') return { outcome: 'released' };
+      if (job.finished !== 'completed') await job.complete(value ?? null);
+      return { outcome: 'completed', result: job.result, replayed: false };
+    } catch (err) {
+      if (isStaleToken(err)) return fenced(err);
+      throw err;
+    }
   } finally {
-    await beat?.stop();
-  }
-  if (error && job.finished) throw error;   // after the key was recorded: the caller's own error
-  try {
-    if (error) return await fail(pool, job, error, classify(error));
-    if (job.finished === 'released') return { outcome: 'released' };
-    if (job.finished !== 'completed') await job.complete(value ?? null);
-    return { outcome: 'completed', result: job.result, replayed: false };
-  } catch (err) {
-    if (isStaleToken(err)) return { outcome: 'fenced', error: err.message };
-    throw err;
+    untrack();
+    settled();
   }
 }
 
 async function fail(pool, job, error, kind) {
-  if (isStaleToken(error)) return { outcome: 'fenced', error: error.message };
   const message = String(error?.message ?? error);
   const retryIn = kind === 'final' ? null : error?.retryIn ?? null;
   const { status, retryAfter } = await withTransaction(pool, async (client) => {

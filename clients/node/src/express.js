@@ -8,6 +8,15 @@ import { problem } from './response.js';
 export function idempotency(options) {
   const opts = httpOptions(options);
   return async function idempotencyMiddleware(req, res, next) {
+    // The client going away ends a wait, and stops the heartbeat of a
+    // running handler (whose signal is aborted).
+    const gone = new AbortController();
+    let exchange = null;
+    res.once('close', () => {
+      if (res.writableFinished) return;
+      gone.abort(new Error('the client closed the connection'));
+      exchange?.disconnect();
+    });
     let started;
     try {
       started = await begin(opts, {
@@ -15,14 +24,17 @@ export function idempotency(options) {
         key: req.get(opts.header),
         path: req.originalUrl.split('?')[0],
         body: req.body,
+        signal: gone.signal,
       });
     } catch (err) {
       return next(err);
     }
     if (started.response) return send(res, started.response);
     if (!started.exchange) return next();
-    req.idempotency = started.exchange.context;
-    hold(res, async (response) => send(res, await started.exchange.finish(response)));
+    exchange = started.exchange;
+    if (gone.signal.aborted) exchange.disconnect();
+    req.idempotency = exchange.context;
+    hold(res, async (response) => send(res, await exchange.finish(response)));
     next();
   };
 }

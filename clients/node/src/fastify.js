@@ -13,11 +13,19 @@ export async function idempotency(fastify, options) {
   if (!fastify.hasRequestDecorator('idempotency')) fastify.decorateRequest('idempotency', null);
 
   fastify.addHook('preHandler', async (request, reply) => {
+    // The client going away ends a wait and stops a running handler's heartbeat.
+    const gone = new AbortController();
+    reply.raw.once('close', () => {
+      if (reply.raw.writableFinished) return;
+      gone.abort(new Error('the client closed the connection'));
+      request[EXCHANGE]?.disconnect();
+    });
     const started = await begin(opts, {
       method: request.method,
       key: request.headers[opts.header.toLowerCase()],
       path: request.url.split('?')[0],
       body: request.body,
+      signal: gone.signal,
     });
     if (started.response) {
       const { status, headers, body } = started.response;

@@ -44,6 +44,22 @@ export interface IdempotencyOptions {
   completedResponse?: (result: Json) => ResponseInit;
   /** The response for a key that failed for good without a stored response. */
   failedResponse?: (error: string) => ResponseInit;
+  /** A stored response (or failure) was replayed. */
+  onReplay?: (event: IdempotencyEvent & { status: number }) => void;
+  /** A 409: the key is in progress (after `wait`) or waits for its retry. */
+  onConflict?: (event: IdempotencyEvent & { status: 409; retryAfter: number }) => void;
+  /** A 422: the key was used with another request. */
+  onMismatch?: (event: IdempotencyEvent & { status: 422 }) => void;
+  /** The handler's lease was lost (its heartbeat found out, or recording its response did). */
+  onFenced?: (event: { key: string; scope: string; mode: string; error: string; during: 'heartbeat' | 'record' }) => void;
+}
+
+/** What the hooks are told. */
+export interface IdempotencyEvent {
+  key: string;
+  scope: string;
+  mode: 'claim' | 'transaction' | 'register';
+  outcome: 'completed' | 'failed' | 'mismatch' | 'in_progress' | 'retry_later';
 }
 
 /** What the handler finds on the request while its key is claimed or registered. */
@@ -56,8 +72,8 @@ export interface IdempotencyContext {
   attempt: number | null;
   /** The transaction the key lives in (transaction and register modes). */
   client: PoolClientLike | null;
-  /** Aborted when the lease is lost (claim mode). */
-  signal: AbortSignal | null;
+  /** Aborted when the lease is lost (claim mode), the client went away, or a shutdown ended the request. */
+  signal: AbortSignal;
   /** Fences a transaction of the handler's own (claim mode): IK001 once the key was taken over. */
   fence(client: Queryable): Promise<unknown>;
 }

@@ -20,8 +20,11 @@
 //                  requests replay what it stored.
 import { defaultFingerprint } from './fingerprint.js';
 import { Heartbeat } from './heartbeat.js';
+import { callHook } from './hooks.js';
 import { decodeResponse, encodeResponse, isStoredResponse, jsonResponse, problem, response, storedFailure } from './response.js';
-import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, REGISTER, jsonParam } from './sql.js';
+import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, REGISTER, RELEASE, jsonParam } from './sql.js';
+import { isClosing, track } from './state.js';
+import { claimWaiting, groupId } from './wait.js';
 
 const MODES = new Set(['claim', 'transaction', 'register']);
 
@@ -47,6 +50,10 @@ export function httpOptions(options = {}) {
     classify: defaultClassify,
     completedResponse: (result) => jsonResponse(200, result),
     failedResponse: (error) => problem(500, 'Request failed', error),
+    onReplay: null,
+    onConflict: null,
+    onMismatch: null,
+    onFenced: null,
     ...options,
   };
   if (!opts.pool) throw new TypeError('idempotency: the pool option is required');
@@ -55,35 +62,58 @@ export function httpOptions(options = {}) {
   return opts;
 }
 
+// Retry-After of a 409: the seconds idem_claim said (for in_progress, the
+// extension's estimate of when the holder is done; for retry_later, the
+// backoff left), rounded up, at least 1.
+export function retryAfterSeconds(row) {
+  const seconds = Number(row.retry_after);
+  return String(Number.isFinite(seconds) ? Math.max(1, Math.ceil(seconds)) : 1);
+}
+
 // A replay: the stored response (or what a hook made of the key's state).
 function replay(opts, { status, headers, body }) {
   return response(status, { ...headers, [opts.replayHeader.toLowerCase()]: 'true' }, body);
 }
 
-// The response a key's settled state is answered with.
-function answer(opts, row) {
+// The response a key's settled state is answered with; the hooks hear of it.
+function answer(opts, key, row) {
+  const event = { key, scope: opts.scope, mode: opts.mode, outcome: row.outcome };
   switch (row.outcome) {
-    case 'completed':
-      return replay(opts, isStoredResponse(row.result) ? decodeResponse(row.result) : opts.completedResponse(row.result));
+    case 'completed': {
+      const sent = replay(opts, isStoredResponse(row.result) ? decodeResponse(row.result) : opts.completedResponse(row.result));
+      callHook(opts.onReplay, { ...event, status: sent.status });
+      return sent;
+    }
     case 'failed': {
       const stored = storedFailure(row.error);
-      return replay(opts, stored ? decodeResponse(stored) : opts.failedResponse(row.error));
+      const sent = replay(opts, stored ? decodeResponse(stored) : opts.failedResponse(row.error));
+      callHook(opts.onReplay, { ...event, status: sent.status });
+      return sent;
     }
     case 'mismatch':
+      callHook(opts.onMismatch, { ...event, status: 422 });
       return problem(422, 'Idempotency-Key reused',
         'This Idempotency-Key was already used with a different request.');
-    default: // in_progress, retry_later
+    default: { // in_progress, retry_later
+      const retryAfter = retryAfterSeconds(row);
+      callHook(opts.onConflict, { ...event, status: 409, retryAfter: Number(retryAfter) });
       return problem(409, 'Request in progress',
         'A request with this Idempotency-Key is being processed; retry later.',
-        { 'retry-after': String(Math.max(1, Math.ceil(row.retry_after ?? 1))) });
+        { 'retry-after': retryAfter });
+    }
   }
 }
 
-// begin(opts, { method, key, path, body }) resolves to { response } to send
-// now, or { exchange } when the handler is to run (pass it the context,
-// then call exchange.finish(response) or exchange.abort(error)), or {} when
-// the request does not take part (method not covered, optional key absent).
-export async function begin(opts, { method, key, path, body }) {
+const stopping = () => problem(503, 'Server shutting down', 'The server is stopping; retry the request.',
+  { 'retry-after': '1' });
+
+// begin(opts, { method, key, path, body, signal }) resolves to { response }
+// to send now, or { exchange } when the handler is to run (pass it the
+// context, then call exchange.finish(response) or exchange.abort(error);
+// exchange.disconnect() when the client went away), or {} when the request
+// does not take part (method not covered, optional key absent). `signal`
+// aborts a wait when the client goes away.
+export async function begin(opts, { method, key, path, body, signal = null }) {
   if (!opts.methods.includes(method)) return {};
   if (!key) {
     if (!opts.required) return {};
@@ -92,53 +122,104 @@ export async function begin(opts, { method, key, path, body }) {
   if (Buffer.byteLength(key) > 255) {
     return { response: problem(400, 'Idempotency-Key is too long', 'At most 255 bytes.') };
   }
+  if (isClosing(opts.pool)) return { response: stopping() };
   const request = opts.fingerprint({ method, path, body });
-  if (opts.mode === 'claim') return beginClaim(opts, key, request);
-  return beginInTransaction(opts, key, request);
+  if (opts.mode === 'claim') return beginClaim(opts, key, request, signal);
+  return beginInTransaction(opts, key, request, signal);
 }
 
-async function beginClaim(opts, key, request) {
-  const { rows: [row] } = await opts.pool.query(CLAIM,
-    [key, jsonParam(request), opts.lease, opts.scope, opts.wait || null]);
-  if (row.outcome !== 'claimed') return { response: answer(opts, row) };
-  const beat = new Heartbeat(opts.pool, { key, token: row.token, scope: opts.scope, lease: opts.lease });
+async function beginClaim(opts, key, request, signal) {
+  const { pool } = opts;
+  const params = [key, jsonParam(request), opts.lease, opts.scope, null];
+  const { row } = await claimWaiting(pool, {
+    id: groupId('claim', opts.scope, key, request, opts.lease),
+    wait: opts.wait,
+    signal,
+    attempt: async () => {
+      const { rows: [claimed] } = await pool.query(CLAIM, params);
+      return {
+        row: claimed,
+        abandon: () => pool.query(RELEASE, [key, claimed.token, opts.scope]),
+      };
+    },
+  });
+  if (row.outcome !== 'claimed') return { response: answer(opts, key, row) };
+  const beat = new Heartbeat(pool, { key, token: row.token, scope: opts.scope, lease: opts.lease });
   const record = async (sql, params) => {
     await beat.stop();
-    await opts.pool.query(sql, params);
+    await pool.query(sql, params);
   };
   return {
-    exchange: new Exchange(opts, { key, request, token: row.token, attempt: row.attempt, signal: beat.signal }, {
+    exchange: new Exchange(opts, { key, request, token: row.token, attempt: row.attempt, heartbeat: beat }, {
       complete: (stored) => record(COMPLETE, [key, row.token, jsonParam(stored), opts.scope]),
       fail: (error, retryable) => record(FAIL, [key, row.token, error, retryable, retryable ? opts.retryIn : null, opts.scope]),
       discard: () => beat.stop(),
+      // Shutdown: the key goes back (not an attempt), the retry runs anew.
+      stop: async () => {
+        await beat.stop();
+        await pool.query(RELEASE, [key, row.token, opts.scope]).catch(() => {});
+      },
     }),
   };
 }
 
-async function beginInTransaction(opts, key, request) {
+// One try of a transaction-mode or register-mode key: BEGIN and the claim
+// (or register) on a connection of the pool. When the key is ours the
+// transaction stays open for the handler; otherwise it commits (nothing
+// was written) and the connection goes back to the pool.
+async function tryInTransaction(opts, key, request) {
   const client = await opts.pool.connect();
-  const end = async (sql) => {
-    try {
-      await client.query(sql);
-    } finally {
-      client.release();
-    }
-  };
   let row;
   try {
     await client.query('BEGIN');
     ({ rows: [row] } = opts.mode === 'register'
       ? await client.query(REGISTER, [key, jsonParam(request), key, opts.scope])
-      : await client.query(CLAIM, [key, jsonParam(request), opts.lease, opts.scope, opts.wait || null]));
-    if (row.outcome === 'registered' || row.outcome === 'claimed') await client.query('SAVEPOINT idempotent_handler');
+      : await client.query(CLAIM, [key, jsonParam(request), opts.lease, opts.scope, null]));
+    if (row.outcome === 'registered' || row.outcome === 'claimed') {
+      await client.query('SAVEPOINT idempotent_handler');
+    } else {
+      await client.query('COMMIT');
+    }
   } catch (err) {
-    await end('ROLLBACK').catch(() => {});
+    await client.query('ROLLBACK').catch(() => {});
+    client.release();
     throw err;
   }
   if (row.outcome !== 'registered' && row.outcome !== 'claimed') {
-    await end('COMMIT');   // nothing was written
-    return { response: answer(opts, row) };
+    client.release();
+    return { row };
   }
+  return {
+    row,
+    client,
+    abandon: async () => {
+      try {
+        await client.query('ROLLBACK');
+      } finally {
+        client.release();
+      }
+    },
+  };
+}
+
+async function beginInTransaction(opts, key, request, signal) {
+  const { row, client } = await claimWaiting(opts.pool, {
+    id: groupId(opts.mode, opts.scope, key, request, opts.lease),
+    wait: opts.mode === 'register' ? 0 : opts.wait,
+    signal,
+    attempt: () => tryInTransaction(opts, key, request),
+  });
+  if (row.outcome !== 'registered' && row.outcome !== 'claimed') return { response: answer(opts, key, row) };
+  let released = false;
+  const end = async (sql) => {
+    if (released) return;
+    try {
+      await client.query(sql);
+    } finally {
+      released = true;
+      client.release();
+    }
+  };
   const context = { key, request, token: row.token, attempt: row.attempt, client };
   const registering = opts.mode === 'register';
   // Runs the statements of an outcome, then COMMIT; ROLLBACK if any fails.
@@ -168,6 +249,14 @@ async function beginInTransaction(opts, key, request) {
         });
       },
       discard: () => end('ROLLBACK'),
+      // Shutdown: the connection is closed (not returned): the server rolls
+      // the transaction back at once, even while a statement of the handler
+      // still runs on it, and the key never existed.
+      stop: async () => {
+        if (released) return;
+        released = true;
+        client.release(new Error('idempotency: the server is shutting down'));
+      },
     }),
   };
 }
@@ -179,26 +268,48 @@ export class Exchange {
     this.opts = opts;
     this.steps = steps;
     this.settled = false;
-    const { key, request, token = null, attempt = null, client = null, signal = null } = context;
+    const { key, request, token = null, attempt = null, client = null, heartbeat = null } = context;
+    this.key = key;
+    this.heartbeat = heartbeat;
+    // Aborted when the lease is lost, the client went away, or a shutdown
+    // ended the request.
+    this.controller = new AbortController();
+    heartbeat?.signal.addEventListener('abort', () => {
+      callHook(opts.onFenced, { key, scope: opts.scope, mode: opts.mode, error: String(heartbeat.lost?.message ?? 'lease lost'), during: 'heartbeat' });
+      this.controller.abort(heartbeat.signal.reason);
+    }, { once: true });
     this.context = {
-      key, request, token, attempt, client, signal,
+      key, request, token, attempt, client, signal: this.controller.signal,
       // Fences a transaction of the handler's own (claim mode).
       fence: (other) => other.query(ASSERT_OWNER, [key, token, opts.scope]),
+    };
+    let done;
+    this.owner = {
+      settled: new Promise((resolve) => { done = resolve; }),
+      stop: (reason) => this.stop(reason),
+    };
+    this.untrack = track(opts.pool, this.owner);
+    this.done = () => {
+      this.untrack();
+      done();
     };
   }
 
   async finish(response) {
     if (this.settled) return response;
     this.settled = true;
-    const kind = this.opts.classify(response);
-    const stored = encodeResponse(response);
     try {
+      const kind = this.opts.classify(response);
+      const stored = encodeResponse(response);
       if (kind === 'complete') await this.steps.complete(stored);
       else await this.steps.fail(kind === 'final' ? JSON.stringify(stored) : `HTTP ${response.status}`, kind !== 'final');
     } catch (err) {
       // IK001: the lease was lost and another request holds the key; this
       // response is still the truth about the work this request did.
       if (err.code !== 'IK001') return problem(500, 'Internal error', 'The response could not be recorded.');
+      callHook(this.opts.onFenced, { key: this.key, scope: this.opts.scope, mode: this.opts.mode, error: err.message, during: 'record' });
+    } finally {
+      this.done();
     }
     return response;
   }
@@ -207,7 +318,34 @@ export class Exchange {
   async abort(error) {
     if (this.settled) return;
     this.settled = true;
-    if (this.opts.mode === 'claim') await this.steps.fail(String(error?.message ?? error ?? 'aborted'), true).catch(() => {});
-    else await this.steps.discard().catch(() => {});
+    try {
+      if (this.opts.mode === 'claim') await this.steps.fail(String(error?.message ?? error ?? 'aborted'), true).catch(() => {});
+      else await this.steps.discard().catch(() => {});
+    } finally {
+      this.done();
+    }
+  }
+
+  // The client went away while the handler runs: its signal is aborted and
+  // the heartbeat stops. A response the handler still produces is recorded
+  // if the key is still its own; otherwise the lease ends and a retry takes
+  // the key over.
+  disconnect() {
+    if (this.settled) return;
+    this.controller.abort(new Error('the client closed the connection'));
+    this.heartbeat?.stop();
+  }
+
+  // Shutdown after its timeout: the handler's signal is aborted and the
+  // key given back, so that it is not left PROCESSING with a live heartbeat.
+  async stop(reason) {
+    if (this.settled) return;
+    this.settled = true;
+    this.controller.abort(reason);
+    try {
+      await this.steps.stop();
+    } finally {
+      this.done();
+    }
   }
 }

@@ -33,7 +33,30 @@ export interface ClaimOptions {
   heartbeat?: boolean;
   /** Which errors thrown by the work are final. Default: err.retryable === false. */
   classify?: (err: unknown) => ErrorKind;
+  /** Aborting it ends a wait, and aborts job.signal while the work runs. */
+  signal?: AbortSignal | null;
+  /** A duplicate of finished work (completed, or failed for good) was answered. */
+  onReplay?: (event: ClaimEvent) => void;
+  /** The key was in progress or waiting for its retry. */
+  onConflict?: (event: ClaimEvent & { retryAfter: number }) => void;
+  /** The work's lease was lost and the key taken over: its result was not recorded. */
+  onFenced?: (event: ClaimEvent & { error: string }) => void;
 }
+
+export interface ClaimEvent {
+  key: string;
+  scope: string;
+  outcome: string;
+}
+
+/**
+ * For a stopping server, once it stopped accepting requests: waits for a key
+ * end at once, new requests get 503, running handlers and claims on this
+ * pool have `timeout` seconds (10) to record their result; those still
+ * running then have their signal aborted, their heartbeat stopped and their
+ * key given back. Resolves when that is done.
+ */
+export declare function shutdown(pool: PoolLike, options?: { timeout?: number }): Promise<void>;
 
 /** A claimed key, handed to the work function. */
 export declare class Job {

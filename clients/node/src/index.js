@@ -4,3 +4,4 @@ export { enqueue, consume, Consumer, settlement } from './outbox.js';
 export { FinalError, RetryableError, isStaleToken } from './errors.js';
 export { canonicalJson, defaultFingerprint } from './fingerprint.js';
 export { jsonResponse, problem } from './response.js';
+export { shutdown } from './state.js';

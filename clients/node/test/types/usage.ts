@@ -3,7 +3,8 @@
 import express from 'express';
 import Fastify from 'fastify';
 import pg from 'pg';
-import { FinalError, claim, consume, enqueue, jsonResponse, type ClaimResult } from 'pg-idempotency';
+import { FinalError, claim, consume, enqueue, jsonResponse, shutdown, type ClaimResult } from 'pg-idempotency';
+import { idempotencyOf, withIdempotency } from 'pg-idempotency/web';
 import { idempotency } from 'pg-idempotency/express';
 import fastifyIdempotency from 'pg-idempotency/fastify';
 
@@ -45,5 +46,16 @@ fastify.register(async (scope) => {
   await scope.register(fastifyIdempotency, { pool, classify: (r) => (r.status >= 500 ? 'retryable' : 'complete') });
   scope.post('/orders', async (request) => ({ key: request.idempotency?.key }));
 });
+
+// A Next.js App Router route handler.
+export const POST = withIdempotency({ pool, scope: 'orders', wait: 5, onConflict: (e) => console.log(e.retryAfter) },
+  async (request: Request, context: { params: Promise<{ id: string }> }) => {
+    const { id } = await context.params;
+    const key: string | undefined = idempotencyOf(request)?.key;
+    return Response.json({ id, key }, { status: 201 });
+  });
+void shutdown(pool, { timeout: 5 });
+// @ts-expect-error: a handler must return a Response
+withIdempotency({ pool }, async () => 'text');
 
 void worker;
