@@ -1,6 +1,7 @@
 #include "pg/boundary/row_access.hpp"
 
 #include "pg/boundary/index_infos.hpp"
+#include "pg/boundary/sql_row_writes.hpp"
 
 extern "C" {
 #include "access/relscan.h"
@@ -126,6 +127,12 @@ bool still_matches(Relation index, TupleTableSlot* slot, ScanKeyData* keys, int 
 // against the index key; false when the row is gone, held (skip), or no
 // longer has the key.
 bool lock_found(OpenTable* table, RowLock lock) {
+    if (table->via_sql) {
+        ItemPointerData seen = table->found->tts_tid;
+        table->found_locked = sql_rows::lock(table->heap, &seen,
+                                             lock == RowLock::ForUpdateIfFree, table->found);
+        return table->found_locked;
+    }
     const bool follow = !IsolationUsesXactSnapshot();
     TM_FailureData failure;
     ItemPointerData tid = table->found->tts_tid;
@@ -169,6 +176,7 @@ TransitionCaptureState* start_statement(OpenTable* table, CmdType command) {
     WriteStatement& statement = table->statements[statement_index(command)];
     if (statement.started) return statement.capture;
     statement.started = true;
+    if (table->via_sql) return nullptr;  // each SQL statement fires its own
     TriggerDesc* triggers = table->target->ri_TrigDesc;
     if (triggers == nullptr) return nullptr;
     statement.capture =
@@ -189,7 +197,16 @@ void begin_statement(OpenTable* table, CmdType command) {
 
 namespace {
 
+// The statements started that wrote no row, run empty (through SQL).
+void run_empty_statements(OpenTable* table) {
+    const CmdType commands[3] = {CMD_INSERT, CMD_UPDATE, CMD_DELETE};
+    for (int i = 0; i < 3; ++i)
+        if (table->statements[i].started && !table->sql_written[i])
+            sql_rows::empty_statement(table->heap, commands[i]);
+}
+
 void end_statements(OpenTable* table) {
+    if (table->via_sql) return;
     TriggerDesc* triggers = table->target->ri_TrigDesc;
     if (triggers == nullptr) return;
     const WriteStatement* statements = table->statements;
@@ -233,6 +250,7 @@ OpenTable open_without_writes(Oid table_oid, Oid index, LOCKMODE lock) {
     table.heap = table_open(table_oid, table.lock);
     table.index = index_to_find_by(&table, index);
     table.found = table_slot_create(table.heap, nullptr);
+    table.via_sql = sql_rows::wanted();
     return table;
 }
 
@@ -258,6 +276,7 @@ OpenTable open_to_write(Oid table_oid, Oid index) {
     open_indexes(table.target);
     table.index = index_to_find_by(&table, index);
     table.found = table_slot_create(table.heap, &table.estate->es_tupleTable);
+    table.via_sql = sql_rows::wanted();
     if (has_any_trigger(table.target)) {
         AfterTriggerBeginQuery();
         table.after_triggers_queued = true;
@@ -266,6 +285,7 @@ OpenTable open_to_write(Oid table_oid, Oid index) {
 }
 
 void close_table(OpenTable* table) {
+    if (table->via_sql && table->estate != nullptr) run_empty_statements(table);
     if (table->after_triggers_queued) {
         end_statements(table);
         AfterTriggerEndQuery(table->estate);
@@ -335,6 +355,14 @@ TupleTableSlot* changed_row(OpenTable* table) {
 
 void insert_row(OpenTable* table, TupleTableSlot* row) {
     begin_step(table);
+    if (table->via_sql) {
+        table->statements[0].started = table->sql_written[0] = true;
+        if (!sql_rows::insert(table->heap, row))
+            elog(ERROR, "idempotency: a trigger on table \"%s\" refused a new row",
+                 RelationGetRelationName(table->heap));
+        table->wrote = true;
+        return;
+    }
     ResultRelInfo* target = table->target;
     TriggerDesc* triggers = target->ri_TrigDesc;
     fill_defaults_of(table, row);
@@ -402,6 +430,14 @@ Change write_update(OpenTable* table, ItemPointer tid, TupleTableSlot* row, List
 
 Change update_found_row(OpenTable* table, TupleTableSlot* row, const AttrNumber* changed,
                         int changed_count) {
+    if (table->via_sql) {
+        table->statements[1].started = table->sql_written[1] = true;
+        ItemPointerData tid = table->found->tts_tid;
+        if (!sql_rows::update(table->heap, &tid, row, changed, changed_count))
+            return Change::Skipped;
+        table->wrote = true;
+        return Change::Done;
+    }
     ResultRelInfo* target = table->target;
     TriggerDesc* triggers = target->ri_TrigDesc;
     // BEFORE ROW triggers lock the row themselves, and could not follow a
@@ -442,6 +478,13 @@ Change update_found_row(OpenTable* table, TupleTableSlot* row, const AttrNumber*
 }
 
 bool delete_found_row(OpenTable* table) {
+    if (table->via_sql) {
+        table->statements[2].started = table->sql_written[2] = true;
+        ItemPointerData tid = table->found->tts_tid;
+        const bool deleted = sql_rows::remove(table->heap, &tid);
+        table->wrote = table->wrote || deleted;
+        return deleted;
+    }
     ResultRelInfo* target = table->target;
     TriggerDesc* triggers = target->ri_TrigDesc;
     ItemPointerData tid = table->found->tts_tid;
