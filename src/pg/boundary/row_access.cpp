@@ -8,6 +8,7 @@ extern "C" {
 #include "access/table.h"
 #include "executor/nodeModifyTable.h"
 #include "rewrite/rewriteHandler.h"
+#include "tcop/utility.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 }
@@ -133,6 +134,8 @@ bool lock_found(OpenTable* table, RowLock lock) {
                                              lock == RowLock::ForUpdateIfFree, table->found);
         return table->found_locked;
     }
+    // As the executor refuses the statement in a read-only transaction.
+    PreventCommandIfReadOnly("SELECT FOR NO KEY UPDATE");
     const bool follow = !IsolationUsesXactSnapshot();
     TM_FailureData failure;
     ItemPointerData tid = table->found->tts_tid;
@@ -363,6 +366,7 @@ void insert_row(OpenTable* table, TupleTableSlot* row) {
         table->wrote = true;
         return;
     }
+    PreventCommandIfReadOnly("INSERT");
     ResultRelInfo* target = table->target;
     TriggerDesc* triggers = target->ri_TrigDesc;
     fill_defaults_of(table, row);
@@ -438,6 +442,7 @@ Change update_found_row(OpenTable* table, TupleTableSlot* row, const AttrNumber*
         table->wrote = true;
         return Change::Done;
     }
+    PreventCommandIfReadOnly("UPDATE");
     ResultRelInfo* target = table->target;
     TriggerDesc* triggers = target->ri_TrigDesc;
     // BEFORE ROW triggers lock the row themselves, and could not follow a
@@ -485,6 +490,7 @@ bool delete_found_row(OpenTable* table) {
         table->wrote = table->wrote || deleted;
         return deleted;
     }
+    PreventCommandIfReadOnly("DELETE");
     ResultRelInfo* target = table->target;
     TriggerDesc* triggers = target->ri_TrigDesc;
     ItemPointerData tid = table->found->tts_tid;

@@ -16,6 +16,7 @@ extern "C" {
 #include "commands/sequence.h"
 #include "utils/fmgroids.h"
 #include "utils/rel.h"
+#include "tcop/utility.h"
 #include "utils/snapmgr.h"
 }
 
@@ -85,6 +86,7 @@ KeyInsertResult insert_key(const NewKey& key) {
                 elog(ERROR, "idempotency: a trigger on the keys table refused a new key");
         }
     } else if (result.outcome == KeyInsert::Inserted) {
+        PreventCommandIfReadOnly("INSERT");
         List* arbiters = list_make1_oid(RelationGetRelid(primary_key));
         TriggerDesc* triggers = target->ri_TrigDesc;
         TransitionCaptureState* capture = start_statement(&open, CMD_INSERT);
