@@ -96,6 +96,26 @@ STATEMENT_TIMEOUT_MS = 5000
 TS_RE = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d(?::\d\d)?)?")
 
 
+def decoded_row_key(line):
+    """The table and primary key a test_decoding line is about."""
+    found = re.match(r"table idempotency\.outbox: \w+: id\[bigint\]:(\d+)", line)
+    if found:
+        return ("outbox", int(found.group(1)), "")
+    found = re.match(r"table idempotency\.idempotency_keys: \w+: scope\[text\]:'((?:[^']|'')*)' "
+                     r"key\[text\]:'((?:[^']|'')*)'", line)
+    if found:
+        return ("keys", found.group(1), found.group(2))
+    return ("~", line, "")
+
+
+def fired_row_key(firing):
+    tbl, _, old, new = firing
+    row = new or old or {}
+    if tbl == "outbox":
+        return ("outbox", row.get("id") or 0, "")
+    return (tbl, str(row.get("scope")), str(row.get("key")))
+
+
 def unexpected(result):
     return result[0] == "error" and result[1][:2] in UNEXPECTED_CLASSES and \
         not any(text in result[2] for text in DELIBERATE)
@@ -322,7 +342,7 @@ class Db:
         sql = self.row_texts_sql(table, normalise) + " ORDER BY 1"
         return [r[0] for r in self.app.execute(sql, {"t0": t0}).fetchall()]
 
-    def decoded(self, t0, sort=False):
+    def decoded(self, t0):
         started = time.monotonic()
         self.app.execute("SET statement_timeout = '120s'")
         rows = self.app.execute(
@@ -343,21 +363,20 @@ class Db:
                 kept.pop()
                 continue
             kept.append(line)
-        if sort:
-            # The owner's statements change rows in the order of their scan,
-            # which follows where each row version is stored: the two
-            # databases' tables hold the same rows, not at the same places.
-            # Each transaction's changes are compared as a sorted list.
-            ordered, current = [], []
-            for line in kept:
-                if line == "BEGIN":
-                    current = []
-                elif line == "COMMIT":
-                    ordered += ["BEGIN"] + sorted(current) + ["COMMIT"]
-                else:
-                    current.append(line)
-            kept = ordered
-        return kept
+        # Each transaction's changes per row, in order, the rows in key order:
+        # a statement that changes several rows (the owner's, or the
+        # extension's own SQL, such as the next heads after an ack) does so
+        # in the order of its scan, which follows where each row version is
+        # stored, and the two databases hold the same rows in other places.
+        ordered, current = [], []
+        for line in kept:
+            if line == "BEGIN":
+                current = []
+            elif line == "COMMIT":
+                ordered += ["BEGIN"] + sorted(current, key=decoded_row_key) + ["COMMIT"]
+            else:
+                current.append(line)
+        return ordered
 
     def triggers_fired(self, t0):
         rows = self.app.execute(
@@ -817,7 +836,7 @@ class Sequence:
         a = time.monotonic()
         hashes = [db.table_hash(table, t0) for table in TABLES]
         b = time.monotonic()
-        decoded = db.decoded(t0, sort=self.owner_sql) if self.may_decode else []
+        decoded = db.decoded(t0) if self.may_decode else []
         c = time.monotonic()
         fired = db.triggers_fired(t0)
         d = time.monotonic()
@@ -861,10 +880,11 @@ class Sequence:
                     if level == "STATEMENT"]
 
         rd, rs = row_groups(direct), row_groups(viasql)
-        if self.owner_sql:  # rows in the order of the owner's scan (as for decoding)
-            for groups in (rd, rs):
-                for group in groups:
-                    groups[group] = sorted(groups[group], key=repr)
+        # Per trigger, each row's firings in order, the rows in key order (as
+        # for the decoding: a statement's rows come in the order of its scan).
+        for groups in (rd, rs):
+            for group in groups:
+                groups[group] = sorted(groups[group], key=fired_row_key)
         for group in sorted(set(rd) | set(rs)):
             if rd.get(group, []) != rs.get(group, []):
                 self.fail(f"row trigger {group[0]} ({group[1]})", rd.get(group), rs.get(group))
@@ -902,8 +922,6 @@ class Sequence:
             roll = self.rng.random()
             # The first step at or after crash_at that prepares.
             crash = crash_at is not None and self.step >= crash_at and not self.crashed
-            # The owner's SQL (DDL, time passing, idem_maintenance()).
-            self.owner_sql = not crash and roll < 0.08
             # Whether the step may have committed a change for the slots:
             # when not (rolled back, DDL), they are read after a later step.
             self.may_decode = True
