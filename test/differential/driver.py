@@ -509,6 +509,7 @@ class Sequence:
         self.stmt_exact = 0
         self.stmt_as_set = 0
         self.claimed = []  # ids handed out in the current transaction (direct)
+        self.recent_ddl = []  # step: statements, for the report of a divergence
         # The two databases are independent: each call and each look runs in
         # both at once.
         self.pool = ThreadPoolExecutor(2)
@@ -520,7 +521,8 @@ class Sequence:
     def fail(self, what, direct_value, viasql_value=None):
         raise Failure({"seed": self.seed, "step": self.step, "operation": self.op,
                        "mode": self.mode, "what": what, "direct": direct_value,
-                       "viasql": viasql_value})
+                       "viasql": viasql_value,
+                       "earlier DDL": "; ".join(self.recent_ddl[-3:]) or "none"})
 
     # ------------------------------------------------------------ calls
 
@@ -702,6 +704,7 @@ class Sequence:
             if results[0][0] != results[1][0]:
                 self.fail(f"PREPARE TRANSACTION after {self.op}", results[0], results[1])
             if results[0][0] == "ok":
+                self.prepared = True
                 if crash:
                     self.crash_and_restart()
                 finish = "COMMIT" if end == "prepare-commit" else "ROLLBACK"
@@ -795,6 +798,7 @@ class Sequence:
         elif kind == "analyze":
             statements = [f"VACUUM {table}"]
         self.mode = "DDL from a second session"
+        self.recent_ddl.append(f"step {self.step}: {'; '.join(statements)}")
         self.may_decode = False
         self.op = "; ".join(statements)
         for db in self.both():
@@ -840,8 +844,9 @@ class Sequence:
         c = time.monotonic()
         fired = db.triggers_fired(t0)
         d = time.monotonic()
-        # Counts change only with a commit.
-        counts = db.count_errors() if self.may_decode else []
+        # Counts change only with a commit (and must not with a ROLLBACK
+        # PREPARED).
+        counts = db.count_errors() if self.may_decode or self.prepared else []
         e = time.monotonic()
         timing = self.__dict__.setdefault("timing", {})
         for k, v in (("hash", b - a), ("decode", c - b), ("fired", d - c), ("counts", e - d)):
@@ -925,6 +930,7 @@ class Sequence:
             # Whether the step may have committed a change for the slots:
             # when not (rolled back, DDL), they are read after a later step.
             self.may_decode = True
+            self.prepared = False
             if crash:
                 ops = self.transaction_step(force_prepare=True, crash=True)
             elif roll < 0.04:
@@ -1071,7 +1077,7 @@ def main():
             divergences.append(info)
             print(f"== seed {seed}: DIVERGENCE at step {info['step']} "
                   f"(features {', '.join(sorted(features))})", flush=True)
-            for field in ("operation", "mode", "what", "direct", "viasql"):
+            for field in ("operation", "mode", "what", "direct", "viasql", "earlier DDL"):
                 print(f"   {field}: {info[field]}")
             print(f"   replay: DIFF_SEEDS={seed} DIFF_STEPS={per_seed} "
                   f"DIFF_CRASH={1 if crash_at else 0} test/differential/run.sh")
