@@ -135,8 +135,13 @@ bool insert(Relation table, TupleTableSlot* row, Oid arbiter) {
         appendStringInfo(&sql.text, "%s%s", n == 1 ? "" : ", ", column_name(table, i));
         appendStringInfo(&values, "%s$%d", n == 1 ? "" : ", ", n);
     }
-    appendStringInfo(&sql.text, ")%s VALUES (%s)", overriding ? " OVERRIDING SYSTEM VALUE" : "",
-                     values.data);
+    if (sql.count == 0) {  // every column left to its default
+        resetStringInfo(&sql.text);
+        appendStringInfo(&sql.text, "INSERT INTO %s DEFAULT VALUES", table_name(table));
+    } else {
+        appendStringInfo(&sql.text, ")%s VALUES (%s)",
+                         overriding ? " OVERRIDING SYSTEM VALUE" : "", values.data);
+    }
     if (OidIsValid(arbiter)) {
         Relation index = index_open(arbiter, AccessShareLock);
         appendStringInfoString(&sql.text, " ON CONFLICT (");
