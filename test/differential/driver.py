@@ -277,10 +277,11 @@ class Db:
         return (f"host={self.args.host} port={port or self.args.port} dbname={self.name} "
                 f"user=postgres")
 
+    OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c synchronous_commit=local"
+
     def connect(self):
-        options = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c synchronous_commit=local"
-        self.app = psycopg.connect(self.conninfo(), autocommit=True, options=options)
-        self.ddl = psycopg.connect(self.conninfo(), autocommit=True, options=options)
+        self.app = psycopg.connect(self.conninfo(), autocommit=True, options=self.OPTIONS)
+        self.ddl = psycopg.connect(self.conninfo(), autocommit=True, options=self.OPTIONS)
         direct = self.app.execute("SHOW idempotency.direct_table_access").fetchone()[0]
         want = "on" if self.name == "direct" else "off"
         if direct != want:
@@ -738,6 +739,17 @@ class Sequence:
             db.decoded(self.t0[db.name])
             print(f"   {db.name}: the slot's changes after the restart read in "
                   f"{db.decode_seconds:.1f} s (not compared)", flush=True)
+        # After a start the counts are unknown until a read of a view
+        # recounts them, one recount at a time in the server: each database
+        # recounts now, one after the other, so that neither is left for a
+        # later call (idem_maintenance() recounts too, and writes) to do.
+        for db in self.both():
+            for view in ("idem_stats", "outbox_lag"):
+                db.app.execute(f"SELECT count(*) FROM idempotency.{view}")
+            known = db.one("SELECT (SELECT count(*) FROM idempotency.key_counts() WHERE scope IS NULL)"
+                           " + (SELECT count(*) FROM idempotency.outbox_counts() WHERE topic IS NULL)")[0]
+            print(f"   {db.name}: counts {'known' if known == 2 else 'NOT known'} after the restart",
+                  flush=True)
         print(f"   seed {self.seed} step {self.step}: primary stopped with -m immediate "
               f"(a transaction prepared in each database) and started again", flush=True)
         self.crashed = True
@@ -830,6 +842,12 @@ class Sequence:
                 db.ddl.execute(f"UPDATE {OUTBOX} SET lease_until = lease_until - interval '2h', "
                                f"available_at = available_at - interval '2h', "
                                f"ready_at = ready_at - interval '2h'")
+            # A session's claims start their scan of the ready queue near
+            # where its last claim found the first ready event (a mark kept
+            # per backend, outbox_ready_floor.hpp); ready_at moved back by
+            # the owner's SQL is below it. A new session has no mark.
+            db.app.close()
+            db.app = psycopg.connect(db.conninfo(), autocommit=True, options=db.OPTIONS)
         return ["time"]
 
     def maintenance_step(self):
