@@ -4,6 +4,7 @@
 #   make demo             the at-least-once demo on a throwaway cluster
 #   make bench            benchmarks against plain SQL and PL/pgSQL
 #   make chaos            the long chaos test
+#   make fuzz             the differential test on random seeds (SECONDS=600)
 #   make test-matrix      the suites against PostgreSQL 15, 17 and 18 (as root)
 #   make deb              Debian packages for 15, 17 and 18 into build/deb/
 
@@ -96,7 +97,7 @@ uninstall-relay:
 .PHONY: install-relay uninstall-relay
 -include $(RELAY_OBJS:.o=.d)
 
-.PHONY: test test-matrix deb demo bench chaos
+.PHONY: test test-matrix deb demo bench chaos fuzz
 test:
 	bash test/run.sh
 test-matrix:
@@ -111,3 +112,10 @@ bench:
 chaos:
 	bash -c '. test/lib/common.sh && ensure_packages && build_and_install'
 	bash test/chaos/run.sh --long
+# The differential test (test/differential/) on random seeds until SECONDS
+# have passed, FUZZ_STEPS steps each; prints the seed of any divergence.
+SECONDS ?= 600
+FUZZ_STEPS ?= 2000
+fuzz:
+	bash -c '. test/lib/common.sh && ensure_packages && build_and_install'
+	DIFF_SECONDS=$(SECONDS) DIFF_STEPS=$(FUZZ_STEPS) bash test/differential/run.sh

@@ -3,7 +3,8 @@
 # then runs every suite against throwaway clusters as the `postgres` OS user:
 # unit tests (ctest), regression (pg_regress), races (isolation tester),
 # TAP tests against real clusters, and the harnesses (the doc test, stress, chaos, relay,
-# the client libraries' tests, examples); IDEM_SUITES names a subset. Ends
+# the differential test of the direct table access, the client libraries' tests,
+# examples); IDEM_SUITES names a subset. Ends
 # with the line "N passed, N failed"; the exit status is non-zero on any
 # failure.
 set -u
@@ -115,8 +116,9 @@ run_tap() {
 run_harnesses() {
     local script
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/matrix/versions_agree.sh \
-        test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh test/relay/brokers.sh \
-        test/chaos/run.sh test/clients/*.sh test/monitoring/*.sh examples/run-all.sh}); do
+        test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
+        test/relay/brokers.sh test/chaos/run.sh test/differential/run.sh test/clients/*.sh \
+        test/monitoring/*.sh examples/run-all.sh}); do
         script=$stage/$script
         [ -x "$script" ] || continue
         log "harness ${script#$stage/}"

@@ -1,6 +1,7 @@
 #include "pg/boundary/row_access.hpp"
 
 #include "pg/boundary/index_infos.hpp"
+#include "pg/boundary/sql_row_writes.hpp"
 
 extern "C" {
 #include "access/relscan.h"
@@ -140,6 +141,12 @@ void refuse_if_read_only(CmdType command) {
 // against the index key; false when the row is gone, held (skip), or no
 // longer has the key.
 bool lock_found(OpenTable* table, RowLock lock) {
+    if (table->via_sql) {
+        ItemPointerData seen = table->found->tts_tid;
+        table->found_locked = sql_rows::lock(table->heap, &seen,
+                                             lock == RowLock::ForUpdateIfFree, table->found);
+        return table->found_locked;
+    }
     refuse_if_read_only(CMD_SELECT);
     const bool follow = !IsolationUsesXactSnapshot();
     TM_FailureData failure;
@@ -183,8 +190,9 @@ int statement_index(CmdType command) {
 TransitionCaptureState* start_statement(OpenTable* table, CmdType command) {
     WriteStatement& statement = table->statements[statement_index(command)];
     if (statement.started) return statement.capture;
-    refuse_if_read_only(command);
     statement.started = true;
+    if (table->via_sql) return nullptr;  // each SQL statement fires its own (and refuses itself)
+    refuse_if_read_only(command);
     TriggerDesc* triggers = table->target->ri_TrigDesc;
     if (triggers == nullptr) return nullptr;
     statement.capture =
@@ -205,7 +213,16 @@ void begin_statement(OpenTable* table, CmdType command) {
 
 namespace {
 
+// The statements started that wrote no row, run empty (through SQL).
+void run_empty_statements(OpenTable* table) {
+    const CmdType commands[3] = {CMD_INSERT, CMD_UPDATE, CMD_DELETE};
+    for (int i = 0; i < 3; ++i)
+        if (table->statements[i].started && !table->sql_written[i])
+            sql_rows::empty_statement(table->heap, commands[i]);
+}
+
 void end_statements(OpenTable* table) {
+    if (table->via_sql) return;
     TriggerDesc* triggers = table->target->ri_TrigDesc;
     if (triggers == nullptr) return;
     const WriteStatement* statements = table->statements;
@@ -249,6 +266,7 @@ OpenTable open_without_writes(Oid table_oid, Oid index, LOCKMODE lock) {
     table.heap = table_open(table_oid, table.lock);
     table.index = index_to_find_by(&table, index);
     table.found = table_slot_create(table.heap, nullptr);
+    table.via_sql = sql_rows::wanted();
     return table;
 }
 
@@ -274,6 +292,7 @@ OpenTable open_to_write(Oid table_oid, Oid index) {
     open_indexes(table.target);
     table.index = index_to_find_by(&table, index);
     table.found = table_slot_create(table.heap, &table.estate->es_tupleTable);
+    table.via_sql = sql_rows::wanted();
     if (has_any_trigger(table.target)) {
         AfterTriggerBeginQuery();
         table.after_triggers_queued = true;
@@ -282,6 +301,7 @@ OpenTable open_to_write(Oid table_oid, Oid index) {
 }
 
 void close_table(OpenTable* table) {
+    if (table->via_sql && table->estate != nullptr) run_empty_statements(table);
     if (table->after_triggers_queued) {
         end_statements(table);
         AfterTriggerEndQuery(table->estate);
@@ -351,6 +371,15 @@ TupleTableSlot* changed_row(OpenTable* table) {
 
 void insert_row(OpenTable* table, TupleTableSlot* row) {
     begin_step(table);
+    if (table->via_sql) {
+        table->statements[0].started = table->sql_written[0] = true;
+        if (!sql_rows::insert(table->heap, row))
+            elog(ERROR, "idempotency: a trigger on table \"%s\" refused a new row",
+                 RelationGetRelationName(table->heap));
+        table->wrote = true;
+        return;
+    }
+    refuse_if_read_only(CMD_INSERT);
     ResultRelInfo* target = table->target;
     TriggerDesc* triggers = target->ri_TrigDesc;
     fill_defaults_of(table, row);
@@ -418,6 +447,15 @@ Change write_update(OpenTable* table, ItemPointer tid, TupleTableSlot* row, List
 
 Change update_found_row(OpenTable* table, TupleTableSlot* row, const AttrNumber* changed,
                         int changed_count) {
+    if (table->via_sql) {
+        table->statements[1].started = table->sql_written[1] = true;
+        ItemPointerData tid = table->found->tts_tid;
+        if (!sql_rows::update(table->heap, &tid, row, changed, changed_count))
+            return Change::Skipped;
+        table->wrote = true;
+        return Change::Done;
+    }
+    refuse_if_read_only(CMD_UPDATE);
     ResultRelInfo* target = table->target;
     TriggerDesc* triggers = target->ri_TrigDesc;
     // BEFORE ROW triggers lock the row themselves, and could not follow a
@@ -458,6 +496,14 @@ Change update_found_row(OpenTable* table, TupleTableSlot* row, const AttrNumber*
 }
 
 bool delete_found_row(OpenTable* table) {
+    if (table->via_sql) {
+        table->statements[2].started = table->sql_written[2] = true;
+        ItemPointerData tid = table->found->tts_tid;
+        const bool deleted = sql_rows::remove(table->heap, &tid);
+        table->wrote = table->wrote || deleted;
+        return deleted;
+    }
+    refuse_if_read_only(CMD_DELETE);
     ResultRelInfo* target = table->target;
     TriggerDesc* triggers = target->ri_TrigDesc;
     ItemPointerData tid = table->found->tts_tid;

@@ -54,6 +54,12 @@ struct OpenTable {
     bool wrote;      // a write was made (made visible at close)
     bool after_triggers_queued;
     WriteStatement statements[3];  // insert, update, delete
+    // idempotency.direct_table_access off (the differential test): the
+    // writes and locks run as SQL statements (sql_row_writes.hpp); a
+    // statement started that wrote no row runs empty at the close, so that
+    // its statement triggers fire as the direct path's do.
+    bool via_sql;
+    bool sql_written[3];
 };
 
 // Opens `table` and `index` (the table's primary key when `index` is

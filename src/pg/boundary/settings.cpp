@@ -27,6 +27,7 @@ bool expire_on_disconnect = false;
 bool log_transitions = false;
 bool force_drop = false;
 bool outbox_notify = true;
+bool direct_table_access = true;
 
 namespace {
 
@@ -37,8 +38,8 @@ void define_int(const char* name, const char* description, int* variable, int mi
 }
 
 void define_bool(const char* name, const char* description, bool* variable,
-                 GucContext context) {
-    DefineCustomBoolVariable(name, description, nullptr, variable, *variable, context, 0,
+                 GucContext context, int flags = 0) {
+    DefineCustomBoolVariable(name, description, nullptr, variable, *variable, context, flags,
                              nullptr, nullptr, nullptr);
 }
 
@@ -74,6 +75,13 @@ void define() {
     define_bool("idempotency.force_drop",
                 "Let DROP EXTENSION destroy undelivered outbox events and PROCESSING keys.",
                 &force_drop, PGC_SUSET);
+    // For the differential test only (test/differential/): off, the direct
+    // row writes and locks run as the SQL statements they stand for
+    // (boundary/sql_row_writes.hpp), so that the two can be compared.
+    define_bool("idempotency.direct_table_access",
+                "Write and lock the rows of the key and outbox calls directly (on) or through "
+                "the SQL statements they stand for (off: for the differential test only).",
+                &direct_table_access, PGC_SUSET, GUC_NOT_IN_SAMPLE);
 
     // Server-wide settings (reload with SIGHUP).
     define_int("idempotency.outbox_retention", "How long delivered outbox events are kept.",

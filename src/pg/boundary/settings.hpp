@@ -29,6 +29,8 @@ extern bool expire_on_disconnect;
 extern bool log_transitions;
 extern bool force_drop;
 extern bool outbox_notify;
+// Off only in the differential test: row writes and locks through SPI.
+extern bool direct_table_access;
 
 void define();
 

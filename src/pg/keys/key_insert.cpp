@@ -7,6 +7,7 @@
 #include "pg/keys/key_row.hpp"
 #include "pg/boundary/row_access.hpp"
 #include "pg/boundary/spi.hpp"
+#include "pg/boundary/sql_row_writes.hpp"
 
 extern "C" {
 #include "access/skey.h"
@@ -16,6 +17,7 @@ extern "C" {
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/rel.h"
+#include "tcop/utility.h"
 #include "utils/snapmgr.h"
 }
 
@@ -90,7 +92,28 @@ KeyInsertResult insert_key(const NewKey& key) {
     // trigger and no row.
     KeyInsertResult result{KeyInsert::Exists, 0, InvalidTransactionId};
     result.outcome = probe(table, primary_key, key, &result.busy_with);
-    if (result.outcome == KeyInsert::Inserted) {
+    if (result.outcome == KeyInsert::Inserted && open.via_sql) {
+        // The differential test's other way: INSERT ... ON CONFLICT (scope,
+        // key) DO NOTHING RETURNING, with the row computed as below.
+        TupleTableSlot* slot = new_row(&open);
+        const bool claim = key.status == Status::Processing;
+        result.token = claim ? nextval_internal(objects.token_seq, false) : 0;
+        KeyWrite write{};
+        write.row = slot;
+        write.at = &key_columns(table);
+        write.status_type = objects.status_type;
+        write_new_key(&write, key, result.token);
+        if (sql_rows::insert(table, slot, RelationGetRelid(primary_key))) {
+            open.wrote = true;
+            refuse_changed_key(slot, *write.at, key, table);  // the row the INSERT returned
+        } else {
+            // Nothing inserted: a conflict, or a BEFORE trigger that skipped
+            // the row or changed its key. Only the first leaves the key taken.
+            result.outcome = probe(table, primary_key, key, &result.busy_with);
+            if (result.outcome == KeyInsert::Inserted)
+                elog(ERROR, "idempotency: a trigger on the keys table refused a new key");
+        }
+    } else if (result.outcome == KeyInsert::Inserted) {
         List* arbiters = list_make1_oid(RelationGetRelid(primary_key));
         TriggerDesc* triggers = target->ri_TrigDesc;
         TransitionCaptureState* capture = start_statement(&open, CMD_INSERT);
