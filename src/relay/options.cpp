@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -59,6 +60,47 @@ bool split_topics(const std::string& text, std::vector<std::string>* topics, std
         if (comma == std::string::npos) return true;
         start = comma + 1;
     }
+}
+
+// The sink URL (a secret, often) from where it is kept off the command line:
+// --sink-file FILE holds it alone (one line; surrounding blanks and the line
+// end dropped).
+bool read_sink_file(const std::string& path, std::string* sink, std::string* error) {
+    FILE* file = fopen(path.c_str(), "re");
+    if (file == nullptr) {
+        *error = "--sink-file: cannot read '" + path + "': " + strerror(errno);
+        return false;
+    }
+    std::string text;
+    char buffer[4096];
+    std::size_t n;
+    while ((n = fread(buffer, 1, sizeof buffer, file)) > 0 && text.size() < 65536)
+        text.append(buffer, n);
+    const bool failed = ferror(file) != 0;
+    fclose(file);
+    if (failed) {
+        *error = "--sink-file: cannot read '" + path + "'";
+        return false;
+    }
+    const std::size_t first = text.find_first_not_of(" \t\r\n");
+    const std::size_t last = text.find_last_not_of(" \t\r\n");
+    text = first == std::string::npos ? "" : text.substr(first, last - first + 1);
+    if (text.empty()) {
+        *error = "--sink-file: '" + path + "' is empty";
+        return false;
+    }
+    if (text.find_first_of("\r\n") != std::string::npos) {
+        *error = "--sink-file: '" + path + "' must hold one line, the sink";
+        return false;
+    }
+    *sink = text;
+    return true;
+}
+
+bool valid_sink(const std::string& value) {
+    return value == "stdout" || starts_with_nocase(value, "http://") ||
+           starts_with_nocase(value, "https://") || starts_with_nocase(value, "nats://") ||
+           starts_with_nocase(value, "amqp://");
 }
 
 }  // namespace
@@ -159,7 +201,8 @@ bool parse_listen_address(const std::string& text, std::string* host, int* port,
 ParseResult parse_options(int argc, const char* const* argv) {
     ParseResult result;
     Options& options = result.options;
-    bool has_relay = false, has_sink = false, has_topics = false;
+    bool has_relay = false, has_sink = false, has_topics = false, has_dsn = false;
+    std::string sink_from;  // the option that gave the sink
     bool explicit_http_timeout = false;
 
     auto fail = [&result](const std::string& message) {
@@ -194,7 +237,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
             continue;
         }
         static const char* const kWithValue[] = {
-            "--dsn", "--relay", "--sink", "--topics", "--batch", "--lease", "--parallel",
+            "--dsn", "--relay", "--sink", "--sink-file", "--topics", "--batch", "--lease", "--parallel",
             "--connections", "--metrics-addr", "--poll-interval", "--http-timeout", "--connect-timeout",
             "--progress-interval", "--max-in-flight-bytes"};
         bool known = false;
@@ -207,19 +250,24 @@ ParseResult parse_options(int argc, const char* const* argv) {
 
         if (name == "--dsn") {
             options.dsn = value;
+            has_dsn = true;
         } else if (name == "--relay") {
             if (value.empty()) return fail("--relay must not be empty");
             if (value.size() > kMaxNameBytes) return fail("--relay is longer than 255 bytes");
             options.relay = value;
             has_relay = true;
-        } else if (name == "--sink") {
-            if (value != "stdout" && !starts_with_nocase(value, "http://") &&
-                !starts_with_nocase(value, "https://") && !starts_with_nocase(value, "nats://") &&
-                !starts_with_nocase(value, "amqp://"))
-                return fail("--sink must be 'stdout' or an http://, https://, nats:// or amqp:// "
+        } else if (name == "--sink" || name == "--sink-file") {
+            if (has_sink) return fail(name + ": the sink is given already (by " + sink_from + ")");
+            if (name == "--sink-file") {
+                std::string error;
+                if (!read_sink_file(value, &value, &error)) return fail(error);
+            }
+            if (!valid_sink(value))
+                return fail(name + " must be 'stdout' or an http://, https://, nats:// or amqp:// "
                             "URL, not '" + redact_url(value) + "'");
             options.sink = value;
             has_sink = true;
+            sink_from = name;
         } else if (name == "--topics") {
             std::string error;
             if (!split_topics(value, &options.topics, &error)) return fail(error);
@@ -268,8 +316,25 @@ ParseResult parse_options(int argc, const char* const* argv) {
         }
     }
 
+    // Secrets kept off the command line (where ps shows them): the
+    // environment, as a service manager's EnvironmentFile= sets it.
+    if (!has_sink) {
+        const char* env = getenv("IDEM_RELAY_SINK");
+        if (env != nullptr && *env != '\0') {
+            if (!valid_sink(env))
+                return fail("IDEM_RELAY_SINK must be 'stdout' or an http://, https://, nats:// or "
+                            "amqp:// URL, not '" + redact_url(env) + "'");
+            options.sink = env;
+            has_sink = true;
+        }
+    }
+    if (!has_dsn) {
+        const char* env = getenv("IDEM_RELAY_DSN");
+        if (env != nullptr) options.dsn = env;
+    }
+
     if (!has_relay) return fail("--relay is required");
-    if (!has_sink) return fail("--sink is required");
+    if (!has_sink) return fail("--sink is required (or --sink-file, or IDEM_RELAY_SINK)");
     if (has_topics == options.all_topics)
         return fail(has_topics ? "--topics and --all-topics exclude each other"
                                : "--topics or --all-topics is required: name the topics this "
@@ -293,7 +358,8 @@ std::string usage() {
 outbox (idempotency.outbox_enqueue) to a sink, at least once, in order per key.
 
 Usage:
-  idem-relay [--dsn DSN] --relay NAME --sink SINK (--topics a,b | --all-topics)
+  idem-relay [--dsn DSN] --relay NAME (--sink SINK | --sink-file FILE)
+             (--topics a,b | --all-topics)
              [--batch N] [--lease 30s] [--parallel N] [--connections N] [--once]
              [--metrics-addr HOST:PORT]
 
@@ -339,6 +405,11 @@ Required:
                                     acked once the broker confirmed it (publisher
                                     confirms). A message no queue takes comes
                                     back and is retried.
+  --sink-file FILE     ... or the sink read from FILE (one line), so that a
+                       secret in it (a password, a token as the user name or in
+                       the query) stays off the command line, where ps shows it;
+                       without either, the environment variable IDEM_RELAY_SINK
+                       (as a service manager's EnvironmentFile= sets it) is read
   --topics a,b         the topics this sink takes (spaces around commas ignored)
   --all-topics         ... or every topic: one of the two is required
 
@@ -376,7 +447,8 @@ Options:
                        extension, e.g. 'host=/run/postgresql dbname=app user=relay'
                        or postgresql://relay@db/app; without it (or for what it
                        leaves out) libpq's PGHOST, PGPORT, PGDATABASE, PGUSER,
-                       PGSERVICE, ~/.pgpass and service files apply. The role
+                       PGSERVICE, ~/.pgpass and service files apply; without
+                       --dsn the variable IDEM_RELAY_DSN is read first. The role
                        needs what idempotency.grant_relay gives (USAGE on schema
                        idempotency before 0.4.0).
   --batch N            events claimed per round trip, 1 to 10000 (default 100);
@@ -447,16 +519,19 @@ Behaviour:
     with --once the relay gives up (exit 1) after 30s without a database.
   - An ack or nack the database refuses (a privilege revoked): /healthz says
     503, the relay stops and exits 1.
-  - SIGTERM or SIGINT: stop claiming, release the events not started, finish
+  - SIGTERM, SIGINT or SIGHUP: stop claiming, release the events not started, finish
     the deliveries in progress (at most --http-timeout), ack or nack them,
     exit 0; a stop takes at most --http-timeout plus 5s while the database
     answers. A second signal cuts the deliveries in progress short (they are
-    retried). Give a service manager a stop timeout longer than that.
+    retried). Give a service manager a stop timeout longer than that. SIGHUP
+    reloads nothing (the settings are read once at start): it stops the
+    relay as SIGTERM does, for its supervisor to start it with the new ones.
   - Log lines are one line each: CR, LF and other control bytes in topics, keys
-    and errors are written as \n, \r, \xNN; a sink URL's password and query
+    and errors are written as \n, \r, \xNN; every part of a sink URL's
+    userinfo (user and password: a user name may be a token) and its query
     values are written as ***.
 
-Exit status: 0 on success (including after SIGTERM/SIGINT, and --once with
+Exit status: 0 on success (including after SIGTERM/SIGINT/SIGHUP, and --once with
 events waiting for a retry: its last line counts them); 1 on a runtime failure
 (database unreachable at start, extension missing, permission denied, an ack
 refused, a misconfigured sink, stdout closed, metrics address in use, --once

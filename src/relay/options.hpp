@@ -11,9 +11,9 @@ namespace idem::relay {
 using Millis = std::chrono::milliseconds;
 
 struct Options {
-    std::string dsn;                  // --dsn: libpq connection string or URI ("": PG* variables)
+    std::string dsn;                  // --dsn or IDEM_RELAY_DSN: libpq string or URI ("": PG* variables)
     std::string relay;                // --relay: this relay's name (outbox_claim's relay)
-    std::string sink;                 // --sink: "stdout" or an http:// / https:// URL
+    std::string sink;                 // --sink, --sink-file or IDEM_RELAY_SINK: "stdout" or a URL
     std::vector<std::string> topics;  // --topics a,b: empty with --all-topics
     bool all_topics = false;          // --all-topics: every topic (an explicit choice)
     int batch = 100;                  // --batch: events per claim (1..10000)

@@ -42,9 +42,14 @@
 #   restart    pg_ctl restart -m immediate under a running relay and a running
 #              enqueuer: nothing committed is lost, nothing rolled back arrives
 #   drain      SIGTERM: exit 0 within bounds, nothing left in flight
+#   hangup     SIGHUP: the same graceful stop (exit 0, nothing in flight)
+#   secrets    IDEM_RELAY_SINK / IDEM_RELAY_DSN from the environment and
+#              --sink-file: nothing secret in /proc/PID/cmdline; a token as
+#              the bare user name, passwords and ?token= values not logged
 #   once       --once delivers what is due and exits
 #   notify     wakes on LISTEN (poll interval 60 s), progress lines on stderr,
-#              Prometheus metrics and /healthz on --metrics-addr 0.0.0.0:0
+#              Prometheus metrics and /healthz on --metrics-addr 0.0.0.0:0;
+#              slow clients (a byte every 1.5 s) delay no /healthz probe
 #   final      over the whole run: every committed event delivered (or dead as
 #              scripted), never a rolled-back one, per-key order, duplicates
 #              only with the same Idempotency-Key
@@ -178,7 +183,7 @@ bad_option "--max-in-flight-bytes must be" --dsn "$dsn" --relay r --sink stdout 
 # A sink URL's password and query values never reach the log.
 timeout -s KILL 10 "$relay_bin" --dsn "$dsn" --relay r --sink "http://user:s3cret@" --all-topics >"$dir/bad.out" 2>"$dir/bad.err"
 status=$?
-if [ "$status" -eq 2 ] && grep -q "user:\*\*\*@" "$dir/bad.err" && ! grep -q s3cret "$dir/bad.err"; then
+if [ "$status" -eq 2 ] && grep -q "\*\*\*:\*\*\*@" "$dir/bad.err" && ! grep -qE "s3cret|user" "$dir/bad.err"; then
     ok "a sink URL that does not parse: its password is not printed"
 else
     not_ok "a sink URL that does not parse: its password is not printed" "status $status: $(head -c 300 "$dir/bad.err")"
@@ -446,7 +451,7 @@ status=$?
 check "refused: --once exits 0, its summary counts the events waiting for a retry" \
     bash -c '[ "$1" -eq 0 ] && grep -q "waiting_retry=5 " "$2"' _ "$status" "$dir/refused1.err"
 check "refused: the sink's password and query values are not in the log" \
-    bash -c '! grep -qE "s3cret|t0ken" "$1" && grep -q "user:\*\*\*@127.0.0.1:[0-9]*/events?token=\*\*\*&x=\*\*\*" "$1"' _ "$dir/refused1.err"
+    bash -c '! grep -qE "s3cret|t0ken" "$1" && grep -q "\*\*\*:\*\*\*@127.0.0.1:[0-9]*/events?token=\*\*\*&x=\*\*\*" "$1"' _ "$dir/refused1.err"
 row=$(sql -c "SELECT count(*) FILTER (WHERE state = 'pending' AND attempts = 1 AND last_error ~* 'connect'), count(*)
               FROM idempotency.outbox WHERE topic = 's_refused'")
 check "refused: every event retryable (pending, attempt 1, a connection error)" test "$row" = "5|5"
@@ -781,6 +786,54 @@ print(len({e['id'] for e in map(json.loads, open('$dir/receiver.jsonl')) if e['t
 check "drain: every delivery the receiver accepted was acked ($accepted)" test "$accepted" = "$delivered"
 check "drain: it said so on stderr" grep -q "stopping" "$dir/drain.err"
 
+# ---------------------------------------------------------------- hangup
+log "SIGHUP: a graceful stop, as SIGTERM"
+sql -c "SELECT idempotency.outbox_enqueue('s_hup', jsonb_build_object('seq', g, 'script', '[\"delay:0.3\"]'::jsonb), 'h' || g)
+        FROM generate_series(1, 30) g" >/dev/null
+start_relay hup --dsn "$dsn" --sink "$sink" --topics s_hup --parallel 2 --batch 6 --lease 20s \
+    --http-timeout 5s --progress-interval 0
+hup_pid=$relay_pid
+wait_until 30 received_at_least s_hup 2
+started=$SECONDS
+stop_relay "$hup_pid" 15 HUP
+status=$?
+check "hangup: SIGHUP exits 0 in $((SECONDS - started)) s (status $status)" test "$status" -eq 0
+check "hangup: nothing left in flight" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_hup' AND state = 'in_flight'" 0
+delivered=$(sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_hup' AND state = 'delivered'")
+check "hangup: the $((30 - delivered)) events not delivered are pending, no attempt counted" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_hup' AND state = 'pending' AND attempts = 0" $((30 - delivered))
+check "hangup: it said so on stderr" grep -q "stopping" "$dir/hup.err"
+
+# ---------------------------------------------------------------- secrets
+log "secrets off the command line: IDEM_RELAY_SINK, IDEM_RELAY_DSN, --sink-file; every userinfo part redacted"
+# A token as the URL's bare user name, a password, and a token in the query.
+sql -c "SELECT idempotency.outbox_enqueue('s_secret', jsonb_build_object('seq', g), 'sec' || (g % 3)) FROM generate_series(1, 6) g" >/dev/null
+secret_sink="http://T0kenUser@${sink#http://}?token=Qu3rySecret"
+IDEM_RELAY_SINK=$secret_sink IDEM_RELAY_DSN=$dsn start_relay secret1 --topics s_secret --progress-interval 0
+secret_pid=$relay_pid
+expect_delivered "secrets: IDEM_RELAY_SINK and IDEM_RELAY_DSN read from the environment, events delivered" 30 s_secret 6 secret1
+cmdline=$(tr '\0' ' ' <"/proc/$secret_pid/cmdline" 2>/dev/null)
+check "secrets: nothing secret on the command line ($cmdline)" \
+    bash -c '[ -n "$1" ] && ! grep -qE "T0ken|Qu3ry|dbname" <<<"$1"' _ "$cmdline"
+stop_relay "$secret_pid" 15
+check "secrets: the environment's relay stops with exit 0" test $? -eq 0
+check "secrets: a token given as the user name and the query's token are not logged" \
+    bash -c '! grep -qE "T0ken|Qu3ry" "$1" && grep -q "http://\*\*\*@127.0.0.1:[0-9]*/events?token=\*\*\*" "$1"' _ "$dir/secret1.err"
+sql -c "SELECT idempotency.outbox_enqueue('s_secret', jsonb_build_object('seq', 6 + g), 'sec' || (g % 3)) FROM generate_series(1, 6) g" >/dev/null
+printf '%s\n' "http://user:Pa55word@${sink#http://}?token=Qu3rySecret" >"$dir/sink.secret"
+chmod 600 "$dir/sink.secret"
+chown "$IDEM_OS_USER" "$dir/sink.secret" 2>/dev/null
+start_relay secret2 --dsn "$dsn" --sink-file "$dir/sink.secret" --topics s_secret --progress-interval 0
+secret_pid=$relay_pid
+expect_delivered "secrets: --sink-file read, events delivered" 30 s_secret 12 secret2
+cmdline=$(tr '\0' ' ' <"/proc/$secret_pid/cmdline" 2>/dev/null)
+check "secrets: --sink-file keeps the sink off the command line" \
+    bash -c '[ -n "$1" ] && ! grep -qE "Pa55|Qu3ry" <<<"$1"' _ "$cmdline"
+stop_relay "$secret_pid" 15
+check "secrets: --sink-file's password and query are not logged, nor the user name" \
+    bash -c '! grep -qE "Pa55|Qu3ry|user:" "$1" && grep -q "http://\*\*\*:\*\*\*@127.0.0.1" "$1"' _ "$dir/secret2.err"
+
 # ---------------------------------------------------------------- once
 log "--once"
 sql <<'SQL' >/dev/null
@@ -847,7 +900,7 @@ check "notify: SIGTERM exits 0" test $? -eq 0
 # ---------------------------------------------------------------- final
 log "final count"
 once final 60 --dsn "$dsn" --sink "$sink" \
-    --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big,s_lanes,s_lanes_noack
+    --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big,s_lanes,s_lanes_noack,s_hup,s_secret
 check "final: a last --once run exits 0" test $? -eq 0
 sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pgenv', 's_pipe', 's_trim_a', 's_trim_b') OR payload->>'expect' = 'pending'"
 dump
