@@ -884,6 +884,36 @@ health=$($python -c "
 import urllib.request
 print(urllib.request.urlopen('http://127.0.0.1:${metrics_port:-1}/healthz', timeout=5).read().decode().strip())" 2>&1)
 check "metrics: /healthz says ok" test "$health" = ok
+# Slow clients: three connections that send one byte every 1.5 s. Each
+# /healthz probe beside them must still answer within its 1 s timeout.
+slow=$($python - "${metrics_port:-1}" <<'PY'
+import socket, sys, time, urllib.request
+port = int(sys.argv[1])
+slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+answered, closed = 0, 0
+for round in range(4):
+    for s in slow:
+        try:
+            s.send(b"G")
+        except OSError:
+            pass
+    try:
+        body = urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=1).read()
+        answered += body.strip() == b"ok"
+    except OSError:
+        pass
+    time.sleep(1.5)
+for s in slow:
+    s.settimeout(1)
+    try:
+        closed += s.recv(1) == b""
+    except OSError:
+        pass
+print(answered, closed)
+PY
+)
+check "metrics: beside three clients sending a byte every 1.5 s, every /healthz probe answers within 1 s (answered, slow ones closed: ${slow:-none})" \
+    test "${slow% *}" = 4
 check "progress: a periodic line on stderr with delivered, retried, dead and lag" \
     grep -qE 'delivered=1 retried=0 dead=0 in_flight=0 lag=[0-9.]+s' "$dir/notify.err"
 # A burst of small transactions over three keys: every one must arrive by
