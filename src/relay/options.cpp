@@ -100,7 +100,7 @@ bool read_sink_file(const std::string& path, std::string* sink, std::string* err
 bool valid_sink(const std::string& value) {
     return value == "stdout" || starts_with_nocase(value, "http://") ||
            starts_with_nocase(value, "https://") || starts_with_nocase(value, "nats://") ||
-           starts_with_nocase(value, "amqp://");
+           starts_with_nocase(value, "amqp://") || starts_with_nocase(value, "amqps://");
 }
 
 }  // namespace
@@ -239,7 +239,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
         static const char* const kWithValue[] = {
             "--dsn", "--relay", "--sink", "--sink-file", "--topics", "--batch", "--lease", "--parallel",
             "--connections", "--metrics-addr", "--poll-interval", "--http-timeout", "--connect-timeout",
-            "--progress-interval", "--max-in-flight-bytes"};
+            "--progress-interval", "--max-in-flight-bytes", "--ca-file", "--client-cert",
+            "--client-key"};
         bool known = false;
         for (const char* option : kWithValue) known = known || name == option;
         if (!known) return fail("unknown option '" + name + "'");
@@ -308,6 +309,15 @@ ParseResult parse_options(int argc, const char* const* argv) {
             if (!parse_duration(value, &options.progress_interval))
                 return fail("--progress-interval must be a duration (0 turns it off), not '" +
                             value + "'");
+        } else if (name == "--ca-file" || name == "--client-cert" || name == "--client-key") {
+            FILE* file = value.empty() ? nullptr : fopen(value.c_str(), "re");
+            if (file == nullptr)
+                return fail(name + ": cannot read '" + value + "'" +
+                            (value.empty() ? "" : std::string(": ") + strerror(errno)));
+            fclose(file);
+            (name == "--ca-file" ? options.ca_file
+             : name == "--client-cert" ? options.client_cert
+                                       : options.client_key) = value;
         } else if (name == "--max-in-flight-bytes") {
             if (!parse_size(value, &options.max_in_flight_bytes) ||
                 options.max_in_flight_bytes < 1024)
@@ -332,6 +342,9 @@ ParseResult parse_options(int argc, const char* const* argv) {
         const char* env = getenv("IDEM_RELAY_DSN");
         if (env != nullptr) options.dsn = env;
     }
+
+    if (!options.client_key.empty() && options.client_cert.empty())
+        return fail("--client-key needs --client-cert");
 
     if (!has_relay) return fail("--relay is required");
     if (!has_sink) return fail("--sink is required (or --sink-file, or IDEM_RELAY_SINK)");
@@ -395,7 +408,9 @@ Required:
                                     duplicate too). A stream must take the
                                     subjects.
                          amqp://[user:password@]host[:port][/vhost][?exchange=NAME]
-                                    RabbitMQ (AMQP 0-9-1; guest:guest, port 5672
+                         amqps://...  the same over TLS
+                                    RabbitMQ (AMQP 0-9-1, amqps:// over TLS on port
+                                    5671 by default; guest:guest, port 5672
                                     and vhost / by default, percent-encoded as in
                                     a URI): persistent, mandatory messages to the
                                     exchange (the default exchange without one)
@@ -430,17 +445,37 @@ up to 1 MB and never changes the outcome):
                        such status, the sink is taken as misconfigured: the relay
                        stops (exit 1), the events stay pending, attempts not counted
   1xx, 3xx, others     retried (redirects are not followed)
+  a TLS certificate not trusted (see --ca-file)
+                       the sink is misconfigured: the relay stops (exit 1),
+                       the events stay pending, attempts not counted
 
 Broker answers (a claim's events are published together, their confirms
 awaited at once, within --http-timeout):
-  JetStream PubAck, RabbitMQ confirm (ack)
+  confirm: a JetStream PubAck, a RabbitMQ basic.ack
                        delivered (acked); a PubAck that says duplicate too
-  no PubAck or confirm in time, a JetStream error, no stream for the subject,
-  a RabbitMQ nack, a message returned as unroutable, a lost connection
+  nack: a RabbitMQ basic.nack, a JetStream error
                        retried, with the backoff above; dead after
                        idempotency.outbox_max_attempts
+  return: a RabbitMQ message returned as unroutable (no queue takes it)
+                       retried, as a nack
+  blocked: no PubAck or confirm in time, a publish the broker does not read
+  (a RabbitMQ memory or disk alarm)
+                       the publish is cut at --http-timeout, before the lease
+                       ends; retried, as a nack
+  connection lost      retried, as a nack, on a new connection
   larger than NATS's max_payload
                        dead
+  auth refused: NATS or RabbitMQ refused the user, password or token; a
+  missing RabbitMQ vhost; a TLS certificate not trusted (see --ca-file)
+  stream missing: JetStream's API says no stream takes the subject; a
+  missing RabbitMQ exchange
+                       the sink is misconfigured: the relay stops (exit 1)
+                       and says why, the events stay pending, attempts not
+                       counted
+  window short: a JetStream stream whose duplicate_window is shorter than
+  --lease plus --http-timeout plus 10s (the first retries)
+                       a warning, once per stream; delivered as usual (a
+                       repeat after the window is stored twice)
 
 Options:
   --dsn DSN            libpq connection string or URI of the database that has the
@@ -500,6 +535,15 @@ Options:
                        longest enqueue-to-delivery delay of the interval, events
                        waiting for a retry, released and left to their lease, and
                        deliveries a broker already had (duplicates)
+  --ca-file FILE       trust the CA certificates in FILE (PEM) instead of the
+                       system's, for an https:// sink or a broker over TLS (a
+                       receiver with a private CA); NATS then connects with
+                       TLS. A certificate the relay does not trust is a
+                       misconfigured sink: the relay stops (exit 1), the
+                       events stay pending, attempts not counted
+  --client-cert FILE   show this certificate (PEM) to an https:// sink or a
+                       NATS server that asks for one (mutual TLS)
+  --client-key FILE    its private key (PEM; default: in --client-cert's file)
   --help               show this help and exit
   --version            show the version and exit
 
@@ -534,7 +578,7 @@ Behaviour:
 Exit status: 0 on success (including after SIGTERM/SIGINT/SIGHUP, and --once with
 events waiting for a retry: its last line counts them); 1 on a runtime failure
 (database unreachable at start, extension missing, permission denied, an ack
-refused, a misconfigured sink, stdout closed, metrics address in use, --once
+refused, a misconfigured sink or broker, stdout closed, metrics address in use, --once
 with due events left undelivered); 2 on a bad command line; 3 when --once
 finished but events went dead in the run.
 )";

@@ -29,6 +29,9 @@ struct Options {
     Millis connect_timeout{0};        // --connect-timeout: 0 = min(5s, http timeout)
     Millis progress_interval{10000};  // --progress-interval: 0 = no progress lines
     std::int64_t max_in_flight_bytes = 64LL << 20;  // --max-in-flight-bytes
+    std::string ca_file;              // --ca-file: PEM CA certificates to trust ("": the system's)
+    std::string client_cert;          // --client-cert: PEM certificate shown to the sink
+    std::string client_key;           // --client-key: its key ("": in --client-cert's file)
 };
 
 enum class ParseStatus { Run, Help, Version, Error };

@@ -43,6 +43,9 @@
 #              enqueuer: nothing committed is lost, nothing rolled back arrives
 #   drain      SIGTERM: exit 0 within bounds, nothing left in flight
 #   hangup     SIGHUP: the same graceful stop (exit 0, nothing in flight)
+#   tls        an HTTPS receiver with a private CA that wants a client
+#              certificate: untrusted, the relay stops (exit 1, nothing
+#              charged); with --ca-file, --client-cert, --client-key delivered
 #   secrets    IDEM_RELAY_SINK / IDEM_RELAY_DSN from the environment and
 #              --sink-file: nothing secret in /proc/PID/cmdline; a token as
 #              the bare user name, passwords and ?token= values not logged
@@ -834,6 +837,57 @@ stop_relay "$secret_pid" 15
 check "secrets: --sink-file's password and query are not logged, nor the user name" \
     bash -c '! grep -qE "Pa55|Qu3ry|user:" "$1" && grep -q "http://\*\*\*:\*\*\*@127.0.0.1" "$1"' _ "$dir/secret2.err"
 
+# ---------------------------------------------------------------- tls
+log "TLS with a private CA: --ca-file, --client-cert, --client-key"
+if make_test_ca "$dir/tls"; then
+    # An HTTPS receiver whose certificate a private CA signed, and that wants
+    # a client certificate from that CA.
+    $python - "$dir/tls" "$dir/tls.port" "$dir/tls.jsonl" 2>"$dir/tls_receiver.err" <<'PY' &
+import http.server, json, ssl, sys
+d, port_file, log = sys.argv[1:4]
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with open(log, "a") as f:
+            f.write(json.dumps({"id": self.headers.get("X-Outbox-Id"), "body": body.decode()}) + "\n")
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(d + "/server.pem", d + "/server.key")
+context.load_verify_locations(d + "/ca.pem")
+context.verify_mode = ssl.CERT_REQUIRED
+server.socket = context.wrap_socket(server.socket, server_side=True)
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(server.server_address[1]))
+import os
+os.rename(port_file + ".tmp", port_file)
+server.serve_forever()
+PY
+    pids+=($!)
+    wait_until 10 test -s "$dir/tls.port"
+    tls_sink="https://127.0.0.1:$(cat "$dir/tls.port")/events"
+    sql -c "SELECT idempotency.outbox_enqueue('s_tls', jsonb_build_object('seq', g), 't' || g) FROM generate_series(1, 3) g" >/dev/null
+    # Without the CA: the certificate is not trusted, the sink misconfigured.
+    start_relay tls1 --dsn "$dsn" --sink "$tls_sink" --topics s_tls --http-timeout 2s --progress-interval 0
+    own_exit "$relay_pid" 30
+    check "tls: an untrusted certificate stops the relay (exit $status) and says why, the events pending with no attempt ($(states s_tls))" \
+        bash -c '[ "$1" = 1 ] && grep -q "not trusted: give its CA with --ca-file" "$2" && [ "$3" = 3 ]' _ "$status" "$dir/tls1.err" \
+        "$(sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_tls' AND state = 'pending' AND attempts = 0")"
+    [ "$status" = running ] && stop_relay "$relay_pid" 20
+    once tls2 60 --dsn "$dsn" --sink "$tls_sink" --topics s_tls --ca-file "$dir/tls/ca.pem" \
+        --client-cert "$dir/tls/client.pem" --client-key "$dir/tls/client.key"
+    status=$?
+    check "tls: with --ca-file and a client certificate every event is delivered (exit $status, $(states s_tls))" \
+        test "$status" -eq 0 -a "$(states s_tls)" = "delivered=3"
+    check "tls: the receiver has each once" test "$(grep -c . "$dir/tls.jsonl" 2>/dev/null)" = 3
+else
+    not_ok "tls: openssl made a private CA"
+fi
+
 # ---------------------------------------------------------------- once
 log "--once"
 sql <<'SQL' >/dev/null
@@ -932,7 +986,7 @@ log "final count"
 once final 60 --dsn "$dsn" --sink "$sink" \
     --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big,s_lanes,s_lanes_noack,s_hup,s_secret
 check "final: a last --once run exits 0" test $? -eq 0
-sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pgenv', 's_pipe', 's_trim_a', 's_trim_b') OR payload->>'expect' = 'pending'"
+sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pgenv', 's_pipe', 's_trim_a', 's_trim_b', 's_tls') OR payload->>'expect' = 'pending'"
 dump
 check "final: every committed event delivered (or dead as scripted), never a rolled-back one" \
     $python "$here/check.py" complete "$dir/receiver.jsonl" "$dir/outbox.dump" --discarded "$dead_ids"

@@ -232,7 +232,10 @@ TEST(RelayOptions, BrokerSinks) {
 // Secrets off the command line: --sink-file and IDEM_RELAY_SINK, and the
 // DSN from IDEM_RELAY_DSN.
 TEST(RelayOptions, SinkFromFileOrEnvironment) {
-    char path[] = "/tmp/idem-relay-sink-XXXXXX";
+    std::string templ = testing::TempDir() + "idem-relay-sink-XXXXXX";
+    std::vector<char> buffer(templ.begin(), templ.end());
+    buffer.push_back('\0');
+    char* path = buffer.data();
     const int fd = mkstemp(path);
     ASSERT_GE(fd, 0);
     const std::string url = "https://TOKEN@hooks.example/in?token=s3cret";
@@ -265,4 +268,20 @@ TEST(RelayOptions, SinkFromFileOrEnvironment) {
     EXPECT_EQ(r.error.find("pw"), std::string::npos) << r.error;
     unsetenv("IDEM_RELAY_SINK");
     unsetenv("IDEM_RELAY_DSN");
+}
+
+// --ca-file, --client-cert and --client-key name files that must be readable.
+TEST(RelayOptions, TlsFiles) {
+    ParseResult r = parse(required({"--ca-file", "/nonexistent/ca.pem"}));
+    EXPECT_EQ(r.status, ParseStatus::Error);
+    EXPECT_NE(r.error.find("--ca-file: cannot read"), std::string::npos) << r.error;
+    r = parse(required({"--ca-file", "/dev/null", "--client-cert", "/dev/null"}));
+    ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+    EXPECT_EQ(r.options.ca_file, "/dev/null");
+    EXPECT_EQ(r.options.client_cert, "/dev/null");
+    EXPECT_TRUE(r.options.client_key.empty());
+    r = parse(required({"--client-key", "/dev/null"}));
+    EXPECT_EQ(r.status, ParseStatus::Error);
+    EXPECT_NE(r.error.find("needs --client-cert"), std::string::npos) << r.error;
+    EXPECT_EQ(parse({"--relay", "r", "--sink", "amqps://mq/", "--all-topics"}).status, ParseStatus::Run);
 }
