@@ -15,14 +15,18 @@
 // rabbitmq-c 0.12 moved its headers (the old names warn).
 #if __has_include(<rabbitmq-c/amqp.h>)
 #include <rabbitmq-c/amqp.h>
+#include <rabbitmq-c/ssl_socket.h>
 #include <rabbitmq-c/tcp_socket.h>
 #else
 #include <amqp.h>
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 #endif
 
 #include "relay/broker_headers.hpp"
 #include "relay/log.hpp"
+#include "relay/sink_fault.hpp"
+#include "relay/socket_deadline.hpp"
 
 namespace idem::relay {
 
@@ -95,10 +99,11 @@ bool outbox_id(const amqp_basic_properties_t& properties, std::int64_t* id) {
 
 class AmqpSink : public GroupSink {
 public:
-    AmqpSink(const AmqpAddress& address, Millis timeout, Millis connect_timeout,
-             const std::atomic<bool>& aborted)
-        : address_(address), timeout_(timeout), connect_timeout_(connect_timeout),
-          aborted_(aborted) {}
+    AmqpSink(const AmqpAddress& address, const Options& options, const std::atomic<bool>& aborted,
+             SinkFault& fault)
+        : address_(address), timeout_(options.http_timeout),
+          connect_timeout_(options.connect_timeout), options_(options), aborted_(aborted),
+          fault_(fault), watchdog_(aborted) {}
 
     ~AmqpSink() override { disconnect(true); }
 
@@ -107,17 +112,27 @@ public:
         const Clock::time_point deadline = Clock::now() + timeout_;
         outcomes->assign(events.size(), Outcome::retry("not published"));
         std::string error;
-        if (conn_ == nullptr && !connect(&error)) {
-            for (Outcome& outcome : *outcomes) outcome = Outcome::retry(error);
+        if (fault_.is_set() || (conn_ == nullptr && !connect(&error))) {
+            // A refused configuration charges no attempt: the relay stops.
+            for (Outcome& outcome : *outcomes)
+                outcome = fault_.is_set() ? Outcome::skip(fault_.reason()) : Outcome::retry(error);
             return;
         }
         // Delivery tags count the channel's publishes from 1.
         by_tag_.clear();
         by_id_.clear();
         returned_.clear();
+        // A publish blocks while the broker does not read (a memory or disk
+        // alarm blocks publishing connections): the watchdog cuts it at the
+        // group's deadline, well before the events' leases end.
+        watchdog_.arm(amqp_get_sockfd(conn_), deadline);
         for (std::size_t i = 0; i < events.size(); ++i) {
             if (!publish(*events[i])) {
-                error = "AMQP publish: connection lost";
+                error = Clock::now() >= deadline
+                            ? "AMQP publish: not sent within " + std::to_string(timeout_.count()) +
+                                  " ms (is the connection blocked by a broker alarm?)"
+                        : aborted_.load() ? std::string("the relay is stopping now")
+                                          : std::string("AMQP publish: connection lost");
                 for (std::size_t j = i; j < events.size(); ++j) (*outcomes)[j] = Outcome::retry(error);
                 disconnect(false);
                 break;
@@ -126,6 +141,7 @@ public:
             by_id_[events[i]->id] = i;
         }
         if (conn_ != nullptr) await(deadline, outcomes);
+        if (watchdog_.disarm() && conn_ != nullptr) disconnect(false);
         // Whatever is not confirmed now never will be on this channel.
         for (const auto& [tag, slot] : by_tag_) (*outcomes)[slot] = Outcome::retry(unconfirmed_);
         by_tag_.clear();
@@ -134,19 +150,42 @@ public:
 private:
     bool connect(std::string* error) {
         conn_ = amqp_new_connection();
-        amqp_socket_t* socket = conn_ != nullptr ? amqp_tcp_socket_new(conn_) : nullptr;
+        amqp_socket_t* socket = conn_ == nullptr  ? nullptr
+                                : address_.tls    ? amqp_ssl_socket_new(conn_)
+                                                  : amqp_tcp_socket_new(conn_);
         const std::string where = "RabbitMQ at " + address_.host + ":" + std::to_string(address_.port);
         if (socket == nullptr) {
             *error = "cannot create a socket for " + where;
             disconnect(true);
             return false;
         }
+        if (address_.tls) {
+            // The CA given (a private one), else the system's.
+            const std::string ca =
+                options_.ca_file.empty() ? "/etc/ssl/certs/ca-certificates.crt" : options_.ca_file;
+            int tls_status = amqp_ssl_socket_set_cacert(socket, ca.c_str());
+            if (tls_status == AMQP_STATUS_OK && !options_.client_cert.empty())
+                tls_status = amqp_ssl_socket_set_key(
+                    socket, options_.client_cert.c_str(),
+                    (options_.client_key.empty() ? options_.client_cert : options_.client_key).c_str());
+            if (tls_status != AMQP_STATUS_OK) {
+                fault_.set("RabbitMQ TLS: cannot use --ca-file, --client-cert or --client-key: " +
+                           std::string(amqp_error_string2(tls_status)));
+                *error = fault_.reason();
+                disconnect(false);
+                return false;
+            }
+        }
         timeval connect_tv = timeval_of(connect_timeout_);
         const int status = amqp_socket_open_noblock(socket, address_.host.c_str(), address_.port,
                                                     &connect_tv);
         if (status != AMQP_STATUS_OK) {
             *error = "cannot connect to " + where + ": " + amqp_error_string2(status);
-            disconnect(true);
+            if (status == AMQP_STATUS_SSL_PEER_VERIFY_FAILED ||
+                status == AMQP_STATUS_SSL_HOSTNAME_VERIFY_FAILED)
+                fault_.set("RabbitMQ TLS: " + *error +
+                           " (the broker's certificate is not trusted: give its CA with --ca-file)");
+            disconnect(false);
             return false;
         }
         timeval rpc_tv = timeval_of(timeout_);
@@ -157,6 +196,12 @@ private:
                        address_.user.c_str(), address_.password.c_str());
         if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
             *error = "cannot log in to " + where + " (vhost " + address_.vhost + "): " + reply_text(reply);
+            // The broker answered and refused the user, the password or the
+            // vhost (it closes the connection on any of them): no retry
+            // would change that.
+            if (login_refused(reply))
+                fault_.set("RabbitMQ refused the relay's login: " + *error +
+                           " (check the user, password and vhost of --sink)");
             disconnect(false);
             return false;
         }
@@ -171,17 +216,54 @@ private:
             disconnect(false);
             return false;
         }
+        // The exchange must exist (a passive declare changes nothing): a
+        // publish to a missing one closes the channel, for every event.
+        if (!address_.exchange.empty()) {
+            amqp_exchange_declare(conn_, kChannel, bytes_of(address_.exchange), amqp_empty_bytes,
+                                  1 /* passive */, 0, 0, 0, amqp_empty_table);
+            reply = amqp_get_rpc_reply(conn_);
+            if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+                *error = "exchange '" + address_.exchange + "' on " + where + " (vhost " +
+                         address_.vhost + "): " + reply_text(reply);
+                if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+                    reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+                    static_cast<amqp_channel_close_t*>(reply.reply.decoded)->reply_code ==
+                        AMQP_NOT_FOUND)
+                    fault_.set("RabbitMQ has no " + *error +
+                               " (declare it, or check ?exchange= of --sink)");
+                disconnect(false);
+                return false;
+            }
+        }
         next_tag_ = 1;
         return true;
     }
 
+    // A login the broker answered with a refusal: a connection.close
+    // (ACCESS_REFUSED, NOT_ALLOWED for a vhost) or, where the broker just
+    // closes the socket after the handshake, the connection closed.
+    static bool login_refused(const amqp_rpc_reply_t& reply) {
+        if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION)
+            return reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD;
+        return reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+               (reply.library_error == AMQP_STATUS_CONNECTION_CLOSED ||
+                reply.library_error == AMQP_STATUS_SOCKET_CLOSED);
+    }
+
     // polite: say goodbye to the broker first (when the connection still works).
     void disconnect(bool polite) {
-        if (conn_ == nullptr) return;
+        if (conn_ == nullptr) {
+            watchdog_.disarm();
+            return;
+        }
         if (polite) {
+            // Even a goodbye blocks on a connection the broker stopped reading.
+            watchdog_.arm(amqp_get_sockfd(conn_), Clock::now() + connect_timeout_);
             amqp_channel_close(conn_, kChannel, AMQP_REPLY_SUCCESS);
             amqp_connection_close(conn_, AMQP_REPLY_SUCCESS);
         }
+        // Before the socket is closed: the watchdog never touches a closed fd.
+        watchdog_.disarm();
         amqp_destroy_connection(conn_);
         conn_ = nullptr;
     }
@@ -253,7 +335,14 @@ private:
             const int status = amqp_simple_wait_frame_noblock(conn_, &frame, &tv);
             if (status == AMQP_STATUS_TIMEOUT) continue;
             if (status != AMQP_STATUS_OK) {
-                unconfirmed_ = std::string("AMQP connection lost: ") + amqp_error_string2(status);
+                // The watchdog cut it at the deadline: the broker took the
+                // publishes but neither read nor confirmed them in time.
+                if (Clock::now() < deadline && !aborted_.load())
+                    unconfirmed_ = std::string("AMQP connection lost: ") + amqp_error_string2(status);
+                else if (aborted_.load())
+                    unconfirmed_ = "the relay is stopping now";
+                else
+                    unconfirmed_ += " (is the connection blocked by a broker alarm?)";
                 disconnect(false);
                 return;
             }
@@ -330,7 +419,10 @@ private:
     AmqpAddress address_;
     Millis timeout_;
     Millis connect_timeout_;
+    const Options& options_;
     const std::atomic<bool>& aborted_;
+    SinkFault& fault_;
+    SocketDeadline watchdog_;
     amqp_connection_state_t conn_ = nullptr;
     std::uint64_t next_tag_ = 1;
     std::unordered_map<std::uint64_t, std::size_t> by_tag_;     // published, not yet confirmed
@@ -344,12 +436,13 @@ private:
 class AmqpTarget : public SinkTarget {
 public:
     AmqpTarget(AmqpAddress address, const Options& options, std::string shown)
-        : address_(std::move(address)), timeout_(options.http_timeout),
-          connect_timeout_(options.connect_timeout), shown_(std::move(shown)) {}
+        : address_(std::move(address)), options_(options), timeout_(options.http_timeout),
+          shown_(std::move(shown)) {}
 
     std::unique_ptr<Sink> open() override {
-        return std::make_unique<AmqpSink>(address_, timeout_, connect_timeout_, aborted_);
+        return std::make_unique<AmqpSink>(address_, options_, aborted_, fault_);
     }
+    std::string fatal_error() const override { return fault_.reason(); }
     Millis max_delivery_time() const override { return timeout_; }
     std::size_t group_size() const override { return 10000; }
     void abort() override { aborted_ = true; }
@@ -360,10 +453,11 @@ public:
 
 private:
     AmqpAddress address_;
+    Options options_;
     Millis timeout_;
-    Millis connect_timeout_;
     std::string shown_;
     std::atomic<bool> aborted_{false};
+    SinkFault fault_;
 };
 
 }  // namespace

@@ -115,11 +115,14 @@ bool nats_subject(const std::string& prefix, const std::string& topic, std::stri
 
 bool parse_amqp_url(const std::string& url, AmqpAddress* address, std::string* error) {
     std::string rest;
-    if (!after_scheme(url, "amqp", &rest)) {
-        *error = "expected amqp://[user:password@]host[:port][/vhost][?exchange=NAME]";
+    const bool tls = after_scheme(url, "amqps", &rest);
+    if (!tls && !after_scheme(url, "amqp", &rest)) {
+        *error = "expected amqp[s]://[user:password@]host[:port][/vhost][?exchange=NAME]";
         return false;
     }
     AmqpAddress parsed;
+    parsed.tls = tls;
+    parsed.port = tls ? 5671 : 5672;
     std::string query;
     const std::size_t question = rest.find('?');
     if (question != std::string::npos) {

@@ -22,8 +22,9 @@ bool parse_nats_url(const std::string& url, NatsAddress* address, std::string* e
 bool nats_subject(const std::string& prefix, const std::string& topic, std::string* subject,
                   std::string* error);
 
-// amqp://[user[:password]@]host[:port][/vhost][?exchange=NAME], percent-
-// encoded as URIs are: the default vhost is "/" (written %2F in a URL).
+// amqp[s]://[user[:password]@]host[:port][/vhost][?exchange=NAME], percent-
+// encoded as URIs are: the default vhost is "/" (written %2F in a URL);
+// amqps:// is over TLS (port 5671 by default).
 struct AmqpAddress {
     std::string host;
     int port = 5672;
@@ -31,6 +32,7 @@ struct AmqpAddress {
     std::string password = "guest";
     std::string vhost = "/";
     std::string exchange;  // "" : the default exchange (routing key = queue name)
+    bool tls = false;      // amqps://
 };
 bool parse_amqp_url(const std::string& url, AmqpAddress* address, std::string* error);
 

@@ -13,6 +13,7 @@
 #include "relay/json.hpp"
 #include "relay/log.hpp"
 #include "relay/redact.hpp"
+#include "relay/sink_fault.hpp"
 
 namespace idem::relay {
 
@@ -69,12 +70,16 @@ int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
 
 class HttpSink : public Sink {
 public:
-    HttpSink(const std::string& url, Millis timeout, Millis connect_timeout,
-             const std::atomic<bool>& aborted)
+    HttpSink(const std::string& url, const Options& options, const std::atomic<bool>& aborted,
+             SinkFault& fault)
         : url_(url),
-          timeout_(timeout),
-          connect_timeout_(connect_timeout),
+          timeout_(options.http_timeout),
+          connect_timeout_(options.connect_timeout),
+          ca_file_(options.ca_file),
+          client_cert_(options.client_cert),
+          client_key_(options.client_key),
           aborted_(aborted),
+          fault_(fault),
           curl_(curl_easy_init()) {}
     ~HttpSink() override {
         if (curl_ != nullptr) curl_easy_cleanup(curl_);
@@ -84,6 +89,7 @@ public:
 
     Outcome deliver(const Event& event) override {
         if (curl_ == nullptr) return Outcome::retry("libcurl: could not create a handle");
+        if (fault_.is_set()) return Outcome::skip(fault_.reason());
         curl_slist* headers = build_headers(event);
         Response response;
         response.aborted = &aborted_;
@@ -111,6 +117,12 @@ public:
         curl_easy_setopt(curl_, CURLOPT_ERRORBUFFER, error_buffer);
         curl_easy_setopt(curl_, CURLOPT_USERAGENT, "idem-relay/0.1.0");
         curl_easy_setopt(curl_, CURLOPT_FOLLOWLOCATION, 0L);
+        if (!ca_file_.empty()) curl_easy_setopt(curl_, CURLOPT_CAINFO, ca_file_.c_str());
+        if (!client_cert_.empty()) {
+            curl_easy_setopt(curl_, CURLOPT_SSLCERT, client_cert_.c_str());
+            curl_easy_setopt(curl_, CURLOPT_SSLKEY,
+                             (client_key_.empty() ? client_cert_ : client_key_).c_str());
+        }
 
         const CURLcode code = curl_easy_perform(curl_);
         curl_slist_free_all(headers);
@@ -121,6 +133,17 @@ public:
             std::string error = "HTTP delivery failed: ";
             if (code == CURLE_ABORTED_BY_CALLBACK) error += "the relay was stopped during the delivery";
             else error += error_buffer[0] != '\0' ? error_buffer : curl_easy_strerror(code);
+            // A certificate the relay does not trust, or certificate files
+            // it cannot use: no event can get through, none is charged.
+            if (code == CURLE_PEER_FAILED_VERIFICATION || code == CURLE_SSL_CACERT_BADFILE ||
+                code == CURLE_SSL_CERTPROBLEM) {
+                fault_.set(printable(error, 300) +
+                           (code == CURLE_PEER_FAILED_VERIFICATION
+                                ? " (the sink's TLS certificate is not trusted: give its CA with "
+                                  "--ca-file)"
+                                : " (check --ca-file, --client-cert and --client-key)"));
+                return Outcome::skip(fault_.reason());
+            }
             return Outcome::retry(printable(error, 300));
         }
         std::optional<std::int64_t> retry_after;
@@ -168,26 +191,32 @@ private:
     std::string url_;
     Millis timeout_;
     Millis connect_timeout_;
+    std::string ca_file_;
+    std::string client_cert_;
+    std::string client_key_;
     const std::atomic<bool>& aborted_;
+    SinkFault& fault_;
     CURL* curl_;
 };
 
 class HttpTarget : public SinkTarget {
 public:
-    HttpTarget(std::string url, Millis timeout, Millis connect_timeout)
-        : url_(std::move(url)), timeout_(timeout), connect_timeout_(connect_timeout) {}
+    HttpTarget(std::string url, const Options& options)
+        : url_(std::move(url)), options_(options), timeout_(options.http_timeout) {}
     std::unique_ptr<Sink> open() override {
-        return std::make_unique<HttpSink>(url_, timeout_, connect_timeout_, aborted_);
+        return std::make_unique<HttpSink>(url_, options_, aborted_, fault_);
     }
+    std::string fatal_error() const override { return fault_.reason(); }
     Millis max_delivery_time() const override { return timeout_; }
     void abort() override { aborted_ = true; }
     std::string describe() const override { return "POST " + redact_url(url_); }
 
 private:
     std::string url_;
+    Options options_;
     Millis timeout_;
-    Millis connect_timeout_;
     std::atomic<bool> aborted_{false};
+    SinkFault fault_;
 };
 
 }  // namespace
@@ -216,8 +245,7 @@ std::unique_ptr<SinkTarget> make_http_target(const Options& options, std::string
         *error = "--sink is an https:// URL but this libcurl has no TLS support";
         return nullptr;
     }
-    return std::make_unique<HttpTarget>(options.sink, options.http_timeout,
-                                         options.connect_timeout);
+    return std::make_unique<HttpTarget>(options.sink, options);
 }
 
 }  // namespace idem::relay

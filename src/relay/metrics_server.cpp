@@ -1,6 +1,8 @@
 #include "relay/metrics_server.hpp"
 
 #include <arpa/inet.h>
+#include <chrono>
+#include <vector>
 #include <cerrno>
 #include <cstring>
 #include <netinet/in.h>
@@ -15,17 +17,9 @@ namespace idem::relay {
 namespace {
 
 constexpr std::size_t kMaxRequestBytes = 8192;
-constexpr int kClientTimeoutMs = 2000;
-
-void write_all(int fd, const std::string& data) {
-    std::size_t sent = 0;
-    while (sent < data.size()) {
-        const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return;
-        sent += static_cast<std::size_t>(n);
-    }
-}
+// The whole exchange (request in, response out) of one connection.
+constexpr std::chrono::milliseconds kRequestDeadline{2000};
+constexpr std::size_t kMaxClients = 64;
 
 std::string response(int status, const char* reason, const char* type, const std::string& body,
                      bool head) {
@@ -64,7 +58,7 @@ bool MetricsServer::start(const std::string& host, int port, std::string* error)
         family = AF_INET;
     }
     const std::string shown = (family == AF_INET6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-    listen_fd_ = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    listen_fd_ = socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (listen_fd_ < 0) {
         *error = "cannot create the metrics socket: " + std::string(strerror(errno));
         return false;
@@ -72,7 +66,7 @@ bool MetricsServer::start(const std::string& host, int port, std::string* error)
     const int yes = 1;
     setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
-        listen(listen_fd_, 16) != 0) {
+        listen(listen_fd_, 128) != 0) {
         *error = "cannot listen on " + shown + " for metrics: " + strerror(errno);
         close(listen_fd_);
         listen_fd_ = -1;
@@ -96,63 +90,114 @@ void MetricsServer::stop() {
     listen_fd_ = -1;
 }
 
+// One thread serves every connection at once: each reads its request and
+// writes its answer as its socket allows (non-blocking, one poll over all),
+// and is closed at its deadline, so a slow or silent client holds one slot
+// for at most kRequestDeadline and never delays another. When every slot is
+// taken, the oldest connection gives way to the new one.
 void MetricsServer::serve() {
+    struct Client {
+        int fd;
+        std::chrono::steady_clock::time_point deadline;
+        std::string in;
+        std::string out;
+        std::size_t sent = 0;
+        bool answered = false;
+    };
+    std::vector<Client> clients;
+    std::vector<pollfd> fds;
+    const auto drop = [&clients](std::size_t i) {
+        close(clients[i].fd);
+        clients.erase(clients.begin() + static_cast<std::ptrdiff_t>(i));
+    };
     for (;;) {
-        pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_pipe_.fd(), POLLIN, 0}};
-        if (poll(fds, 2, -1) < 0) {
+        const auto now = std::chrono::steady_clock::now();
+        for (std::size_t i = clients.size(); i-- > 0;)
+            if (clients[i].deadline <= now) drop(i);
+        int timeout = -1;
+        for (const Client& client : clients) {
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  client.deadline - now).count() + 1;
+            if (timeout < 0 || left < timeout) timeout = static_cast<int>(left);
+        }
+        fds.assign({{listen_fd_, POLLIN, 0}, {stop_pipe_.fd(), POLLIN, 0}});
+        for (const Client& client : clients)
+            fds.push_back({client.fd, static_cast<short>(client.answered ? POLLOUT : POLLIN), 0});
+        if (poll(fds.data(), fds.size(), timeout) < 0) {
             if (errno == EINTR) continue;
             log_warning("metrics endpoint: poll failed: %s", strerror(errno));
-            return;
+            break;
         }
-        if (fds[1].revents != 0) return;
+        if (fds[1].revents != 0) break;
+        // The clients first (their indexes match fds), then the new ones.
+        for (std::size_t i = clients.size(); i-- > 0;) {
+            const short revents = fds[i + 2].revents;
+            if (revents == 0) continue;
+            Client& client = clients[i];
+            if (!client.answered) {
+                char buffer[1024];
+                const ssize_t n = recv(client.fd, buffer, sizeof buffer, 0);
+                if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+                if (n <= 0) {
+                    drop(i);
+                    continue;
+                }
+                client.in.append(buffer, static_cast<std::size_t>(n));
+                if (client.in.find("\r\n\r\n") == std::string::npos &&
+                    client.in.size() < kMaxRequestBytes)
+                    continue;
+                client.out = answer(client.in);
+                client.answered = true;
+            }
+            const ssize_t n = send(client.fd, client.out.data() + client.sent,
+                                   client.out.size() - client.sent, MSG_NOSIGNAL);
+            if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+            if (n <= 0) {
+                drop(i);
+                continue;
+            }
+            client.sent += static_cast<std::size_t>(n);
+            if (client.sent == client.out.size()) drop(i);
+        }
         if ((fds[0].revents & POLLIN) == 0) continue;
-        const int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (client < 0) continue;
-        answer(client);
-        close(client);
+        for (;;) {
+            const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd < 0) break;
+            if (clients.size() >= kMaxClients) drop(0);
+            clients.push_back(Client{fd, std::chrono::steady_clock::now() + kRequestDeadline,
+                                     {}, {}, 0, false});
+        }
     }
+    for (std::size_t i = clients.size(); i-- > 0;) drop(i);
 }
 
-void MetricsServer::answer(int client) {
-    // One request per connection, read until the end of its headers.
-    std::string request;
-    char buffer[1024];
-    while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
-        pollfd fd = {client, POLLIN, 0};
-        if (poll(&fd, 1, kClientTimeoutMs) <= 0) return;
-        const ssize_t n = recv(client, buffer, sizeof buffer, 0);
-        if (n <= 0) return;
-        request.append(buffer, static_cast<std::size_t>(n));
-    }
+std::string MetricsServer::answer(const std::string& request) const {
     const std::size_t line_end = request.find("\r\n");
     const std::string line = request.substr(0, line_end);
     const std::size_t space1 = line.find(' ');
     const std::size_t space2 = line.find(' ', space1 + 1);
     if (space1 == std::string::npos || space2 == std::string::npos) {
-        write_all(client, response(400, "Bad Request", "text/plain", "bad request\n", false));
-        return;
+        return response(400, "Bad Request", "text/plain", "bad request\n", false);
     }
     const std::string method = line.substr(0, space1);
     std::string path = line.substr(space1 + 1, space2 - space1 - 1);
     path = path.substr(0, path.find('?'));
     const bool head = method == "HEAD";
     if (method != "GET" && !head) {
-        write_all(client, response(405, "Method Not Allowed", "text/plain", "GET only\n", false));
+        return response(405, "Method Not Allowed", "text/plain", "GET only\n", false);
     } else if (path == "/metrics" || path == "/") {
-        write_all(client, response(200, "OK", "text/plain; version=0.0.4; charset=utf-8",
-                                   stats_.prometheus(relay_), head));
+        return response(200, "OK", "text/plain; version=0.0.4; charset=utf-8",
+                        stats_.prometheus(relay_), head);
     } else if (path == "/healthz") {
         const bool healthy = stats_.healthy.load();
         const bool up = stats_.connected();
         const char* body = !healthy ? "stopping on a failure (see the relay's log)\n"
                            : !up    ? "database connection down\n"
                                     : "ok\n";
-        write_all(client, response(healthy && up ? 200 : 503,
-                                   healthy && up ? "OK" : "Service Unavailable", "text/plain",
-                                   body, head));
-    } else {
-        write_all(client, response(404, "Not Found", "text/plain", "not found\n", head));
+        return response(healthy && up ? 200 : 503, healthy && up ? "OK" : "Service Unavailable",
+                        "text/plain", body, head);
     }
+    return response(404, "Not Found", "text/plain", "not found\n", head);
 }
 
 }  // namespace idem::relay

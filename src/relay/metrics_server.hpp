@@ -1,5 +1,7 @@
-// --metrics-addr: a tiny single-threaded HTTP server on a loopback address
-// that answers GET /metrics (Prometheus text) and GET /healthz.
+// --metrics-addr: a tiny HTTP server that answers GET /metrics (Prometheus
+// text) and GET /healthz to many clients at once, each within a deadline of
+// its own (2 s for the whole exchange), on one thread of its own: a slow or
+// stalled client never delays another (a liveness probe keeps its answer).
 #pragma once
 
 #include <string>
@@ -24,7 +26,8 @@ public:
 
 private:
     void serve();
-    void answer(int client);
+    // The response to one request (its bytes up to the end of the headers).
+    std::string answer(const std::string& request) const;
 
     const Stats& stats_;
     std::string relay_;

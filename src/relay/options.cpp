@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -59,6 +60,47 @@ bool split_topics(const std::string& text, std::vector<std::string>* topics, std
         if (comma == std::string::npos) return true;
         start = comma + 1;
     }
+}
+
+// The sink URL (a secret, often) from where it is kept off the command line:
+// --sink-file FILE holds it alone (one line; surrounding blanks and the line
+// end dropped).
+bool read_sink_file(const std::string& path, std::string* sink, std::string* error) {
+    FILE* file = fopen(path.c_str(), "re");
+    if (file == nullptr) {
+        *error = "--sink-file: cannot read '" + path + "': " + strerror(errno);
+        return false;
+    }
+    std::string text;
+    char buffer[4096];
+    std::size_t n;
+    while ((n = fread(buffer, 1, sizeof buffer, file)) > 0 && text.size() < 65536)
+        text.append(buffer, n);
+    const bool failed = ferror(file) != 0;
+    fclose(file);
+    if (failed) {
+        *error = "--sink-file: cannot read '" + path + "'";
+        return false;
+    }
+    const std::size_t first = text.find_first_not_of(" \t\r\n");
+    const std::size_t last = text.find_last_not_of(" \t\r\n");
+    text = first == std::string::npos ? "" : text.substr(first, last - first + 1);
+    if (text.empty()) {
+        *error = "--sink-file: '" + path + "' is empty";
+        return false;
+    }
+    if (text.find_first_of("\r\n") != std::string::npos) {
+        *error = "--sink-file: '" + path + "' must hold one line, the sink";
+        return false;
+    }
+    *sink = text;
+    return true;
+}
+
+bool valid_sink(const std::string& value) {
+    return value == "stdout" || starts_with_nocase(value, "http://") ||
+           starts_with_nocase(value, "https://") || starts_with_nocase(value, "nats://") ||
+           starts_with_nocase(value, "amqp://") || starts_with_nocase(value, "amqps://");
 }
 
 }  // namespace
@@ -159,7 +201,8 @@ bool parse_listen_address(const std::string& text, std::string* host, int* port,
 ParseResult parse_options(int argc, const char* const* argv) {
     ParseResult result;
     Options& options = result.options;
-    bool has_relay = false, has_sink = false, has_topics = false;
+    bool has_relay = false, has_sink = false, has_topics = false, has_dsn = false;
+    std::string sink_from;  // the option that gave the sink
     bool explicit_http_timeout = false;
 
     auto fail = [&result](const std::string& message) {
@@ -194,9 +237,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
             continue;
         }
         static const char* const kWithValue[] = {
-            "--dsn", "--relay", "--sink", "--topics", "--batch", "--lease", "--parallel",
+            "--dsn", "--relay", "--sink", "--sink-file", "--topics", "--batch", "--lease", "--parallel",
             "--connections", "--metrics-addr", "--poll-interval", "--http-timeout", "--connect-timeout",
-            "--progress-interval", "--max-in-flight-bytes"};
+            "--progress-interval", "--max-in-flight-bytes", "--ca-file", "--client-cert",
+            "--client-key"};
         bool known = false;
         for (const char* option : kWithValue) known = known || name == option;
         if (!known) return fail("unknown option '" + name + "'");
@@ -207,19 +251,24 @@ ParseResult parse_options(int argc, const char* const* argv) {
 
         if (name == "--dsn") {
             options.dsn = value;
+            has_dsn = true;
         } else if (name == "--relay") {
             if (value.empty()) return fail("--relay must not be empty");
             if (value.size() > kMaxNameBytes) return fail("--relay is longer than 255 bytes");
             options.relay = value;
             has_relay = true;
-        } else if (name == "--sink") {
-            if (value != "stdout" && !starts_with_nocase(value, "http://") &&
-                !starts_with_nocase(value, "https://") && !starts_with_nocase(value, "nats://") &&
-                !starts_with_nocase(value, "amqp://"))
-                return fail("--sink must be 'stdout' or an http://, https://, nats:// or amqp:// "
+        } else if (name == "--sink" || name == "--sink-file") {
+            if (has_sink) return fail(name + ": the sink is given already (by " + sink_from + ")");
+            if (name == "--sink-file") {
+                std::string error;
+                if (!read_sink_file(value, &value, &error)) return fail(error);
+            }
+            if (!valid_sink(value))
+                return fail(name + " must be 'stdout' or an http://, https://, nats:// or amqp:// "
                             "URL, not '" + redact_url(value) + "'");
             options.sink = value;
             has_sink = true;
+            sink_from = name;
         } else if (name == "--topics") {
             std::string error;
             if (!split_topics(value, &options.topics, &error)) return fail(error);
@@ -260,6 +309,15 @@ ParseResult parse_options(int argc, const char* const* argv) {
             if (!parse_duration(value, &options.progress_interval))
                 return fail("--progress-interval must be a duration (0 turns it off), not '" +
                             value + "'");
+        } else if (name == "--ca-file" || name == "--client-cert" || name == "--client-key") {
+            FILE* file = value.empty() ? nullptr : fopen(value.c_str(), "re");
+            if (file == nullptr)
+                return fail(name + ": cannot read '" + value + "'" +
+                            (value.empty() ? "" : std::string(": ") + strerror(errno)));
+            fclose(file);
+            (name == "--ca-file" ? options.ca_file
+             : name == "--client-cert" ? options.client_cert
+                                       : options.client_key) = value;
         } else if (name == "--max-in-flight-bytes") {
             if (!parse_size(value, &options.max_in_flight_bytes) ||
                 options.max_in_flight_bytes < 1024)
@@ -268,8 +326,28 @@ ParseResult parse_options(int argc, const char* const* argv) {
         }
     }
 
+    // Secrets kept off the command line (where ps shows them): the
+    // environment, as a service manager's EnvironmentFile= sets it.
+    if (!has_sink) {
+        const char* env = getenv("IDEM_RELAY_SINK");
+        if (env != nullptr && *env != '\0') {
+            if (!valid_sink(env))
+                return fail("IDEM_RELAY_SINK must be 'stdout' or an http://, https://, nats:// or "
+                            "amqp:// URL, not '" + redact_url(env) + "'");
+            options.sink = env;
+            has_sink = true;
+        }
+    }
+    if (!has_dsn) {
+        const char* env = getenv("IDEM_RELAY_DSN");
+        if (env != nullptr) options.dsn = env;
+    }
+
+    if (!options.client_key.empty() && options.client_cert.empty())
+        return fail("--client-key needs --client-cert");
+
     if (!has_relay) return fail("--relay is required");
-    if (!has_sink) return fail("--sink is required");
+    if (!has_sink) return fail("--sink is required (or --sink-file, or IDEM_RELAY_SINK)");
     if (has_topics == options.all_topics)
         return fail(has_topics ? "--topics and --all-topics exclude each other"
                                : "--topics or --all-topics is required: name the topics this "
@@ -293,7 +371,8 @@ std::string usage() {
 outbox (idempotency.outbox_enqueue) to a sink, at least once, in order per key.
 
 Usage:
-  idem-relay [--dsn DSN] --relay NAME --sink SINK (--topics a,b | --all-topics)
+  idem-relay [--dsn DSN] --relay NAME (--sink SINK | --sink-file FILE)
+             (--topics a,b | --all-topics)
              [--batch N] [--lease 30s] [--parallel N] [--connections N] [--once]
              [--metrics-addr HOST:PORT]
 
@@ -329,7 +408,9 @@ Required:
                                     duplicate too). A stream must take the
                                     subjects.
                          amqp://[user:password@]host[:port][/vhost][?exchange=NAME]
-                                    RabbitMQ (AMQP 0-9-1; guest:guest, port 5672
+                         amqps://...  the same over TLS
+                                    RabbitMQ (AMQP 0-9-1, amqps:// over TLS on port
+                                    5671 by default; guest:guest, port 5672
                                     and vhost / by default, percent-encoded as in
                                     a URI): persistent, mandatory messages to the
                                     exchange (the default exchange without one)
@@ -339,6 +420,11 @@ Required:
                                     acked once the broker confirmed it (publisher
                                     confirms). A message no queue takes comes
                                     back and is retried.
+  --sink-file FILE     ... or the sink read from FILE (one line), so that a
+                       secret in it (a password, a token as the user name or in
+                       the query) stays off the command line, where ps shows it;
+                       without either, the environment variable IDEM_RELAY_SINK
+                       (as a service manager's EnvironmentFile= sets it) is read
   --topics a,b         the topics this sink takes (spaces around commas ignored)
   --all-topics         ... or every topic: one of the two is required
 
@@ -359,24 +445,45 @@ up to 1 MB and never changes the outcome):
                        such status, the sink is taken as misconfigured: the relay
                        stops (exit 1), the events stay pending, attempts not counted
   1xx, 3xx, others     retried (redirects are not followed)
+  a TLS certificate not trusted (see --ca-file)
+                       the sink is misconfigured: the relay stops (exit 1),
+                       the events stay pending, attempts not counted
 
 Broker answers (a claim's events are published together, their confirms
 awaited at once, within --http-timeout):
-  JetStream PubAck, RabbitMQ confirm (ack)
+  confirm: a JetStream PubAck, a RabbitMQ basic.ack
                        delivered (acked); a PubAck that says duplicate too
-  no PubAck or confirm in time, a JetStream error, no stream for the subject,
-  a RabbitMQ nack, a message returned as unroutable, a lost connection
+  nack: a RabbitMQ basic.nack, a JetStream error
                        retried, with the backoff above; dead after
                        idempotency.outbox_max_attempts
+  return: a RabbitMQ message returned as unroutable (no queue takes it)
+                       retried, as a nack
+  blocked: no PubAck or confirm in time, a publish the broker does not read
+  (a RabbitMQ memory or disk alarm)
+                       the publish is cut at --http-timeout, before the lease
+                       ends; retried, as a nack
+  connection lost      retried, as a nack, on a new connection
   larger than NATS's max_payload
                        dead
+  auth refused: NATS or RabbitMQ refused the user, password or token; a
+  missing RabbitMQ vhost; a TLS certificate not trusted (see --ca-file)
+  stream missing: JetStream's API says no stream takes the subject; a
+  missing RabbitMQ exchange
+                       the sink is misconfigured: the relay stops (exit 1)
+                       and says why, the events stay pending, attempts not
+                       counted
+  window short: a JetStream stream whose duplicate_window is shorter than
+  --lease plus --http-timeout plus 10s (the first retries)
+                       a warning, once per stream; delivered as usual (a
+                       repeat after the window is stored twice)
 
 Options:
   --dsn DSN            libpq connection string or URI of the database that has the
                        extension, e.g. 'host=/run/postgresql dbname=app user=relay'
                        or postgresql://relay@db/app; without it (or for what it
                        leaves out) libpq's PGHOST, PGPORT, PGDATABASE, PGUSER,
-                       PGSERVICE, ~/.pgpass and service files apply. The role
+                       PGSERVICE, ~/.pgpass and service files apply; without
+                       --dsn the variable IDEM_RELAY_DSN is read first. The role
                        needs what idempotency.grant_relay gives (USAGE on schema
                        idempotency before 0.4.0).
   --batch N            events claimed per round trip, 1 to 10000 (default 100);
@@ -428,6 +535,15 @@ Options:
                        longest enqueue-to-delivery delay of the interval, events
                        waiting for a retry, released and left to their lease, and
                        deliveries a broker already had (duplicates)
+  --ca-file FILE       trust the CA certificates in FILE (PEM) instead of the
+                       system's, for an https:// sink or a broker over TLS (a
+                       receiver with a private CA); NATS then connects with
+                       TLS. A certificate the relay does not trust is a
+                       misconfigured sink: the relay stops (exit 1), the
+                       events stay pending, attempts not counted
+  --client-cert FILE   show this certificate (PEM) to an https:// sink or a
+                       NATS server that asks for one (mutual TLS)
+  --client-key FILE    its private key (PEM; default: in --client-cert's file)
   --help               show this help and exit
   --version            show the version and exit
 
@@ -447,19 +563,22 @@ Behaviour:
     with --once the relay gives up (exit 1) after 30s without a database.
   - An ack or nack the database refuses (a privilege revoked): /healthz says
     503, the relay stops and exits 1.
-  - SIGTERM or SIGINT: stop claiming, release the events not started, finish
+  - SIGTERM, SIGINT or SIGHUP: stop claiming, release the events not started, finish
     the deliveries in progress (at most --http-timeout), ack or nack them,
     exit 0; a stop takes at most --http-timeout plus 5s while the database
     answers. A second signal cuts the deliveries in progress short (they are
-    retried). Give a service manager a stop timeout longer than that.
+    retried). Give a service manager a stop timeout longer than that. SIGHUP
+    reloads nothing (the settings are read once at start): it stops the
+    relay as SIGTERM does, for its supervisor to start it with the new ones.
   - Log lines are one line each: CR, LF and other control bytes in topics, keys
-    and errors are written as \n, \r, \xNN; a sink URL's password and query
+    and errors are written as \n, \r, \xNN; every part of a sink URL's
+    userinfo (user and password: a user name may be a token) and its query
     values are written as ***.
 
-Exit status: 0 on success (including after SIGTERM/SIGINT, and --once with
+Exit status: 0 on success (including after SIGTERM/SIGINT/SIGHUP, and --once with
 events waiting for a retry: its last line counts them); 1 on a runtime failure
 (database unreachable at start, extension missing, permission denied, an ack
-refused, a misconfigured sink, stdout closed, metrics address in use, --once
+refused, a misconfigured sink or broker, stdout closed, metrics address in use, --once
 with due events left undelivered); 2 on a bad command line; 3 when --once
 finished but events went dead in the run.
 )";

@@ -11,9 +11,9 @@ namespace idem::relay {
 using Millis = std::chrono::milliseconds;
 
 struct Options {
-    std::string dsn;                  // --dsn: libpq connection string or URI ("": PG* variables)
+    std::string dsn;                  // --dsn or IDEM_RELAY_DSN: libpq string or URI ("": PG* variables)
     std::string relay;                // --relay: this relay's name (outbox_claim's relay)
-    std::string sink;                 // --sink: "stdout" or an http:// / https:// URL
+    std::string sink;                 // --sink, --sink-file or IDEM_RELAY_SINK: "stdout" or a URL
     std::vector<std::string> topics;  // --topics a,b: empty with --all-topics
     bool all_topics = false;          // --all-topics: every topic (an explicit choice)
     int batch = 100;                  // --batch: events per claim (1..10000)
@@ -29,6 +29,9 @@ struct Options {
     Millis connect_timeout{0};        // --connect-timeout: 0 = min(5s, http timeout)
     Millis progress_interval{10000};  // --progress-interval: 0 = no progress lines
     std::int64_t max_in_flight_bytes = 64LL << 20;  // --max-in-flight-bytes
+    std::string ca_file;              // --ca-file: PEM CA certificates to trust ("": the system's)
+    std::string client_cert;          // --client-cert: PEM certificate shown to the sink
+    std::string client_key;           // --client-key: its key ("": in --client-cert's file)
 };
 
 enum class ParseStatus { Run, Help, Version, Error };

@@ -1,20 +1,47 @@
 #include "relay/redact.hpp"
 
+#include <cctype>
+
 namespace idem::relay {
 
 namespace {
 
 constexpr std::string_view kHidden = "***";
 
-// user:password@ -> user:***@
+// user:password@ -> ***:***@, token@ -> ***@: a user name may be the
+// secret itself (a bearer token as the URL's user, NATS's token@host).
+// One host of a list (host1,host2) at a time.
+std::string redact_host(std::string_view host) {
+    const std::size_t at = host.rfind('@');
+    if (at == std::string_view::npos) return std::string(host);
+    std::string out(kHidden);
+    if (host.substr(0, at).find(':') != std::string_view::npos) {
+        out += ':';
+        out += kHidden;
+    }
+    out += host.substr(at);
+    return out;
+}
+
 std::string redact_authority(std::string_view authority) {
-    const std::size_t at = authority.rfind('@');
-    if (at == std::string_view::npos) return std::string(authority);
-    const std::string_view userinfo = authority.substr(0, at);
-    const std::size_t colon = userinfo.find(':');
-    if (colon == std::string_view::npos) return std::string(authority);
-    return std::string(userinfo.substr(0, colon + 1)) + std::string(kHidden) +
-           std::string(authority.substr(at));
+    std::string out;
+    std::size_t start = 0;
+    for (;;) {
+        const std::size_t comma = authority.find(',', start);
+        out += redact_host(authority.substr(
+            start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+        if (comma == std::string_view::npos) return out;
+        out += ',';
+        start = comma + 1;
+    }
+}
+
+// At i a list's next URL begins: ",scheme://".
+bool next_url_at(std::string_view url, std::size_t i) {
+    if (url[i] != ',') return false;
+    std::size_t j = i + 1;
+    while (j < url.size() && isalpha(static_cast<unsigned char>(url[j]))) ++j;
+    return j > i + 1 && url.substr(j, 3) == "://";
 }
 
 // a=1&b -> a=***&b
@@ -42,15 +69,18 @@ std::string redact_query(std::string_view query) {
 
 std::string redact_url(std::string_view url) {
     std::string out;
-    const std::size_t scheme = url.find("://");
     std::size_t rest = 0;
-    if (scheme != std::string_view::npos) {
-        rest = scheme + 3;
-        const std::size_t authority_end = url.find_first_of("/?#", rest);
-        const std::size_t stop = authority_end == std::string_view::npos ? url.size() : authority_end;
-        out += url.substr(0, rest);
-        out += redact_authority(url.substr(rest, stop - rest));
+    // Each URL of a comma-separated list (NATS's servers) has its userinfo.
+    for (std::size_t scheme; (scheme = url.find("://", rest)) != std::string_view::npos;) {
+        const std::size_t begin = scheme + 3;
+        std::size_t stop = begin;
+        while (stop < url.size() && url[stop] != '/' && url[stop] != '?' && url[stop] != '#' &&
+               !next_url_at(url, stop))
+            ++stop;
+        out += url.substr(rest, begin - rest);
+        out += redact_authority(url.substr(begin, stop - begin));
         rest = stop;
+        if (stop >= url.size() || url[stop] != ',') break;
     }
     const std::size_t question = url.find('?', rest);
     if (question == std::string_view::npos) {

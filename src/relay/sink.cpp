@@ -43,7 +43,8 @@ std::unique_ptr<SinkTarget> sink_not_built(const Options& options, const char* w
 std::unique_ptr<SinkTarget> make_sink_target(const Options& options, std::string* error) {
     if (options.sink == "stdout") return std::make_unique<StdoutTarget>(options.http_timeout);
     if (starts_with_scheme(options.sink, "nats")) return make_nats_target(options, error);
-    if (starts_with_scheme(options.sink, "amqp")) return make_amqp_target(options, error);
+    if (starts_with_scheme(options.sink, "amqp") || starts_with_scheme(options.sink, "amqps"))
+        return make_amqp_target(options, error);
     return make_http_target(options, error);
 }
 

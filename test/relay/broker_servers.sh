@@ -8,7 +8,7 @@
 # used, and nothing outlives the run.
 #
 # Callers set dir and call broker_setup PORT (PostgreSQL's port; the
-# brokers take the next four); broker_groups collects the process groups,
+# brokers take the next seven); broker_groups collects the process groups,
 # for stop_brokers.
 
 broker_groups=()
@@ -20,6 +20,9 @@ broker_setup() {
     amqp_port=$((port + 2))
     amqp_dist_port=$((port + 3))
     epmd_port=$((port + 4))
+    nats_auth_port=$((port + 5))  # NATS that wants a password (brokers.sh)
+    nats_tls_port=$((port + 6))   # NATS over TLS (brokers.sh)
+    amqps_port=$((port + 7))      # RabbitMQ's TLS listener (with a CA in $dir/tls)
     bindir=$(pg_bindir)
     relay_bin=${IDEM_RELAY:-$bindir/idem-relay}
     python=/usr/bin/python3
@@ -53,6 +56,17 @@ loopback_users = none
 log.console = false
 log.file.level = warning
 CONF
+    # Over TLS too, when the caller made a CA ($dir/tls, make_test_ca).
+    if [ -s "$dir/tls/server.pem" ]; then
+        cat >>"$dir/rabbitmq/rabbitmq.conf" <<CONF
+listeners.ssl.default = 127.0.0.1:$amqps_port
+ssl_options.cacertfile = $dir/tls/ca.pem
+ssl_options.certfile = $dir/tls/server.pem
+ssl_options.keyfile = $dir/tls/server.key
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
+CONF
+    fi
     chown -R rabbitmq "$dir/rabbitmq"
 }
 
@@ -88,6 +102,14 @@ start_rabbitmq() {
     wait_until 180 $brokers amqp-up "$amqp_port"
 }
 stop_rabbitmq() { stop_group "$rabbitmq_group"; }
+# rabbitmqctl ARGS...: the test node's (its cookie, port mapper and name);
+# the command's own Erlang node on loopback too.
+rabbitmqctl_test() {
+    runuser -u rabbitmq -- env HOME="$dir/rabbitmq" RABBITMQ_NODENAME=idem-test@localhost \
+        ERL_EPMD_PORT="$epmd_port" ERL_EPMD_ADDRESS=127.0.0.1 \
+        RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" \
+        /usr/lib/rabbitmq/bin/rabbitmqctl -n idem-test@localhost "$@" </dev/null
+}
 
 # stop_brokers: every process group started here, the port mapper last.
 stop_brokers() {
@@ -108,5 +130,5 @@ stop_brokers() {
 brokers_gone() {
     local group
     for group in "${broker_groups[@]}"; do group_alive "$group" && return 1; done
-    ! ss -ltn | grep -qE "127\.0\.0\.1:($nats_port|$amqp_port|$amqp_dist_port|$epmd_port) "
+    ! ss -ltn | grep -qE "127\.0\.0\.1:($nats_port|$amqp_port|$amqp_dist_port|$epmd_port|$nats_auth_port|$nats_tls_port|$amqps_port) "
 }

@@ -4,6 +4,8 @@ broker_bench.py): a small NATS client (the text protocol, enough for
 JetStream's API and a subscription) and RabbitMQ through pika.
 
   brokers.py nats-stream PORT STREAM SUBJECT...   create a file stream
+  brokers.py nats-stream-window PORT STREAM SECONDS SUBJECT...
+                                                  ... with that duplicate window
   brokers.py nats-dump PORT STREAM OUT            every message, as JSON lines
   brokers.py nats-count PORT STREAM               how many messages it holds
   brokers.py nats-up PORT                         exit 0 once JetStream answers
@@ -18,11 +20,16 @@ JetStream's API and a subscription) and RabbitMQ through pika.
                                                   IDS: lines "id [message-id]", the
                                                   message id each must carry
 
+IDEM_NATS_TLS=FOLDER: the NATS server wants TLS, with FOLDER/ca.pem and a
+client certificate FOLDER/client.pem and FOLDER/client.key.
+
 A dump line: {"id", "topic", "key", "msg_id", "payload", "t"} (t: arrival
 time for subscriptions, absent for stored messages).
 """
 import json
+import os
 import socket
+import ssl
 import sys
 
 
@@ -36,6 +43,13 @@ class Nats:
         self.inbox_n = 0
         self.held = []  # messages that came in while a request awaited its reply
         self._line()  # INFO
+        # A server that wants TLS (IDEM_NATS_TLS: the folder of ca.pem and
+        # client.pem/client.key): the connection is upgraded after INFO.
+        tls = os.environ.get("IDEM_NATS_TLS")
+        if tls:
+            context = ssl.create_default_context(cafile=tls + "/ca.pem")
+            context.load_cert_chain(tls + "/client.pem", tls + "/client.key")
+            self.sock = context.wrap_socket(self.sock, server_hostname=host)
         self.sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true,'
                           b'"no_responders":true,"lang":"python","version":"0"}\r\nPING\r\n')
         while self._line() != b"PONG":
@@ -122,9 +136,9 @@ def js(port, api, body=None):
     return reply
 
 
-def nats_stream(port, stream, subjects):
+def nats_stream(port, stream, subjects, window=120.0):
     js(port, "STREAM.CREATE." + stream, {"name": stream, "subjects": subjects, "storage": "file",
-                                         "duplicate_window": 120 * 10**9})
+                                         "duplicate_window": int(window * 10**9)})
 
 
 def nats_up(port):
@@ -272,6 +286,8 @@ def main(argv):
     command = argv[1]
     if command == "nats-stream":
         nats_stream(int(argv[2]), argv[3], argv[4:])
+    elif command == "nats-stream-window":
+        nats_stream(int(argv[2]), argv[3], argv[5:], float(argv[4]))
     elif command == "nats-dump":
         nats_dump(int(argv[2]), argv[3], argv[4])
     elif command == "nats-up":

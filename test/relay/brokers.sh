@@ -27,13 +27,30 @@
 #              idempotency.outbox_max_attempts
 #   nack       a queue that refuses publishes (x-overflow reject-publish):
 #              the nacked event is retried, delivered once there is room
+#   alarm      a memory alarm blocks the connection (set_vm_memory_high_watermark
+#              0.0001) with 40 events of 200 kB to publish: every publish
+#              ends within --http-timeout (retried, the reason stored), no
+#              lease runs out while its event is in flight, SIGTERM exits 0
+#              within --http-timeout + 5 s; once the alarm clears, all arrive
+#   misconfigured  wrong NATS credentials (a second NATS server that wants a
+#              user and password), a subject no JetStream stream takes, a
+#              wrong RabbitMQ password, a missing vhost, a missing exchange:
+#              the running relay stops by itself with exit 1 and says why,
+#              every event stays pending with no attempt counted
+#   window     a JetStream stream whose duplicate window (0.2 s) is shorter
+#              than the lease plus the retry delay: a warning at start
+#   tls        NATS (wanting a client certificate) and RabbitMQ over TLS with
+#              a private CA: untrusted, the relay stops (exit 1, nothing
+#              charged); with --ca-file (and --client-cert, --client-key)
+#              every event arrives
 #
 # Run as root after the extension and idem-relay are installed (make
 # install); needs nats-server, rabbitmq-server, python3-pika and an
 # idem-relay built with libnats-dev and librabbitmq-dev. Prints "ok N - ..."
 # or "not ok N - ..." lines and ends with "N passed, N failed". Settings:
 # BROKER_TEST_PORT (54460: PostgreSQL; NATS, AMQP, the RabbitMQ node's
-# distribution port and its port mapper take the next four), IDEM_RELAY.
+# distribution port, its port mapper, a NATS server with a password, one
+# over TLS and RabbitMQ's TLS listener take the next seven), IDEM_RELAY.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/../lib/common.sh"
@@ -89,6 +106,8 @@ ALTER DATABASE broker_test SET idempotency.outbox_max_attempts = 1000;
 SQL
 dsn="host=$dir port=$port dbname=$db user=relay_app"
 
+command -v openssl >/dev/null || give_up "openssl is missing"
+make_test_ca "$dir/tls" || give_up "openssl could not make a private CA"
 prepare_brokers || give_up "cannot prepare the brokers' folders"
 
 for scheme in nats amqp; do
@@ -369,6 +388,129 @@ stop_relay "$unroutable2_pid" 20
 check "RabbitMQ unroutable: the dead letter says why" \
     sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_nowhere2' AND last_error LIKE '%unroutable%'" 1
 
+# ---------------------------------------------------------------- alarm
+log "RabbitMQ memory alarm: publishes bounded, leases kept, SIGTERM in time"
+$brokers amqp-queue "$amqp_port" r_alarm || give_up "cannot declare queue r_alarm"
+alarmed() { rabbitmqctl_test eval 'rabbit_alarm:get_alarms().' 2>/dev/null | grep -q memory; }
+rabbitmqctl_test set_vm_memory_high_watermark 0.0001 >"$dir/alarm.out" 2>&1
+if wait_until 60 alarmed; then ok "alarm: RabbitMQ raised its memory alarm"
+else not_ok "alarm: RabbitMQ raised its memory alarm" "$(tail -n 5 "$dir/alarm.out")"; fi
+sql -c "SELECT idempotency.outbox_enqueue('r_alarm', jsonb_build_object('seq', g, 'pad', repeat('x', 200000)), 'a' || g)
+          FROM generate_series(1, 40) g" >/dev/null
+start_relay r_alarm1 --dsn "$dsn" --sink "$amqp_sink" --topics r_alarm --batch 40 --http-timeout 2s --lease 10s \
+    --progress-interval 0
+alarm_pid=$relay_pid
+# in_flight_overdue: events in flight whose lease has run out (another relay
+# could take them over while they are still being published).
+overdue=0
+attempted_while_blocked() {
+    local n
+    n=$(sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_alarm' AND state = 'in_flight' AND lease_until < now()")
+    [ "${n:-0}" -gt "$overdue" ] && overdue=$n
+    sql_is "SELECT count(*) > 0 FROM idempotency.outbox WHERE topic = 'r_alarm' AND state = 'pending' AND attempts >= 2
+              AND last_error ~ 'not sent within|no confirm within'" t
+}
+if wait_until 60 attempted_while_blocked; then
+    ok "alarm: blocked publishes end within --http-timeout, again and again (an event failed twice, pending, the reason stored)"
+else
+    not_ok "alarm: blocked publishes end within --http-timeout, again and again (an event failed twice, pending, the reason stored)" "$(states r_alarm)" \
+        "$(sql -c "SELECT attempts, state, last_error FROM idempotency.outbox WHERE topic = 'r_alarm' ORDER BY attempts DESC LIMIT 2")"
+fi
+check "alarm: no event in flight past its lease (at most $overdue seen)" test "$overdue" -eq 0
+started=$SECONDS
+stop_relay "$alarm_pid" 30
+status=$?
+took=$((SECONDS - started))
+check "alarm: SIGTERM exits 0 within --http-timeout + 5 s while blocked (status $status, $took s)" \
+    test "$status" -eq 0 -a "$took" -le 7
+check "alarm: nothing acked while blocked, nothing left in flight ($(states r_alarm))" \
+    sql_is "SELECT count(*) FILTER (WHERE state IN ('delivered', 'in_flight')) FROM idempotency.outbox WHERE topic = 'r_alarm'" 0
+rabbitmqctl_test set_vm_memory_high_watermark 0.4 >>"$dir/alarm.out" 2>&1
+not_alarmed() { ! alarmed; }
+wait_until 60 not_alarmed
+start_relay r_alarm2 --dsn "$dsn" --sink "$amqp_sink" --topics r_alarm --batch 40 --http-timeout 5s --lease 20s \
+    --progress-interval 0
+alarm_pid=$relay_pid
+expect_delivered "alarm: once the alarm clears, every event is delivered" 120 r_alarm 40 r_alarm2
+stop_relay "$alarm_pid" 20
+
+# ---------------------------------------------------------------- misconfigured
+# A broker that refuses the configuration refuses every event alike: the
+# relay stops (exit 1), says why, and charges no attempt.
+log "misconfigured brokers: refused credentials, vhost, missing stream and exchange"
+# misconfigured NAME SINK TOPIC PATTERN: 5 events of TOPIC, a running relay
+# that must stop by itself.
+misconfigured() {
+    local name=$1 sink=$2 topic=$3 pattern=$4
+    sql -c "SELECT idempotency.outbox_enqueue('$topic', jsonb_build_object('seq', g), 'm' || (g % 2))
+              FROM generate_series(1, 5) g" >/dev/null
+    start_relay "$topic" --dsn "$dsn" --sink "$sink" --topics "$topic" --lease 5s --http-timeout 1s \
+        --connect-timeout 1s --progress-interval 0
+    own_exit "$relay_pid" 30
+    local row
+    row=$(sql -c "SELECT count(*) FILTER (WHERE state = 'pending' AND attempts = 0) FROM idempotency.outbox WHERE topic = '$topic'")
+    if [ "$status" = 1 ] && grep -qE "$pattern" "$dir/$topic.err" && [ "$row" = 5 ]; then
+        ok "misconfigured $name: the relay stops with exit 1 and says why, the 5 events pending with no attempt"
+    else
+        not_ok "misconfigured $name: the relay stops with exit 1 and says why, the 5 events pending with no attempt" \
+            "status $status, pending without attempts: $row" "$(sql -c "SELECT state, attempts, last_error FROM idempotency.outbox WHERE topic = '$topic' LIMIT 2")"
+        show_err "$topic" 5
+        [ "$status" = running ] && stop_relay "$relay_pid" 20
+    fi
+}
+setsid runuser -u nats -- nats-server -a 127.0.0.1 -p "$nats_auth_port" --user relay --pass right \
+    -l "$dir/nats/auth.log" >/dev/null 2>&1 </dev/null &
+broker_groups+=("$!")
+wait_until 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$nats_auth_port" 2>/dev/null
+misconfigured "NATS credentials" "nats://relay:wrong@127.0.0.1:$nats_auth_port/outbox" n_badauth \
+    "NATS refused the relay's credentials"
+misconfigured "NATS stream" "$nats_sink" n_nostream "no JetStream stream takes subject outbox.n_nostream"
+misconfigured "RabbitMQ password" "amqp://guest:wrong@127.0.0.1:$amqp_port/" r_badauth \
+    "RabbitMQ refused the relay's login"
+misconfigured "RabbitMQ vhost" "amqp://guest:guest@127.0.0.1:$amqp_port/no-such-vhost" r_badvhost \
+    "RabbitMQ refused the relay's login.*vhost no-such-vhost"
+misconfigured "RabbitMQ exchange" "amqp://guest:guest@127.0.0.1:$amqp_port/?exchange=no-such-exchange" r_badexchange \
+    "RabbitMQ has no exchange 'no-such-exchange'"
+check "misconfigured: no secret in what the relay printed" \
+    bash -c '! grep -qE "wrong|right" "$@"' _ "$dir/n_badauth.err" "$dir/r_badauth.err"
+
+# ---------------------------------------------------------------- window
+log "JetStream: a duplicate window shorter than the lease plus the retry delay"
+$brokers nats-stream-window "$nats_port" N_WINDOW 0.2 outbox.n_window || give_up "cannot create stream N_WINDOW"
+sql -c "SELECT idempotency.outbox_enqueue('n_window', jsonb_build_object('seq', g), 'w' || g) FROM generate_series(1, 3) g" >/dev/null
+once n_window 60 --dsn "$dsn" --sink "$nats_sink" --topics n_window --lease 5s --http-timeout 1s
+status=$?
+check "window: the run delivers (exit $status, $(states n_window))" test "$status" -eq 0 -a "$(states n_window)" = "delivered=3"
+check "window: it warns that the stream's duplicate window (0.2 s) is too short" \
+    grep -qE "JetStream stream 'N_WINDOW' .* 0\.200 s \(duplicate_window\), shorter than the lease plus the retry delay" "$dir/n_window.err"
+check "window: once, not per event" test "$(grep -c "duplicate_window" "$dir/n_window.err")" = 1
+
+# ---------------------------------------------------------------- tls
+log "TLS with a private CA: NATS (client certificate) and RabbitMQ (amqps://)"
+mkdir -p "$dir/nats/tls-store" && chown nats "$dir/nats/tls-store"
+setsid runuser -u nats -- nats-server -js -a 127.0.0.1 -p "$nats_tls_port" -sd "$dir/nats/tls-store" \
+    --tls --tlscert "$dir/tls/server.pem" --tlskey "$dir/tls/server.key" \
+    --tlsverify --tlscacert "$dir/tls/ca.pem" -l "$dir/nats/tls.log" >/dev/null 2>&1 </dev/null &
+broker_groups+=("$!")
+wait_until 60 env IDEM_NATS_TLS="$dir/tls" $brokers nats-up "$nats_tls_port"
+IDEM_NATS_TLS="$dir/tls" $brokers nats-stream "$nats_tls_port" N_TLS outbox.n_tls || give_up "cannot create stream N_TLS over TLS"
+tls_options=(--ca-file "$dir/tls/ca.pem" --client-cert "$dir/tls/client.pem" --client-key "$dir/tls/client.key")
+misconfigured "NATS untrusted certificate" "nats://127.0.0.1:$nats_tls_port/outbox" n_tls "NATS TLS: "
+once n_tls2 60 --dsn "$dsn" --sink "nats://127.0.0.1:$nats_tls_port/outbox" --topics n_tls "${tls_options[@]}"
+status=$?
+check "tls: NATS with --ca-file and a client certificate delivers every event (exit $status, $(states n_tls))" \
+    test "$status" -eq 0 -a "$(states n_tls)" = "delivered=5"
+check "tls: the TLS stream holds each once" \
+    test "$(IDEM_NATS_TLS="$dir/tls" $brokers nats-count "$nats_tls_port" N_TLS)" = 5
+$brokers amqp-queue "$amqp_port" r_tls || give_up "cannot declare queue r_tls"
+misconfigured "RabbitMQ untrusted certificate" "amqps://guest:guest@127.0.0.1:$amqps_port/" r_tls \
+    "the broker's certificate is not trusted"
+once r_tls2 60 --dsn "$dsn" --sink "amqps://guest:guest@127.0.0.1:$amqps_port/" --topics r_tls --ca-file "$dir/tls/ca.pem"
+status=$?
+check "tls: RabbitMQ over amqps:// with --ca-file delivers every event (exit $status, $(states r_tls))" \
+    test "$status" -eq 0 -a "$(states r_tls)" = "delivered=5"
+check "tls: the queue holds each once" test "$($brokers amqp-count "$amqp_port" r_tls)" = 5
+
 # ---------------------------------------------------------------- cleanup
 log "stopping the brokers"
 stop_brokers
@@ -377,7 +519,7 @@ if brokers_gone; then
 else
     not_ok "the brokers are stopped: none of their processes left, none of their ports listening" \
         "$(ps -e -o pid,pgid,stat,user,args | awk -v gs=" ${broker_groups[*]} " 'index(gs, " " $2 " ")')" \
-        "$(ss -ltnp | grep -E "127\.0\.0\.1:($nats_port|$amqp_port|$amqp_dist_port|$epmd_port) ")"
+        "$(ss -ltnp | grep -E "127\.0\.0\.1:($nats_port|$amqp_port|$amqp_dist_port|$epmd_port|$nats_auth_port|$nats_tls_port|$amqps_port) ")"
 fi
 
 echo "$passed passed, $failed failed"

@@ -82,3 +82,23 @@ own_exit() {
         status=running
     fi
 }
+# make_test_ca DIR: a private CA (ca.pem) and, signed by it, a certificate
+# for 127.0.0.1 and localhost (server.pem, server.key) and a client
+# certificate (client.pem, client.key), made with openssl; readable by the
+# brokers' OS users (test keys only).
+make_test_ca() {
+    local d=$1
+    mkdir -p "$d" || return 1
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=idem test CA" \
+        -keyout "$d/ca.key" -out "$d/ca.pem" >/dev/null 2>&1 || return 1
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout "$d/server.key" \
+        -out "$d/server.csr" >/dev/null 2>&1 || return 1
+    printf 'subjectAltName=IP:127.0.0.1,DNS:127.0.0.1,DNS:localhost\n' >"$d/server.ext"
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+        -days 2 -extfile "$d/server.ext" -out "$d/server.pem" >/dev/null 2>&1 || return 1
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=idem-relay" -keyout "$d/client.key" \
+        -out "$d/client.csr" >/dev/null 2>&1 || return 1
+    openssl x509 -req -in "$d/client.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+        -days 2 -out "$d/client.pem" >/dev/null 2>&1 || return 1
+    chmod 755 "$d" && chmod 644 "$d"/*
+}

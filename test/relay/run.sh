@@ -42,9 +42,17 @@
 #   restart    pg_ctl restart -m immediate under a running relay and a running
 #              enqueuer: nothing committed is lost, nothing rolled back arrives
 #   drain      SIGTERM: exit 0 within bounds, nothing left in flight
+#   hangup     SIGHUP: the same graceful stop (exit 0, nothing in flight)
+#   tls        an HTTPS receiver with a private CA that wants a client
+#              certificate: untrusted, the relay stops (exit 1, nothing
+#              charged); with --ca-file, --client-cert, --client-key delivered
+#   secrets    IDEM_RELAY_SINK / IDEM_RELAY_DSN from the environment and
+#              --sink-file: nothing secret in /proc/PID/cmdline; a token as
+#              the bare user name, passwords and ?token= values not logged
 #   once       --once delivers what is due and exits
 #   notify     wakes on LISTEN (poll interval 60 s), progress lines on stderr,
-#              Prometheus metrics and /healthz on --metrics-addr 0.0.0.0:0
+#              Prometheus metrics and /healthz on --metrics-addr 0.0.0.0:0;
+#              slow clients (a byte every 1.5 s) delay no /healthz probe
 #   final      over the whole run: every committed event delivered (or dead as
 #              scripted), never a rolled-back one, per-key order, duplicates
 #              only with the same Idempotency-Key
@@ -178,7 +186,7 @@ bad_option "--max-in-flight-bytes must be" --dsn "$dsn" --relay r --sink stdout 
 # A sink URL's password and query values never reach the log.
 timeout -s KILL 10 "$relay_bin" --dsn "$dsn" --relay r --sink "http://user:s3cret@" --all-topics >"$dir/bad.out" 2>"$dir/bad.err"
 status=$?
-if [ "$status" -eq 2 ] && grep -q "user:\*\*\*@" "$dir/bad.err" && ! grep -q s3cret "$dir/bad.err"; then
+if [ "$status" -eq 2 ] && grep -q "\*\*\*:\*\*\*@" "$dir/bad.err" && ! grep -qE "s3cret|user" "$dir/bad.err"; then
     ok "a sink URL that does not parse: its password is not printed"
 else
     not_ok "a sink URL that does not parse: its password is not printed" "status $status: $(head -c 300 "$dir/bad.err")"
@@ -446,7 +454,7 @@ status=$?
 check "refused: --once exits 0, its summary counts the events waiting for a retry" \
     bash -c '[ "$1" -eq 0 ] && grep -q "waiting_retry=5 " "$2"' _ "$status" "$dir/refused1.err"
 check "refused: the sink's password and query values are not in the log" \
-    bash -c '! grep -qE "s3cret|t0ken" "$1" && grep -q "user:\*\*\*@127.0.0.1:[0-9]*/events?token=\*\*\*&x=\*\*\*" "$1"' _ "$dir/refused1.err"
+    bash -c '! grep -qE "s3cret|t0ken" "$1" && grep -q "\*\*\*:\*\*\*@127.0.0.1:[0-9]*/events?token=\*\*\*&x=\*\*\*" "$1"' _ "$dir/refused1.err"
 row=$(sql -c "SELECT count(*) FILTER (WHERE state = 'pending' AND attempts = 1 AND last_error ~* 'connect'), count(*)
               FROM idempotency.outbox WHERE topic = 's_refused'")
 check "refused: every event retryable (pending, attempt 1, a connection error)" test "$row" = "5|5"
@@ -781,6 +789,105 @@ print(len({e['id'] for e in map(json.loads, open('$dir/receiver.jsonl')) if e['t
 check "drain: every delivery the receiver accepted was acked ($accepted)" test "$accepted" = "$delivered"
 check "drain: it said so on stderr" grep -q "stopping" "$dir/drain.err"
 
+# ---------------------------------------------------------------- hangup
+log "SIGHUP: a graceful stop, as SIGTERM"
+sql -c "SELECT idempotency.outbox_enqueue('s_hup', jsonb_build_object('seq', g, 'script', '[\"delay:0.3\"]'::jsonb), 'h' || g)
+        FROM generate_series(1, 30) g" >/dev/null
+start_relay hup --dsn "$dsn" --sink "$sink" --topics s_hup --parallel 2 --batch 6 --lease 20s \
+    --http-timeout 5s --progress-interval 0
+hup_pid=$relay_pid
+wait_until 30 received_at_least s_hup 2
+started=$SECONDS
+stop_relay "$hup_pid" 15 HUP
+status=$?
+check "hangup: SIGHUP exits 0 in $((SECONDS - started)) s (status $status)" test "$status" -eq 0
+check "hangup: nothing left in flight" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_hup' AND state = 'in_flight'" 0
+delivered=$(sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_hup' AND state = 'delivered'")
+check "hangup: the $((30 - delivered)) events not delivered are pending, no attempt counted" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_hup' AND state = 'pending' AND attempts = 0" $((30 - delivered))
+check "hangup: it said so on stderr" grep -q "stopping" "$dir/hup.err"
+
+# ---------------------------------------------------------------- secrets
+log "secrets off the command line: IDEM_RELAY_SINK, IDEM_RELAY_DSN, --sink-file; every userinfo part redacted"
+# A token as the URL's bare user name, a password, and a token in the query.
+sql -c "SELECT idempotency.outbox_enqueue('s_secret', jsonb_build_object('seq', g), 'sec' || (g % 3)) FROM generate_series(1, 6) g" >/dev/null
+secret_sink="http://T0kenUser@${sink#http://}?token=Qu3rySecret"
+IDEM_RELAY_SINK=$secret_sink IDEM_RELAY_DSN=$dsn start_relay secret1 --topics s_secret --progress-interval 0
+secret_pid=$relay_pid
+expect_delivered "secrets: IDEM_RELAY_SINK and IDEM_RELAY_DSN read from the environment, events delivered" 30 s_secret 6 secret1
+cmdline=$(tr '\0' ' ' <"/proc/$secret_pid/cmdline" 2>/dev/null)
+check "secrets: nothing secret on the command line ($cmdline)" \
+    bash -c '[ -n "$1" ] && ! grep -qE "T0ken|Qu3ry|dbname" <<<"$1"' _ "$cmdline"
+stop_relay "$secret_pid" 15
+check "secrets: the environment's relay stops with exit 0" test $? -eq 0
+check "secrets: a token given as the user name and the query's token are not logged" \
+    bash -c '! grep -qE "T0ken|Qu3ry" "$1" && grep -q "http://\*\*\*@127.0.0.1:[0-9]*/events?token=\*\*\*" "$1"' _ "$dir/secret1.err"
+sql -c "SELECT idempotency.outbox_enqueue('s_secret', jsonb_build_object('seq', 6 + g), 'sec' || (g % 3)) FROM generate_series(1, 6) g" >/dev/null
+printf '%s\n' "http://user:Pa55word@${sink#http://}?token=Qu3rySecret" >"$dir/sink.secret"
+chmod 600 "$dir/sink.secret"
+chown "$IDEM_OS_USER" "$dir/sink.secret" 2>/dev/null
+start_relay secret2 --dsn "$dsn" --sink-file "$dir/sink.secret" --topics s_secret --progress-interval 0
+secret_pid=$relay_pid
+expect_delivered "secrets: --sink-file read, events delivered" 30 s_secret 12 secret2
+cmdline=$(tr '\0' ' ' <"/proc/$secret_pid/cmdline" 2>/dev/null)
+check "secrets: --sink-file keeps the sink off the command line" \
+    bash -c '[ -n "$1" ] && ! grep -qE "Pa55|Qu3ry" <<<"$1"' _ "$cmdline"
+stop_relay "$secret_pid" 15
+check "secrets: --sink-file's password and query are not logged, nor the user name" \
+    bash -c '! grep -qE "Pa55|Qu3ry|user:" "$1" && grep -q "http://\*\*\*:\*\*\*@127.0.0.1" "$1"' _ "$dir/secret2.err"
+
+# ---------------------------------------------------------------- tls
+log "TLS with a private CA: --ca-file, --client-cert, --client-key"
+if make_test_ca "$dir/tls"; then
+    # An HTTPS receiver whose certificate a private CA signed, and that wants
+    # a client certificate from that CA.
+    $python - "$dir/tls" "$dir/tls.port" "$dir/tls.jsonl" 2>"$dir/tls_receiver.err" <<'PY' &
+import http.server, json, ssl, sys
+d, port_file, log = sys.argv[1:4]
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with open(log, "a") as f:
+            f.write(json.dumps({"id": self.headers.get("X-Outbox-Id"), "body": body.decode()}) + "\n")
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(d + "/server.pem", d + "/server.key")
+context.load_verify_locations(d + "/ca.pem")
+context.verify_mode = ssl.CERT_REQUIRED
+server.socket = context.wrap_socket(server.socket, server_side=True)
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(server.server_address[1]))
+import os
+os.rename(port_file + ".tmp", port_file)
+server.serve_forever()
+PY
+    pids+=($!)
+    wait_until 10 test -s "$dir/tls.port"
+    tls_sink="https://127.0.0.1:$(cat "$dir/tls.port")/events"
+    sql -c "SELECT idempotency.outbox_enqueue('s_tls', jsonb_build_object('seq', g), 't' || g) FROM generate_series(1, 3) g" >/dev/null
+    # Without the CA: the certificate is not trusted, the sink misconfigured.
+    start_relay tls1 --dsn "$dsn" --sink "$tls_sink" --topics s_tls --http-timeout 2s --progress-interval 0
+    own_exit "$relay_pid" 30
+    check "tls: an untrusted certificate stops the relay (exit $status) and says why, the events pending with no attempt ($(states s_tls))" \
+        bash -c '[ "$1" = 1 ] && grep -q "not trusted: give its CA with --ca-file" "$2" && [ "$3" = 3 ]' _ "$status" "$dir/tls1.err" \
+        "$(sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_tls' AND state = 'pending' AND attempts = 0")"
+    [ "$status" = running ] && stop_relay "$relay_pid" 20
+    once tls2 60 --dsn "$dsn" --sink "$tls_sink" --topics s_tls --ca-file "$dir/tls/ca.pem" \
+        --client-cert "$dir/tls/client.pem" --client-key "$dir/tls/client.key"
+    status=$?
+    check "tls: with --ca-file and a client certificate every event is delivered (exit $status, $(states s_tls))" \
+        test "$status" -eq 0 -a "$(states s_tls)" = "delivered=3"
+    check "tls: the receiver has each once" test "$(grep -c . "$dir/tls.jsonl" 2>/dev/null)" = 3
+else
+    not_ok "tls: openssl made a private CA"
+fi
+
 # ---------------------------------------------------------------- once
 log "--once"
 sql <<'SQL' >/dev/null
@@ -831,6 +938,36 @@ health=$($python -c "
 import urllib.request
 print(urllib.request.urlopen('http://127.0.0.1:${metrics_port:-1}/healthz', timeout=5).read().decode().strip())" 2>&1)
 check "metrics: /healthz says ok" test "$health" = ok
+# Slow clients: three connections that send one byte every 1.5 s. Each
+# /healthz probe beside them must still answer within its 1 s timeout.
+slow=$($python - "${metrics_port:-1}" <<'PY'
+import socket, sys, time, urllib.request
+port = int(sys.argv[1])
+slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+answered, closed = 0, 0
+for round in range(4):
+    for s in slow:
+        try:
+            s.send(b"G")
+        except OSError:
+            pass
+    try:
+        body = urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=1).read()
+        answered += body.strip() == b"ok"
+    except OSError:
+        pass
+    time.sleep(1.5)
+for s in slow:
+    s.settimeout(1)
+    try:
+        closed += s.recv(1) == b""
+    except OSError:
+        pass
+print(answered, closed)
+PY
+)
+check "metrics: beside three clients sending a byte every 1.5 s, every /healthz probe answers within 1 s (answered, slow ones closed: ${slow:-none})" \
+    test "${slow% *}" = 4
 check "progress: a periodic line on stderr with delivered, retried, dead and lag" \
     grep -qE 'delivered=1 retried=0 dead=0 in_flight=0 lag=[0-9.]+s' "$dir/notify.err"
 # A burst of small transactions over three keys: every one must arrive by
@@ -847,9 +984,9 @@ check "notify: SIGTERM exits 0" test $? -eq 0
 # ---------------------------------------------------------------- final
 log "final count"
 once final 60 --dsn "$dsn" --sink "$sink" \
-    --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big,s_lanes,s_lanes_noack
+    --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big,s_lanes,s_lanes_noack,s_hup,s_secret
 check "final: a last --once run exits 0" test $? -eq 0
-sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pgenv', 's_pipe', 's_trim_a', 's_trim_b') OR payload->>'expect' = 'pending'"
+sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pgenv', 's_pipe', 's_trim_a', 's_trim_b', 's_tls') OR payload->>'expect' = 'pending'"
 dump
 check "final: every committed event delivered (or dead as scripted), never a rolled-back one" \
     $python "$here/check.py" complete "$dir/receiver.jsonl" "$dir/outbox.dump" --discarded "$dead_ids"

@@ -76,3 +76,18 @@ TEST(IdempotencyKey, DedupKeyOrOutboxId) {
     e.dedup_key = "order-7";
     EXPECT_EQ(idempotency_key(e), "order-7");
 }
+
+// amqps:// is RabbitMQ over TLS, on 5671 unless a port is given.
+TEST(RelayBrokerAddress, AmqpsIsTls) {
+    AmqpAddress a;
+    std::string error;
+    ASSERT_TRUE(parse_amqp_url("amqps://u:p@mq/prod", &a, &error)) << error;
+    EXPECT_TRUE(a.tls);
+    EXPECT_EQ(a.port, 5671);
+    EXPECT_EQ(a.vhost, "prod");
+    ASSERT_TRUE(parse_amqp_url("amqps://mq:6000", &a, &error)) << error;
+    EXPECT_EQ(a.port, 6000);
+    ASSERT_TRUE(parse_amqp_url("amqp://mq", &a, &error)) << error;
+    EXPECT_FALSE(a.tls);
+    EXPECT_EQ(a.port, 5672);
+}

@@ -144,9 +144,24 @@ TEST(RelayLog, NoTextStartsALineOfItsOwn) {
 
 TEST(RelayRedact, PasswordsAndQueryValues) {
     EXPECT_EQ(redact_url("https://user:pw@host:8443/hook?token=abc&v=2#top"),
-              "https://user:***@host:8443/hook?token=***&v=***#top");
+              "https://***:***@host:8443/hook?token=***&v=***#top");
     EXPECT_EQ(redact_url("http://host/hook"), "http://host/hook");
-    EXPECT_EQ(redact_url("http://user@host/?flag"), "http://user@host/?flag");
-    EXPECT_EQ(redact_url("http://a:b@"), "http://a:***@");
+    EXPECT_EQ(redact_url("http://a:b@"), "http://***:***@");
     EXPECT_EQ(redact_url("http://h/p?x=1&&y="), "http://h/p?x=***&&y=***");
+    EXPECT_EQ(redact_url("http://h/p?token=s3cret"), "http://h/p?token=***");
+}
+
+// A bare user name is often the secret itself (a token as the URL's user).
+TEST(RelayRedact, EveryUserinfoPart) {
+    EXPECT_EQ(redact_url("http://TOKEN@host/?flag"), "http://***@host/?flag");
+    EXPECT_EQ(redact_url("nats://TOKEN@h1:4222"), "nats://***@h1:4222");
+    EXPECT_EQ(redact_url("amqp://user:p%40ss@rabbit/%2F?exchange=x"),
+              "amqp://***:***@rabbit/%2F?exchange=***");
+    EXPECT_EQ(redact_url("https://u:p:q@h/"), "https://***:***@h/");
+    EXPECT_EQ(redact_url("http://a@b@h/"), "http://***@h/");
+    // Lists of servers: each one's userinfo, in both spellings.
+    EXPECT_EQ(redact_url("nats://a:b@h1,c:d@h2/outbox"), "nats://***:***@h1,***:***@h2/outbox");
+    EXPECT_EQ(redact_url("nats://a:b@h1,nats://TOK@h2"), "nats://***:***@h1,nats://***@h2");
+    EXPECT_EQ(redact_url("nats://h1,h2"), "nats://h1,h2");
+    EXPECT_EQ(redact_url("not a url user:pw@x"), "not a url user:pw@x");
 }

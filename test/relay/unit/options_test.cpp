@@ -1,6 +1,9 @@
 // idem-relay's command line.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "relay/options.hpp"
@@ -224,4 +227,61 @@ TEST(RelayOptions, BrokerSinks) {
         ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
         EXPECT_EQ(r.options.sink, sink);
     }
+}
+
+// Secrets off the command line: --sink-file and IDEM_RELAY_SINK, and the
+// DSN from IDEM_RELAY_DSN.
+TEST(RelayOptions, SinkFromFileOrEnvironment) {
+    std::string templ = testing::TempDir() + "idem-relay-sink-XXXXXX";
+    std::vector<char> buffer(templ.begin(), templ.end());
+    buffer.push_back('\0');
+    char* path = buffer.data();
+    const int fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    const std::string url = "https://TOKEN@hooks.example/in?token=s3cret";
+    ASSERT_EQ(write(fd, (url + "\n").data(), url.size() + 1), static_cast<ssize_t>(url.size() + 1));
+    close(fd);
+    ParseResult r = parse({"--relay", "r", "--sink-file", path, "--all-topics"});
+    ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+    EXPECT_EQ(r.options.sink, url);
+    r = parse({"--relay", "r", "--sink-file", path, "--sink", "stdout", "--all-topics"});
+    EXPECT_EQ(r.status, ParseStatus::Error);
+    EXPECT_NE(r.error.find("given already"), std::string::npos) << r.error;
+    r = parse({"--relay", "r", "--sink-file", "/nonexistent/sink", "--all-topics"});
+    EXPECT_EQ(r.status, ParseStatus::Error);
+    EXPECT_NE(r.error.find("cannot read"), std::string::npos) << r.error;
+    unlink(path);
+
+    setenv("IDEM_RELAY_SINK", url.c_str(), 1);
+    setenv("IDEM_RELAY_DSN", "dbname=fromenv", 1);
+    r = parse({"--relay", "r", "--all-topics"});
+    ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+    EXPECT_EQ(r.options.sink, url);
+    EXPECT_EQ(r.options.dsn, "dbname=fromenv");
+    // The command line wins.
+    r = parse({"--relay", "r", "--all-topics", "--sink", "stdout", "--dsn", "dbname=x"});
+    EXPECT_EQ(r.options.sink, "stdout");
+    EXPECT_EQ(r.options.dsn, "dbname=x");
+    setenv("IDEM_RELAY_SINK", "ftp://u:pw@h/", 1);
+    r = parse({"--relay", "r", "--all-topics"});
+    EXPECT_EQ(r.status, ParseStatus::Error);
+    EXPECT_EQ(r.error.find("pw"), std::string::npos) << r.error;
+    unsetenv("IDEM_RELAY_SINK");
+    unsetenv("IDEM_RELAY_DSN");
+}
+
+// --ca-file, --client-cert and --client-key name files that must be readable.
+TEST(RelayOptions, TlsFiles) {
+    ParseResult r = parse(required({"--ca-file", "/nonexistent/ca.pem"}));
+    EXPECT_EQ(r.status, ParseStatus::Error);
+    EXPECT_NE(r.error.find("--ca-file: cannot read"), std::string::npos) << r.error;
+    r = parse(required({"--ca-file", "/dev/null", "--client-cert", "/dev/null"}));
+    ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+    EXPECT_EQ(r.options.ca_file, "/dev/null");
+    EXPECT_EQ(r.options.client_cert, "/dev/null");
+    EXPECT_TRUE(r.options.client_key.empty());
+    r = parse(required({"--client-key", "/dev/null"}));
+    EXPECT_EQ(r.status, ParseStatus::Error);
+    EXPECT_NE(r.error.find("needs --client-cert"), std::string::npos) << r.error;
+    EXPECT_EQ(parse({"--relay", "r", "--sink", "amqps://mq/", "--all-topics"}).status, ParseStatus::Run);
 }
