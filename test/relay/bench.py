@@ -289,8 +289,12 @@ def latency(a, name, sink, topic, extra, consumer=None):
     workers = [threading.Thread(target=produce, args=(i + 1,)) for i in range(producers)]
     for w in workers:
         w.start()
-    for w in workers:
-        w.join()
+    # The machine's load while the events flow: the delays hold for it.
+    loads = []
+    while any(w.is_alive() for w in workers):
+        loads.append(os.getloadavg()[0])
+        for w in workers:
+            w.join(0.5)
     achieved = count / (max(commits.values()) - start) if commits else 0
     deadline = time.time() + 30
     while time.time() < deadline and len(arrivals.times) < count:
@@ -304,9 +308,11 @@ def latency(a, name, sink, topic, extra, consumer=None):
     for t in threads:
         t.join(5)
     delays = [(arrivals.times[s] - commits[s]) * 1000 for s in commits if s in arrivals.times]
-    print("  %-34s %6d events at %5.0f/s: median %7.2f ms, p99 %7.2f ms, max %7.2f ms%s"
+    print("  %-34s %6d events at %5.0f/s: median %7.2f ms, p99 %7.2f ms, max %7.2f ms, "
+          "load average %.2f on %d cores%s"
           % (name, len(delays), achieved, statistics.median(delays) if delays else float("nan"),
              percentile(delays, 99), max(delays) if delays else float("nan"),
+             statistics.median(loads) if loads else os.getloadavg()[0], os.cpu_count() or 1,
              "" if len(delays) == count else "  (%d of %d arrived)" % (len(delays), count)), flush=True)
 
 
