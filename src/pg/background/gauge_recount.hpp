@@ -1,4 +1,4 @@
-// The recount of a database's gauges (pg/gauges.hpp) from its tables: the
+// The recount of a database's gauges (pg/shmem/gauges.hpp) from its tables: the
 // finished keys per scope and the undelivered and dead events per topic,
 // read with one snapshot. Run by the background worker when the counts are
 // unknown (after a server start, an update, idempotency.request_sweep()),

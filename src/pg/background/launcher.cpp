@@ -1,5 +1,5 @@
 // The launcher: it starts a worker in a database only when something there
-// is due, as the due table (pg/due_table.hpp) says: at once when a lease
+// is due, as the due table (pg/shmem/due_table.hpp) says: at once when a lease
 // has ended (at most one worker per idempotency.naptime in a database), and
 // spread out over the databases, like autovacuum's naptime, for the rest: a
 // retention purge (at most every idempotency.purge_naptime in a database),

@@ -1,8 +1,8 @@
 // The extension's own objects in the current database, found by OID among
 // the members of the extension (pg_depend) and kept until the catalog says
 // they may have changed. SQL that names a table is written from these OIDs
-// (pg/spi.hpp), and every statement the module plans is checked to touch
-// only these tables (pg/statement_guard.hpp), so an object that a role
+// (pg/boundary/spi.hpp), and every statement the module plans is checked to touch
+// only these tables (pg/boundary/statement_guard.hpp), so an object that a role
 // creates under a look-alike name is never used, in backends or workers.
 #pragma once
 

@@ -17,7 +17,7 @@ using Body = Datum (*)(FunctionCallInfo fcinfo);
 Datum guarded(FunctionCallInfo fcinfo, Body body);
 
 // guarded() run as the function's owner with the search path pinned
-// (pg/owner_scope.hpp): every function that works on the tables.
+// (pg/boundary/owner_scope.hpp): every function that works on the tables.
 Datum guarded_as_owner(FunctionCallInfo fcinfo, Body body);
 
 // The same for an entry point that returns nothing (a background worker's

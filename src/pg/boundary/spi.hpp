@@ -5,7 +5,7 @@
 // @relay_grants@ stand for the extension's tables and @token_seq@ for its
 // sequence, and the argument types kStatusType and kOutboxStateType for its
 // enum types. They are filled in from the objects found by OID
-// (pg/extension_objects.hpp) when the statement is planned, and planned
+// (pg/boundary/extension_objects.hpp) when the statement is planned, and planned
 // again whenever those objects change (a rename, DROP and CREATE EXTENSION).
 // Errors raised by a statement do not show its text.
 #pragma once

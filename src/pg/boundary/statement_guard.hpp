@@ -1,6 +1,6 @@
-// Every statement the module plans (pg/spi.hpp) starts with a marker, and
+// Every statement the module plans (pg/boundary/spi.hpp) starts with a marker, and
 // is checked at each parse analysis, first planning or re-planning, to read
-// and write only the extension's own tables (pg/extension_objects.hpp): a
+// and write only the extension's own tables (pg/boundary/extension_objects.hpp): a
 // table that resolves to anything else stops the statement before it runs,
 // so no trigger or rule of a look-alike table ever runs as the owner.
 #pragma once

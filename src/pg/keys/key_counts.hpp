@@ -1,5 +1,5 @@
 // The counts of finished keys behind idem_stats, per scope: COMPLETED,
-// FAILED_RETRYABLE and FAILED_FINAL (gauges, pg/gauges.hpp). The live
+// FAILED_RETRYABLE and FAILED_FINAL (gauges, pg/shmem/gauges.hpp). The live
 // states are counted by the view itself through the live keys' index.
 #pragma once
 
@@ -17,7 +17,7 @@ inline constexpr int kFailedFinalValue = 2;
 
 // A key of `scope` went from `from` to `to` (nullopt: it did not exist, or
 // was deleted): counted when the transaction commits. Every transition is
-// reported here through log_transition (pg/transition_log.hpp).
+// reported here through log_transition (pg/keys/transition_log.hpp).
 void count_key_transition(const text* scope, std::optional<Status> from, std::optional<Status> to);
 
 }  // namespace idem::pg

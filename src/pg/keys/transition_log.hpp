@@ -2,7 +2,7 @@
 // key=value fields (scope, key, from, to, token, attempt, reason).
 // Lines are written when the transition is made; a transaction that later
 // rolls back has still logged them. Every transition of a key is reported
-// here, logged or not: it is also counted for idem_stats (pg/key_counts.hpp).
+// here, logged or not: it is also counted for idem_stats (pg/keys/key_counts.hpp).
 #pragma once
 
 #include <cstdint>

@@ -22,16 +22,16 @@ extern "C" {
 }
 
 // What a claim may hand out (ready-queue layout, 0.5.0). Only ready events:
-// heads of their keys and events without a key (pg/outbox_heads.hpp). A
+// heads of their keys and events without a key (pg/outbox/outbox_heads.hpp). A
 // ready event is due when its ready_at has come: pending and due (its
 // deliver_at, its retry's backoff), or in flight with a lease that ran out
 // and attempts left (maintenance buries the rest). One head per key means
 // at most one event of a key in flight, and the next one only after it.
 //
 // How they are found. Each source of the claim (each requested topic, or
-// every topic) is read from its ready index (directly: pg/outbox_index.hpp)
+// every topic) is read from its ready index (directly: pg/outbox/outbox_index.hpp)
 // in (ready_at, id) order, from
-// where its last claim found ready events (pg/outbox_ready_floor.hpp) up to
+// where its last claim found ready events (pg/outbox/outbox_ready_floor.hpp) up to
 // now, a window at a time; the sources are merged in that order. Events
 // waiting behind a head, events scheduled or retrying later and events in
 // flight are not in the range read, so a claim reads its batch, the events

@@ -1,5 +1,5 @@
 // The counts of the outbox behind outbox_lag, per topic (gauges,
-// pg/gauges.hpp): events undelivered (pending or in flight), of them those
+// pg/shmem/gauges.hpp): events undelivered (pending or in flight), of them those
 // handed out at least once (attempts > 0: in flight, or pending again after
 // a failure or an expired lease), dead events, and the last delivery. The
 // events in flight are counted by the view itself (few, through their

@@ -27,7 +27,7 @@ namespace {
 #define OUTBOX " @outbox@ "
 
 // What the heads' changes write; the reads are direct index reads
-// (pg/outbox_index.hpp). Pending events only: one handed out, acked or dead
+// (pg/outbox/outbox_index.hpp). Pending events only: one handed out, acked or dead
 // since the read is no longer any key's waiting event.
 Statement kMakeHeads = {
     "UPDATE" OUTBOX "SET ready_at = GREATEST(available_at, $2) "

@@ -9,7 +9,7 @@
 // redrive decide at once from what their statement sees (so that the same
 // transaction sees the result), and record the key. In the step before the
 // commit the transaction takes the turns of all the keys it recorded, in
-// one pass in turn order (pg/producer_turn.hpp), and checks each key
+// one pass in turn order (pg/outbox/producer_turn.hpp), and checks each key
 // against the newest committed data: the turns are held until the commit
 // ends, so of two transactions that touch one key, the second to commit
 // sees what the first committed. Where a concurrent commit changed the
@@ -30,7 +30,7 @@ namespace idem::pg {
 
 // This transaction enqueued `id` for (topic, key); `head`: as its key's
 // head, decided after reading `seen`, the key's turn count
-// (pg/producer_turn.hpp).
+// (pg/outbox/producer_turn.hpp).
 void enqueued_keyed(const text* topic, const text* key, std::int64_t id, bool head,
                     std::uint64_t seen);
 

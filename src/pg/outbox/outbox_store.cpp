@@ -23,7 +23,7 @@ namespace {
 // An event's place in its key's order.
 #define PLACE " COALESCE(key_seq, id) "
 // The topic, key (only when `cond`) and place of each changed event, for
-// the heads that ended with the change (pg/outbox_heads.hpp).
+// the heads that ended with the change (pg/outbox/outbox_heads.hpp).
 #define ENDED_HEADS(cond)                                                        \
     IF_READY_ELSE(", topic, CASE WHEN " cond " THEN key END, " PLACE,               \
                   ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8")
@@ -135,7 +135,7 @@ InsertedEvent returned_event() {
 }
 
 // The new event's id; with the ready queue, records a keyed event for the
-// check before the commit (pg/outbox_heads.hpp).
+// check before the commit (pg/outbox/outbox_heads.hpp).
 std::int64_t enqueued(const NewEvent& event, Micros now, bool ready_queue, std::uint64_t seen,
                       const InsertedEvent& made) {
     if (made.head) note_ready_written(std::max(now, event.available_at));
@@ -163,7 +163,7 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted) {
     bool head = !ready_queue || event.key == nullptr;
     // The turn's count is read before the id is taken and the key looked
     // at: a commit it does not count took its places before this id, and
-    // the look back from this id sees them (pg/producer_turn.hpp).
+    // the look back from this id sees them (pg/outbox/producer_turn.hpp).
     const std::uint64_t seen =
         event.key != nullptr && ready_queue ? turn_count(producer_turn_of(event.topic, event.key))
                                             : kNoCount;

@@ -1,8 +1,8 @@
 // Gauges (library preloaded only): counts per database and per name (a
 // scope, a topic) in shared memory, that committing transactions adjust and
 // the monitoring views read instead of scanning history: finished keys per
-// scope (pg/key_counts.hpp), undelivered and dead events per topic
-// (pg/outbox_counts.hpp).
+// scope (pg/keys/key_counts.hpp), undelivered and dead events per topic
+// (pg/outbox/outbox_counts.hpp).
 //
 // A transaction's adjustments are kept per subtransaction (a rolled-back
 // one's are dropped) and applied when it commits. A prepared transaction's
@@ -52,7 +52,7 @@ bool gauges_known();
 // The counts of this database are unknown from now on (a recount is due).
 void forget_gauges(Oid database);
 
-// --- a recount (pg/gauge_recount.hpp) ---------------------------------------------------
+// --- a recount (pg/background/gauge_recount.hpp) ---------------------------------------------------
 // Starts a recount of this database: its counts become unknown, and the
 // snapshot returned (registered; nullptr when another recount runs now, or
 // without shared memory) is the one to count with. `prepared` are this
