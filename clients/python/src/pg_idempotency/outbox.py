@@ -62,15 +62,8 @@ def settlement(value, error, classify=default_classify):
     return ("leave",)   # fenced: the worker that took the key over holds the redelivered event
 
 
-class Consumer:
-    """Claims events of ``topics`` one at a time and runs ``handler(event)``
-    (a dict: id, topic, key, payload, headers, dedup_key, attempt); acks or
-    nacks by ``settlement``. Wakes on the outbox's notifications, polls every
-    ``poll`` seconds as well. ``run()`` returns after ``stop()`` (safe in a
-    signal handler), once the event in hand is settled.
-
-        Consumer(conninfo, ["invoice.email"], name="worker-1").run(handle)
-    """
+class _ConsumerSettings:
+    """What Consumer and AsyncConsumer are given: one place for both."""
 
     def __init__(self, conninfo, topics=None, *, name=None, lease=60, batch=1, poll=1.0,
                  classify=default_classify, log=None, on_fenced=None):
@@ -84,6 +77,20 @@ class Consumer:
         self.log = log or (lambda message: print(f"[{self.name}] {message}", file=sys.stderr, flush=True))
         self.hooks = Hooks(on_fenced=on_fenced)
         self.stopping = False
+
+
+class Consumer(_ConsumerSettings):
+    """Claims events of ``topics`` one at a time and runs ``handler(event)``
+    (a dict: id, topic, key, payload, headers, dedup_key, attempt); acks or
+    nacks by ``settlement``. Wakes on the outbox's notifications, polls every
+    ``poll`` seconds as well. ``run()`` returns after ``stop()`` (safe in a
+    signal handler), once the event in hand is settled.
+
+        Consumer(conninfo, ["invoice.email"], name="worker-1").run(handle)
+    """
+
+    def __init__(self, conninfo, topics=None, **options):
+        super().__init__(conninfo, topics, **options)
         self._wake_read, self._wake_write = os.pipe()
 
     def stop(self):
@@ -148,7 +155,7 @@ class _Stale:
         self.error = str(error)
 
 
-class AsyncConsumer:
+class AsyncConsumer(_ConsumerSettings):
     """``Consumer`` for asyncio: ``await AsyncConsumer(conninfo, topics,
     name=...).run(handler)`` with ``handler(event)`` a coroutine function
     (a plain function works too); the same settlement. ``stop()`` (from the
@@ -159,18 +166,8 @@ class AsyncConsumer:
         await AsyncConsumer(conninfo, ["invoice.email"], name="worker-1").run(handle)
     """
 
-    def __init__(self, conninfo, topics=None, *, name=None, lease=60, batch=1, poll=1.0,
-                 classify=default_classify, log=None, on_fenced=None):
-        self.conninfo = conninfo
-        self.topics = list(topics) if topics is not None else None
-        self.name = name or f"consumer-{os.getpid()}"
-        self.lease = lease
-        self.batch = batch
-        self.poll = poll
-        self.classify = classify
-        self.log = log or (lambda message: print(f"[{self.name}] {message}", file=sys.stderr, flush=True))
-        self.hooks = Hooks(on_fenced=on_fenced)
-        self.stopping = False
+    def __init__(self, conninfo, topics=None, **options):
+        super().__init__(conninfo, topics, **options)
         self._wake = None
 
     def stop(self):
