@@ -11,6 +11,8 @@ IDEM_OS_USER=${IDEM_OS_USER:-postgres}
 #   harnesses  the host-only harnesses (stress, chaos, relay, brokers,
 #              examples, bench)
 #   packaging  `make deb` (the PostgreSQL Debian build tooling)
+#   roots      the host tools `make test-matrix` and `make deb` make their
+#              Debian roots with
 idem_packages_for() {
     local major=$1 group; shift
     for group in "$@"; do
@@ -24,6 +26,7 @@ idem_packages_for() {
                 python3-matplotlib nats-server rabbitmq-server python3-pika
                 python3-flask python3-django openssl" ;;
             packaging) echo "postgresql-server-dev-all debhelper build-essential fakeroot" ;;
+            roots) echo "debootstrap" ;;
         esac
     done
 }

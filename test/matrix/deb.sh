@@ -9,6 +9,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/roots.sh"
 . "$here/steps.sh"
 [ "$(id -u)" -eq 0 ] || { echo "make deb runs as root (debootstrap, chroot)" >&2; exit 1; }
+IDEM_PACKAGES=$(idem_packages_for "$(idem_major)" roots) ensure_packages || exit 1
 status=0
 for major in ${IDEM_MATRIX_MAJORS:-15 17 18}; do
     log "Debian packages for PostgreSQL $major"

@@ -23,6 +23,7 @@ majors=${IDEM_MATRIX_MAJORS:-$supported}
 upgrades=${IDEM_MATRIX_UPGRADES:-15:17:pg_upgrade,dump_restore 17:18:dump_restore}
 host_major=$(idem_major)
 [ "$(id -u)" -eq 0 ] || { echo "make test-matrix runs as root (debootstrap, chroot)" >&2; exit 1; }
+IDEM_PACKAGES=$(idem_packages_for "$(idem_major)" roots) ensure_packages || exit 1
 
 # Roots are unmounted however the run ends.
 unmount_all() {
