@@ -46,7 +46,8 @@ SELECT setting, pg_temp.try(format('SET %s = %L', setting, value)) AS result FRO
     (14, 'idempotency.launcher_naptime', '1min'),
     (15, 'idempotency.purge_batch', '100'),
     (16, 'idempotency.worker_enabled', 'off'),
-    (17, 'idempotency.expire_on_disconnect', 'on')
+    (17, 'idempotency.expire_on_disconnect', 'on'),
+    (18, 'idempotency.max_notifiers', '2')
 ) v(n, setting, value) ORDER BY n;
 -- The session settings took effect for this session.
 SELECT name, current_setting(name) AS shown
@@ -98,6 +99,10 @@ SELECT setting, pg_temp.try(format('SET %s = %L', setting, value)) AS result FRO
     (10, 'idempotency.outbox_max_attempts', '0'),
     (11, 'idempotency.log_transitions', 'maybe')
 ) v(n, setting, value) ORDER BY n;
+-- A server-wide setting is checked when written to the configuration.
+ALTER SYSTEM SET idempotency.max_notifiers = -1;
+ALTER SYSTEM SET idempotency.max_notifiers = 33;
+ALTER SYSTEM SET idempotency.max_notifiers = 'many';
 -- Values that are allowed at their lower bound.
 SELECT setting, pg_temp.try(format('SET %s = %L', setting, value)) AS result FROM (VALUES
     (1, 'idempotency.retention', '0'),

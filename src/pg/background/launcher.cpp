@@ -10,7 +10,14 @@
 // statistics, looked at every launcher_naptime). Between two of these it sleeps until the earliest due
 // time; a commit that makes something due earlier wakes it. Every
 // idempotency.launcher_naptime it lists the databases. It also starts a
-// database's outbox notifier as soon as a committing backend asks for one.
+// database's outbox notifier as soon as a committing backend asks for one,
+// up to idempotency.max_notifiers at once.
+//
+// Sweeps come before notifications, so that a lease ends on time however
+// many databases have producers: while a sweep waits for a background
+// worker slot, no notifier starts, and one running notifier is asked to
+// leave to make room (its database's commits notify themselves meanwhile,
+// as they do without a notifier).
 #include <algorithm>
 #include <cstring>
 
@@ -47,6 +54,7 @@ struct Tracked {
     bool running;                    // started and not yet seen stopped
     bool spread;                     // ... for work that can wait
     bool start_failed;               // logged once, until a start succeeds
+    bool waits_for_slot;             // its last start found no free slot, and it is still due
     bool listed;                     // seen in the latest scan of pg_database
     TimestampTz last_start;          // 0: never
     TimestampTz last_retention;      // the start of its last worker that purged
@@ -69,8 +77,11 @@ struct TrackedNotifier {
     BackgroundWorkerHandle* handle;
     TimestampTz last_start;
     bool start_failed;  // logged once, until a start succeeds
+    bool asked_to_leave;  // to make room for a sweep
 };
 TrackedNotifier notifiers[kNotifierSlots];
+// Making room for a sweep was logged (once, until a sweep start succeeds).
+bool room_making_logged = false;
 // A notifier that fails at once is not restarted more often than this.
 constexpr Micros kNotifierRestartPause = kSecond;
 // How often at most a full due table is reported.
@@ -96,8 +107,8 @@ Tracked* add_tracked(Oid database) {
         tracked_capacity = capacity;
     }
     Tracked* added = &tracked[tracked_count++];
-    *added = Tracked{database, due_slot_for(database), nullptr, false, false, false, false, 0, 0,
-                     0, false};
+    *added = Tracked{database, due_slot_for(database), nullptr, false, false, false, false, false,
+                     0, 0, 0, false};
     return added;
 }
 
@@ -201,6 +212,7 @@ void start_worker(Tracked* database, TimestampTz now, const char* reason) {
     MemoryContextSwitchTo(previous);
     database->last_start = now;
     database->running = started;
+    database->waits_for_slot = !started;
     if (started)
         ereport(DEBUG1, (errmsg_internal("idempotency launcher: worker for database %u: %s",
                                          database->database, reason)));
@@ -209,6 +221,34 @@ void start_worker(Tracked* database, TimestampTz now, const char* reason) {
                              "raise max_worker_processes",
                              database->database)));
     database->start_failed = !started;
+    if (started) room_making_logged = false;
+}
+
+bool sweep_waits_for_slot() {
+    for (int i = 0; i < tracked_count; ++i)
+        if (tracked[i].listed && tracked[i].waits_for_slot) return true;
+    return false;
+}
+
+// A sweep found no free slot: the notifier started longest ago is asked to
+// leave (an orderly exit: it sends what was published first), one at a
+// time, until the sweep starts.
+void make_room_for_sweep() {
+    int oldest = -1;
+    for (int slot = 0; slot < kNotifierSlots; ++slot) {
+        const TrackedNotifier& notifier = notifiers[slot];
+        if (!handle_running(notifier.handle)) continue;
+        if (notifier.asked_to_leave) return;
+        if (oldest < 0 || notifier.last_start < notifiers[oldest].last_start) oldest = slot;
+    }
+    if (oldest < 0) return;
+    TerminateBackgroundWorker(notifiers[oldest].handle);
+    notifiers[oldest].asked_to_leave = true;
+    if (!room_making_logged)
+        ereport(LOG, (errmsg("idempotency launcher: stopping an outbox notifier to free a "
+                             "background worker slot for a sweep"),
+                      errhint("Raise max_worker_processes, or lower idempotency.max_notifiers.")));
+    room_making_logged = true;
 }
 
 // Workers seen stopped since the last look: one that did not finish its
@@ -285,6 +325,7 @@ TimestampTz launch_due_workers(TimestampTz now) {
         const bool spread =
             !urgent && spread_at <= now && now >= next_spread_start && spread_slots > 0;
         if (!urgent && !spread) {
+            database.waits_for_slot = false;
             // With no spread slot free, the next spread worker that stops
             // wakes the launcher (it is their notify pid).
             const bool can_spread = spread_at != kNever && spread_slots > 0;
@@ -304,7 +345,10 @@ TimestampTz launch_due_workers(TimestampTz now) {
         if (!has_entry || due.sweep_wanted || due.retention <= now) database.last_retention = now;
         start_worker(&database, now, reason);
         database.spread = spread;
-        if (!database.running) next = std::min(next, now + naptime);
+        if (!database.running) {
+            make_room_for_sweep();
+            next = std::min(next, now + naptime);
+        }
     }
     return next;
 }
@@ -315,7 +359,7 @@ void want_every_sweep() {
     for (int i = 0; i < tracked_count; ++i) want_sweep(tracked[i].slot, tracked[i].database);
 }
 
-void start_notifier(int slot, Oid database, TimestampTz now) {
+bool start_notifier(int slot, Oid database, TimestampTz now) {
     TrackedNotifier& notifier = notifiers[slot];
     BackgroundWorker worker;
     fill_worker(&worker, "idem_notifier_main", "idempotency notifier");
@@ -325,6 +369,7 @@ void start_notifier(int slot, Oid database, TimestampTz now) {
     worker.bgw_notify_pid = MyProcPid;
     if (notifier.handle != nullptr) pfree(notifier.handle);
     notifier.handle = nullptr;
+    notifier.asked_to_leave = false;
     MemoryContext previous = MemoryContextSwitchTo(TopMemoryContext);
     const bool started = RegisterDynamicBackgroundWorker(&worker, &notifier.handle);
     MemoryContextSwitchTo(previous);
@@ -335,23 +380,34 @@ void start_notifier(int slot, Oid database, TimestampTz now) {
                              "in their own commits; raise max_worker_processes",
                              database)));
     notifier.start_failed = !started;
+    return started;
 }
 
-// Starts the notifiers committing backends asked for; returns how long to
-// sleep at most (ms).
+int notifiers_running() {
+    int running = 0;
+    for (const TrackedNotifier& notifier : notifiers)
+        if (handle_running(notifier.handle)) ++running;
+    return running;
+}
+
+// Starts the notifiers committing backends asked for, up to
+// idempotency.max_notifiers at once and none while a sweep waits for a
+// slot; returns how long to sleep at most (ms).
 long launch_wanted_notifiers(long sleep_ms) {
+    if (sweep_waits_for_slot()) return sleep_ms;
     Oid wanted[kNotifierSlots];
     wanted_notifiers(wanted);
     const TimestampTz now = GetCurrentTimestamp();
-    for (int slot = 0; slot < kNotifierSlots; ++slot) {
+    int room = settings::max_notifiers - notifiers_running();
+    for (int slot = 0; slot < kNotifierSlots && room > 0; ++slot) {
         if (wanted[slot] == InvalidOid || handle_running(notifiers[slot].handle)) continue;
         const TimestampTz due = notifiers[slot].last_start + kNotifierRestartPause;
         if (now < due)
             sleep_ms = std::min<long>(sleep_ms, static_cast<long>((due - now) / kMillisecond) + 1);
         else if (!database_exists(wanted[slot]))
             forget_notifier_slot(slot, wanted[slot]);
-        else
-            start_notifier(slot, wanted[slot], now);
+        else if (start_notifier(slot, wanted[slot], now))
+            --room;
     }
     return sleep_ms;
 }

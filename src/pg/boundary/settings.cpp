@@ -19,6 +19,7 @@ int naptime_ms = 1000;
 int launcher_naptime_ms = 10 * 1000;
 int purge_batch = 10000;
 int purge_naptime_ms = 60 * 1000;
+int max_notifiers = 4;
 int purge_pause_ms = 10;
 int max_databases = 4096;
 int max_gauges = 4096;
@@ -102,6 +103,10 @@ void define() {
                &purge_pause_ms, 0, 60 * 1000, PGC_SIGHUP, GUC_UNIT_MS);
     define_bool("idempotency.worker_enabled", "Run the background workers.", &worker_enabled,
                 PGC_SIGHUP);
+    define_int("idempotency.max_notifiers",
+               "Outbox notifiers running at once; the commits of other databases notify "
+               "themselves.",
+               &max_notifiers, 0, 32, PGC_SIGHUP, 0);
     define_bool("idempotency.expire_on_disconnect",
                 "Expire a claim at once when the backend that made it has exited.",
                 &expire_on_disconnect, PGC_SIGHUP);

@@ -21,6 +21,7 @@ extern int naptime_ms;
 extern int launcher_naptime_ms;
 extern int purge_batch;
 extern int purge_naptime_ms;
+extern int max_notifiers;
 extern int purge_pause_ms;
 extern int max_databases;
 extern int max_gauges;
