@@ -57,6 +57,8 @@
 #              events, their plans, and the 0.5.0 definitions (slow to load)
 #   purge      test/bench/purge.sh: the worker's purge of 10000000 expired
 #              keys, with claim + complete latency before, during and after
+#   topic_lists test/bench/topic_lists.sh: outbox_claim over 1, 1,000 and
+#              100,000 listed topics against topics => NULL
 #
 # Environment: BENCH_SECONDS (10) per pgbench run, BENCH_CLIENTS ("1 4 16"),
 # BENCH_ROUNDS (1): with more, the variants are run that many times,
@@ -65,7 +67,7 @@
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
 # (docs/benchmarks.md, see below) for the Markdown tables,
 # BENCH_PORT (54430), BENCH_SECTIONS ("claim wal crowd enqueue relay queue producers size
-# churn idem_relay idle heartbeat views purge"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
+# churn idem_relay idle heartbeat views purge topic_lists"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
 # BENCH_QUEUE_RELAYS (2) relays per queue case,
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
@@ -98,7 +100,7 @@ case "$bench_dir" in /*) ;; *) bench_dir="$PWD/$bench_dir" ;; esac
 mkdir -p "$(dirname "$out")" "$bench_dir" || exit 1
 # The plots as the document links them: relative to the document's folder.
 plot_link=$(realpath -m --relative-to="$(dirname "$out")" "$bench_dir")
-sections=${BENCH_SECTIONS:-"claim wal crowd enqueue relay queue producers size churn idem_relay idle heartbeat views purge"}
+sections=${BENCH_SECTIONS:-"claim wal crowd enqueue relay queue producers size churn idem_relay idle heartbeat views purge topic_lists"}
 size_keys=${BENCH_SIZE_KEYS:-5000000}
 size_clients=16
 bench_note=${BENCH_NOTE:-}
@@ -126,7 +128,7 @@ relay_target=1.00    # relays deliver at least as fast as the hand-written loop
 
 for section in $sections; do
     case "$section" in
-    claim | wal | crowd | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge) ;;
+    claim | wal | crowd | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge | topic_lists) ;;
     *) echo "bench: unknown section '$section' in BENCH_SECTIONS" >&2; exit 1 ;;
     esac
 done
@@ -1204,6 +1206,13 @@ if want purge; then
         "workers off, then analyzed, so that the statistics call every row due) while clients" \
         "claim and complete new keys; latencies of one claim + complete transaction, from" \
         "pgbench's per-transaction log."
+fi
+if want topic_lists; then
+    log "topic_lists: claims over 1, 1000 and ${BENCH_TOPICS:-100000} listed topics"
+    worker_section topic_lists.sh "Claims over long topic lists" \
+        "\`test/bench/topic_lists.sh\`: ${BENCH_TOPICS:-100000} topics with one pending event each;" \
+        "outbox_claim of 100 over a list of 1, 1,000 and all of them against the claim over every" \
+        "topic, each claim rolled back; and what reading the list alone costs."
 fi
 
 load_summary=$(sort -n "$dir/load.log" | awk '{ v[NR] = $1 } END {

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "pg/boundary/arrays.hpp"
-#include "pg/boundary/text_bytes.hpp"
 #include "pg/outbox/outbox_claim_walk.hpp"
 #include "pg/outbox/outbox_heads.hpp"
 #include "pg/outbox/outbox_held.hpp"
@@ -17,7 +15,6 @@
 extern "C" {
 #include "storage/itemptr.h"
 #include "storage/procarray.h"
-#include "utils/array.h"
 #include "utils/memutils.h"
 }
 
@@ -42,16 +39,29 @@ extern "C" {
 // than the batch still needs, each checked again once locked (still ready
 // and due), and handed out. The claim itself is written at
 // commit (outbox_held.hpp).
+//
+// A claim of many topics reads every topic instead, passing over the
+// events of the others, for as long as that costs less than a read per
+// topic would; past that it reads its topics one by one from where it got
+// to. Its cost then follows its batch, not the length of its list.
 
 namespace idem::pg {
 
 namespace {
 
 constexpr long kMaxWindow = 8192;
+// From this many listed topics a claim reads every topic and keeps its
+// own: one read per topic costs more than the batch from some dozens on.
+constexpr int kFilteredFrom = 16;
+// Events of other topics such a claim passes over, per listed topic,
+// before it reads its topics one by one: about what a read per topic costs.
+constexpr long kForeignPerTopic = 4;
 
 // One source: a topic (or every topic), read in windows.
 struct Source {
-    const text* topic;  // nullptr: every topic
+    const text* topic;  // nullptr: every topic (of `filter`, when given)
+    TopicFilter* filter;
+    bool marks;         // its first ready event is the next claim's mark
     ScanStart start;
     Micros after_at;    // the last row read: the next window starts after it
     std::int64_t after_id;
@@ -70,11 +80,20 @@ void read_window(Source* source, const ClaimRequest& request, Micros now) {
     std::int64_t seen_id = source->after_id;
     const int rows = read_ready(source->topic, source->start.from, source->after_at,
                                 source->after_id, now, request.max_attempts,
-                                static_cast<int>(source->window), source->rows, &seen_at, &seen_id);
+                                static_cast<int>(source->window), source->rows, &seen_at, &seen_id,
+                                source->filter);
     source->count = rows;
     source->next = 0;
     source->exhausted = rows < source->window;
-    if (!source->read_any) source->first_ready = rows > 0 ? source->rows[0].ready_at : now;
+    if (source->filter != nullptr) {
+        // Its mark is every topic's: known once it found a due event of any
+        // topic, or read them all.
+        const TopicFilter& filter = *source->filter;
+        source->marks = filter.any_due || !filter.stopped;
+        source->first_ready = filter.any_due ? filter.first_due : now;
+    } else if (!source->read_any) {
+        source->first_ready = rows > 0 ? source->rows[0].ready_at : now;
+    }
     source->read_any = true;
     source->after_at = seen_at;
     source->after_id = seen_id;
@@ -101,31 +120,53 @@ int hand_out(const ClaimRequest& request, Micros now, const ItemPointerData* tid
     return handed;
 }
 
-int compare_topics(const void* a, const void* b) {
-    return compare_text_bytes(*static_cast<const text* const*>(a),
-                              *static_cast<const text* const*>(b));
+void start_source(Source* source, const text* topic, Micros after_at, std::int64_t after_id,
+                  int batch) {
+    source->topic = topic;
+    source->marks = true;
+    source->start = scan_start(topic);
+    source->after_at = std::max(source->start.from, after_at);
+    source->after_id = after_id;
+    source->window = std::min<long>(kMaxWindow, batch + batch / 8 + 16);
 }
 
-// The claim's sources: its distinct topics, or every topic.
-Source* sources_of(const ClaimRequest& request, int* count) {
-    const text** topics = nullptr;
-    int n = 1;
-    if (request.has_topics) {
-        Datum* elements = nullptr;
-        bool* nulls = nullptr;
-        deconstruct_array(DatumGetArrayTypeP(request.topics), TEXTOID, -1, false, TYPALIGN_INT,
-                          &elements, &nulls, &n);
-        topics = static_cast<const text**>(palloc(sizeof(text*) * (n + 1)));
-        for (int i = 0; i < n; ++i) topics[i] = DatumGetTextPP(elements[i]);
-        qsort(topics, n, sizeof(text*), compare_topics);
-        int distinct = 0;
-        for (int i = 0; i < n; ++i)
-            if (distinct == 0 || compare_topics(&topics[distinct - 1], &topics[i]) != 0)
-                topics[distinct++] = topics[i];
-        n = distinct;
-    }
+// The claim's sources: each of its topics (`topics`; nullptr: every
+// topic), or every topic kept to its own when it has many (a filtered
+// source).
+Source* sources_of(const ClaimRequest& request, const TopicSet* topics, int* count) {
+    const bool filtered = topics != nullptr && topics->count >= kFilteredFrom;
+    const int n = topics == nullptr || filtered ? 1 : topics->count;
     Source* sources = static_cast<Source*>(palloc0(sizeof(Source) * (n + 1)));
-    for (int i = 0; i < n; ++i) sources[i].topic = topics != nullptr ? topics[i] : nullptr;
+    if (filtered) {
+        auto* filter = static_cast<TopicFilter*>(palloc0(sizeof(TopicFilter)));
+        *filter = TopicFilter{topics, kForeignPerTopic * topics->count, 0, false, false, 0};
+        start_source(&sources[0], nullptr, 0, 0, request.batch);
+        sources[0].filter = filter;
+    } else {
+        for (int i = 0; i < n; ++i)
+            start_source(&sources[i], topics != nullptr ? topics->topics[i] : nullptr, 0, 0,
+                         request.batch);
+    }
+    *count = n;
+    return sources;
+}
+
+// A filtered source passed over as many events of other topics as reading
+// its topics one by one costs: it stops, and the claim goes on with a
+// source per topic from where it got to (the rows it read stay to merge).
+// They set no marks: events before that point held by other transactions
+// were not read by them.
+Source* split_filtered(Source* sources, int* count, int batch) {
+    sources[0].exhausted = true;
+    const TopicSet& topics = *sources[0].filter->topics;
+    const int n = 1 + topics.count;
+    sources = static_cast<Source*>(repalloc(sources, sizeof(Source) * (n + 1)));
+    for (int i = 0; i < topics.count; ++i) {
+        Source& source = sources[1 + i];
+        source = Source{};
+        start_source(&source, topics.topics[i], sources[0].after_at, sources[0].after_id, batch);
+        source.marks = false;
+    }
     *count = n;
     return sources;
 }
@@ -139,20 +180,15 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
         AllocSetContextCreate(caller_memory, "idempotency outbox claim", ALLOCSET_DEFAULT_SIZES);
     MemoryContextSwitchTo(claim_memory);
     const int batch = request.batch;
-    int source_count = 0;
-    Source* sources = sources_of(request, &source_count);
-    if (source_count == 0) {
+    TopicSet topics{};
+    if (request.has_topics) topics = make_topic_set(request.topics);
+    if (request.has_topics && topics.count == 0) {
         MemoryContextSwitchTo(caller_memory);
         MemoryContextDelete(claim_memory);
         return 0;
     }
-    for (int i = 0; i < source_count; ++i) {
-        Source& source = sources[i];
-        source.start = scan_start(source.topic);
-        source.after_at = source.start.from;
-        source.after_id = 0;
-        source.window = std::min<long>(kMaxWindow, batch + batch / 8 + 16);
-    }
+    int source_count = 0;
+    Source* sources = sources_of(request, request.has_topics ? &topics : nullptr, &source_count);
     auto* tids = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (batch + 1)));
     Holders holders;
     int handed = 0;
@@ -164,6 +200,10 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
             if (source.next == source.count && !(source.read_any && source.exhausted))
                 read_window(&source, request, now);
             any |= source.next < source.count;
+        }
+        if (source_count == 1 && sources[0].filter != nullptr && sources[0].filter->stopped) {
+            sources = split_filtered(sources, &source_count, batch);
+            continue;
         }
         if (!any) break;
         // The candidates, oldest first, until the batch's remainder is met
@@ -191,7 +231,8 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
             handed += hand_out(request, now, tids, count, wanted, sink, context);
     }
     for (int i = 0; i < source_count; ++i)
-        if (sources[i].read_any) scan_found(sources[i].topic, sources[i].start, sources[i].first_ready);
+        if (sources[i].read_any && sources[i].marks)
+            scan_found(sources[i].topic, sources[i].start, sources[i].first_ready);
     MemoryContextSwitchTo(caller_memory);
     MemoryContextDelete(claim_memory);
     return static_cast<std::uint64_t>(handed);

@@ -197,7 +197,7 @@ KeyEvent key_event(const Layout& l, TupleTableSlot* slot, bool pending) {
 
 int read_ready(const text* topic, Micros from, Micros after_at, std::int64_t after_id, Micros now,
                int max_attempts, int limit, ReadyRow* out, Micros* seen_at,
-               std::int64_t* seen_id) {
+               std::int64_t* seen_id, TopicFilter* only) {
     const Layout& l = layout();
     ReadyKeys keys{topic, std::max(from, after_at), now};
     int count = 0;
@@ -220,6 +220,15 @@ int read_ready(const text* topic, Micros from, Micros after_at, std::int64_t aft
                                     isnull ? std::nullopt : std::optional<std::int32_t>(DatumGetInt32(cap)),
                                     max_attempts))
                      return true;
+             }
+             if (only != nullptr) {
+                 if (!only->any_due) only->first_due = ready_at;
+                 only->any_due = true;
+                 if (!topic_set_contains(*only->topics,
+                                         DatumGetTextPP(attribute(slot, l.topic, &isnull)))) {
+                     only->stopped = ++only->foreign_read > only->foreign_limit;
+                     return !only->stopped;
+                 }
              }
              ReadyRow& row = out[count++];
              row.id = id;

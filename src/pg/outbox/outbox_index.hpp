@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "pg/boundary/postgres.hpp"
+#include "pg/outbox/outbox_topic_set.hpp"
 
 extern "C" {
 #include "storage/itemptr.h"
@@ -25,13 +26,29 @@ struct ReadyRow {
     ItemPointerData ctid;
 };
 
-// Up to `limit` ready events of `topic` (nullptr: every topic) with
-// `from <= ready_at <= now` after (after_at, after_id) in (ready_at, id)
-// order that are due: pending, or in flight with fewer attempts than their
-// cap (`max_attempts` when they recorded none). Returns how many; *seen is
-// the last ready event read, due or not (for the next window's start).
+// A read of every topic that keeps only those of `topics`. Due events of other topics are passed over,
+// at most `foreign_limit` in all the reads of the claim; a read that would
+// pass over more stops there and sets `stopped`. `first_due` is the
+// ready_at of the first due event of any topic read (when `any_due`), where
+// a read of every topic would have found its first.
+struct TopicFilter {
+    const TopicSet* topics;
+    long foreign_limit;
+    long foreign_read;
+    bool stopped;
+    bool any_due;
+    Micros first_due;
+};
+
+// Up to `limit` ready events of `topic` (nullptr: every topic, or those of
+// `only`) with `from <= ready_at <= now` after (after_at, after_id) in
+// (ready_at, id) order that are due: pending, or in flight with fewer
+// attempts than their cap (`max_attempts` when they recorded none). Returns
+// how many; *seen is the last ready event read, due or not (for the next
+// window's start).
 int read_ready(const text* topic, Micros from, Micros after_at, std::int64_t after_id, Micros now,
-               int max_attempts, int limit, ReadyRow* out, Micros* seen_at, std::int64_t* seen_id);
+               int max_attempts, int limit, ReadyRow* out, Micros* seen_at, std::int64_t* seen_id,
+               TopicFilter* only = nullptr);
 
 // An event of a key in its key's order, read from the key-order index:
 // pending, in flight, or dead (a dead event holds the later ones back).
