@@ -36,6 +36,7 @@ declare -A passed failed
 total_passed=0
 total_failed=0
 failures=()
+details=()
 
 count() {  # count MAJOR WHAT PASSED FAILED
     passed[$1]=$((${passed[$1]:-0} + $3))
@@ -51,7 +52,13 @@ count_run() {  # count_run MAJOR WHAT LOG STATUS
     f=${line#*, }; f=${f%% failed}
     [ -n "$line" ] || { p=0; f=1; }
     [ "$4" -ne 0 ] && [ "${f:-0}" -eq 0 ] && f=1
-    count "$1" "$2" "$p" "$f"
+    # The failed suites' names go into the summary at the end, which is
+    # what a CI log keeps when it keeps only the tail.
+    local which
+    which=$(sed -n 's/^failed suites: \([^(]*\).*/\1/p' "$3" | tail -n 1)
+    count "$1" "$2${which:+ (${which% })}" "$p" "$f"
+    [ "$f" -eq 0 ] || details+=("$(grep -E -e '^not ok' -e '^#   (Failed test|at )' \
+        -e '\.\.\. FAILED' "$3" | head -n 12 | sed "s/^/$1: /")")
 }
 
 step() {  # step MAJOR WHAT COMMAND...: one more test, passed when COMMAND is
@@ -96,6 +103,7 @@ for major in $majors; do
     total_passed=$((total_passed + ${passed[$major]:-0}))
     total_failed=$((total_failed + ${failed[$major]:-0}))
 done
+[ ${#details[@]} -eq 0 ] || printf '%s\n' "${details[@]}"
 [ ${#failures[@]} -eq 0 ] || echo "failed: ${failures[*]}"
 echo "total: $total_passed passed, $total_failed failed"
 [ "$total_failed" -eq 0 ]
