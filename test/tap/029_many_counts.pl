@@ -152,6 +152,8 @@ ok(poll_until(60, sub { counts('postgres') eq table_counts('postgres') . ' 0 sca
 ok(poll_until(60, sub { counts('before') eq '130 130 130 130 0 commits,commits' }),
 	'... and the small ones are recounted into the table');
 ok(poll_until(60, sub { counts('after') eq '10 10 10 10 0 commits,commits' }), '... all of them');
+ok(poll_until(60, sub { counts('crowd') eq '4000 NULL 4000 0 0 scan,-' }),
+	'... but the one that fits only without the small ones');
 ok(poll_until(60, sub { $lines_of->($overflow_line->('postgres')) == 2 }), 'the restart\'s overflow is logged once more');
 
 $node->stop;

@@ -48,6 +48,8 @@ Statement kPreparedHere = {
     nullptr};
 
 void store_rows(GaugeFamily family, std::uint64_t rows, bool has_latest) {
+    // One row is the totals' (ROLLUP has it even without rows).
+    recount_expect(rows > 0 ? static_cast<long>(rows - 1) : 0);
     for (std::uint64_t row = 0; row < rows; ++row) {
         bool isnull = false;
         const Datum named = column(1, &isnull, row);

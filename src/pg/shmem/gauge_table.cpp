@@ -103,6 +103,12 @@ GaugeEntry* enter_name(Oid database, char family, const char* name, std::size_t 
     return entry;
 }
 
+void overflow_unless_fits(GaugeEntry* database, long more) {
+    if (state_of(database) != CountState::Overflowed &&
+        static_cast<long>(database->names) + more > settings::max_gauges)
+        overflow(database);
+}
+
 GaugeEntry* database_entry(Oid database, bool create) {
     return lookup(database, kDatabaseFamily, "", 0, create ? HASH_ENTER_NULL : HASH_FIND);
 }

@@ -60,6 +60,10 @@ GaugeEntry* find_name(Oid database, char family, const char* name, std::size_t l
 // The entry of a name, made when missing (exclusive lock): nullptr when its
 // database has no entry or is overflowed, now or by this very call.
 GaugeEntry* enter_name(Oid database, char family, const char* name, std::size_t length);
+// Overflows the database (exclusive lock) when its names and `more` would
+// be more than the whole table holds: a recount that knows how many it
+// will count leaves the other databases' names alone.
+void overflow_unless_fits(GaugeEntry* database, long more);
 // A database's entry, made when missing with `create` (exclusive lock;
 // nullptr only when more databases than idempotency.max_databases have one).
 GaugeEntry* database_entry(Oid database, bool create);

@@ -595,6 +595,15 @@ Snapshot begin_recount(const TransactionId* prepared, int prepared_count) {
     return snapshot;
 }
 
+void recount_expect(long names) {
+    if (!recounting) return;
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    if (GaugeEntry* database = database_entry(MyDatabaseId, false))
+        overflow_unless_fits(database, names);
+    LWLockRelease(lock);
+    log_overflows(lock);
+}
+
 void recount_row(GaugeFamily family, const text* name, const std::int64_t values[kGaugeValues],
                  std::optional<Micros> latest) {
     if (!recounting || name == nullptr) return;

@@ -72,6 +72,10 @@ void forget_gauges(Oid database);
 // adjustments are not waiting in shared memory (prepared before the server
 // started) leaves the counts unknown at the recount's end.
 Snapshot begin_recount(const TransactionId* prepared, int prepared_count);
+// The recount is about to count `names` more names: when they can never
+// fit in the table, the database overflows at once (its reads count from
+// its tables), rather than making other databases leave the table first.
+void recount_expect(long names);
 // A row counted with that snapshot.
 void recount_row(GaugeFamily family, const text* name, const std::int64_t values[kGaugeValues],
                  std::optional<Micros> latest);
