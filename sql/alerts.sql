@@ -87,7 +87,7 @@ SELECT task, rows FROM idempotency.idem_maintenance() WHERE task IN ('purge_keys
 SELECT (SELECT count(*) FROM idempotency.idempotency_keys) AS keys,
        (SELECT count(*) FROM idempotency.outbox) AS events;
 SELECT * FROM alerts;
-SELECT topic, pending, dead, last_delivered_at IS NOT NULL AS last_delivery_known
+SELECT topic, pending, dead, last_delivered_at IS NOT NULL AS last_delivery_known, counted_by
   FROM idempotency.outbox_lag ORDER BY topic;
 -- Then the relay stops, all history purged: the alert still fires ...
 SELECT idempotency.outbox_enqueue('orders', '{"n": 3}') > 0 AS enqueued;

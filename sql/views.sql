@@ -63,6 +63,8 @@ SELECT scope, received, processing, completed, failed_retryable, failed_final, s
        oldest_processing_age >= '0' AND oldest_processing_age < '10s' AS oldest_processing_age_ok
   FROM idempotency.idem_stats WHERE scope LIKE 'views.%' ORDER BY scope;
 SELECT count(*) AS stuck FROM idempotency.idem_stuck WHERE scope LIKE 'views.%';
+-- Kept as the transactions commit (docs/monitoring.md: counted_by).
+SELECT DISTINCT counted_by FROM idempotency.idem_stats WHERE scope LIKE 'views.%';
 SELECT pg_sleep(0.6);
 -- A PROCESSING key whose lease has expired is stuck.
 SELECT scope, processing, stuck, oldest_processing_age >= '0.3s' AS oldest_processing_age_ok
@@ -132,4 +134,5 @@ SELECT idempotency.request_sweep();
 SELECT scope, completed, failed_retryable, failed_final FROM idempotency.idem_stats WHERE scope = 'views.a';
 -- The views read only the live keys and the counts: the finished keys'
 -- totals come with a row without a scope.
-SELECT scope IS NULL AS all_scopes, completed >= 0 AS counted FROM idempotency.key_counts() WHERE scope IS NULL;
+SELECT scope IS NULL AS all_scopes, completed >= 0 AS counted, counted_by
+  FROM idempotency.key_counts() WHERE scope IS NULL;

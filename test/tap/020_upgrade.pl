@@ -19,6 +19,7 @@ use Test::More;
 
 my $node = idem_node('upgrade');
 $node->safe_psql('postgres', 'CREATE ROLE old_app LOGIN');
+$node->safe_psql('postgres', 'CREATE ROLE old_monitor LOGIN');
 
 # Everything the extension owns, described so that two installs compare
 # equal exactly when their objects, definitions and privileges are equal.
@@ -113,6 +114,7 @@ foreach my $version (@older)
 	$node->safe_psql($db, $had_grants
 		? "SELECT idempotency.grant_application('old_app')"
 		: "GRANT USAGE ON SCHEMA idempotency TO old_app");
+	$node->safe_psql($db, "SELECT idempotency.grant_monitoring('old_monitor')") if $had_grants;
 	my ($rc, $out, $err) = $node->psql($db, "SELECT outcome FROM idempotency.idem_claim('by-old-app')",
 		extra_params => [ '-U', 'old_app' ]);
 	is($out, 'claimed', "$version: the application role claims before the update") or diag($err);
@@ -151,6 +153,17 @@ foreach my $version (@older)
 		is($out, 'claimed', "$version: after the update the application role still claims") or diag($err);
 		$node->safe_psql($db, "SELECT idempotency.revoke_role('old_app')");
 		$node->safe_psql($db, "GRANT USAGE ON SCHEMA idempotency TO old_app");
+		# A monitoring role still reads the views, and how their counts
+		# were had (the functions behind them were made anew in 0.7.0).
+		($rc, $out, $err) = $node->psql($db,
+			"SELECT string_agg(DISTINCT counted_by, ',') FROM idempotency.idem_stats",
+			extra_params => [ '-U', 'old_monitor' ]);
+		is($out, 'commits', "$version: after the update the monitoring role reads idem_stats") or diag($err);
+		($rc, $out, $err) = $node->psql($db,
+			"SELECT count(*) >= 0 FROM idempotency.outbox_lag WHERE counted_by = 'commits'",
+			extra_params => [ '-U', 'old_monitor' ]);
+		is($out, 't', "$version: ... and outbox_lag") or diag($err);
+		$node->safe_psql($db, "SELECT idempotency.revoke_role('old_monitor')");
 	}
 	# Since 0.4.0 no function is executable by PUBLIC: USAGE is not enough,
 	# the role is given its rights with grant_application (below, once the

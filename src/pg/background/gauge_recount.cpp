@@ -47,14 +47,9 @@ Statement kPreparedHere = {
     "SELECT transaction FROM pg_catalog.pg_prepared_xact() WHERE dbid = $1", 1, {OIDOID},
     nullptr};
 
-// The counts per name, and (ROLLUP) their totals in a row without a name:
-// the rows key_counts() and outbox_counts() return by a scan; a recount
-// keeps those with a name.
-Statement& count_statement(GaugeFamily family) {
-    return family == GaugeFamily::Keys ? kCountKeys : kCountEvents;
-}
-
 void store_rows(GaugeFamily family, std::uint64_t rows, bool has_latest) {
+    // One row is the totals' (ROLLUP has it even without rows).
+    recount_expect(rows > 0 ? static_cast<long>(rows - 1) : 0);
     for (std::uint64_t row = 0; row < rows; ++row) {
         bool isnull = false;
         const Datum named = column(1, &isnull, row);
@@ -69,6 +64,10 @@ void store_rows(GaugeFamily family, std::uint64_t rows, bool has_latest) {
 
 }  // namespace
 
+Statement& count_statement(GaugeFamily family) {
+    return family == GaugeFamily::Keys ? kCountKeys : kCountEvents;
+}
+
 bool gauges_apply() {
     const ExtensionObjects* objects = installed_extension_objects();
     return objects != nullptr && OidIsValid(objects->keys) && OidIsValid(objects->outbox) &&
@@ -77,7 +76,7 @@ bool gauges_apply() {
 
 bool recount_if_unknown(bool repair) {
     if (!gauges_apply() || RecoveryInProgress()) return false;
-    if (gauges_known()) return true;
+    if (gauge_source() != GaugeSource::Unknown) return true;
     // A count reads every row: with the scans the sweeps turn off.
     const int nest_level = NewGUCNestLevel();
     for (const char* scan : {"enable_seqscan", "enable_bitmapscan"})
@@ -124,66 +123,15 @@ bool tables_are_small() {
 
 }  // namespace
 
-bool counts_for_view() {
-    if (RecoveryInProgress()) return false;
-    if (gauges_known()) return true;
-    if (!gauges_apply()) return false;
+GaugeSource counts_for_view() {
+    if (RecoveryInProgress()) return GaugeSource::Unknown;
+    const GaugeSource source = gauge_source();
+    if (source != GaugeSource::Unknown || !gauges_apply()) return source;
     // A worker recounts soon when one will come; otherwise this read does.
     if (settings::worker_enabled && !tables_are_small() && request_sweep(MyDatabaseId))
-        return false;
-    return recount_if_unknown(false);
-}
-
-}  // namespace idem::pg
-
-namespace idem::pg {
-
-namespace {
-
-// A set-returning function's rows: the gauges, then their totals.
-struct Rows {
-    ReturnSetInfo* rsinfo;
-    GaugeRow totals;
-};
-
-void put_values(Rows* rows, const GaugeRow& row) {
-    Datum values[kGaugeValues + 2];
-    bool nulls[kGaugeValues + 2] = {};
-    values[0] = row.name != nullptr ? CStringGetTextDatum(row.name) : 0;
-    nulls[0] = row.name == nullptr;
-    for (int i = 0; i < kGaugeValues; ++i) values[i + 1] = Int64GetDatum(row.values[i]);
-    values[kGaugeValues + 1] = TimestampTzGetDatum(row.latest);
-    nulls[kGaugeValues + 1] = row.latest == 0;
-    tuplestore_putvalues(rows->rsinfo->setResult, rows->rsinfo->setDesc, values, nulls);
-}
-
-void put_row(const GaugeRow& row, void* context) {
-    auto* rows = static_cast<Rows*>(context);
-    for (int i = 0; i < kGaugeValues; ++i) rows->totals.values[i] += row.values[i];
-    rows->totals.latest = std::max(rows->totals.latest, row.latest);
-    put_values(rows, row);
-}
-
-}  // namespace
-
-Datum counts_rows(FunctionCallInfo fcinfo, GaugeFamily family, bool with_latest) {
-    InitMaterializedSRF(fcinfo, 0);
-    Rows rows{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), GaugeRow{nullptr, {}, 0}};
-    const int columns = kGaugeValues + (with_latest ? 2 : 1);
-    connect_spi();
-    if (shared_state() == nullptr) {
-        const std::uint64_t found = execute(count_statement(family), Params{});
-        for (std::uint64_t row = 0; row < found; ++row) {
-            Datum values[kGaugeValues + 2];
-            bool nulls[kGaugeValues + 2];
-            for (int i = 0; i < columns; ++i) values[i] = column(i + 1, &nulls[i], row);
-            tuplestore_putvalues(rows.rsinfo->setResult, rows.rsinfo->setDesc, values, nulls);
-        }
-    } else if (counts_for_view() && read_gauges(family, put_row, &rows)) {
-        put_values(&rows, rows.totals);
-    }
-    finish_spi();
-    return 0;
+        return GaugeSource::Unknown;
+    (void)recount_if_unknown(false);
+    return gauge_source();
 }
 
 }  // namespace idem::pg

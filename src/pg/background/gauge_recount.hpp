@@ -8,27 +8,29 @@
 
 #include "pg/shmem/gauges.hpp"
 #include "pg/boundary/postgres.hpp"
+#include "pg/boundary/spi.hpp"
 
 namespace idem::pg {
 
 // Whether the installed version's views read the gauges.
 bool gauges_apply();
 
-// Recounts when the counts are unknown; true when they are known after.
+// Recounts when the counts are unknown; true when they are known after
+// (kept, or counted from the tables at each read).
 // With `repair`, first gives the live keys written other than through the
 // functions (a restore, a manual INSERT) the active_since they lack, so
 // that the sweeps find them (it writes: not in a read-only transaction).
 bool recount_if_unknown(bool repair);
 
-// For a view's read: whether the counts are known, recounting at once when
-// the tables are small or no background worker would do it, and asking for
-// one otherwise.
-bool counts_for_view();
+// For a view's read: where the counts come from, recounting at once when
+// they are unknown and the tables are small or no background worker would
+// do it, and asking for one otherwise (Unknown meanwhile, and on a standby).
+GaugeSource counts_for_view();
 
-// The rows of key_counts() or outbox_counts(): per name, its values (and
-// its latest time `with_latest`), then their totals in a row without a
-// name; none while the counts are unknown. Without the library preloaded,
-// counted from the table. A set-returning function's body.
-Datum counts_rows(FunctionCallInfo fcinfo, GaugeFamily family, bool with_latest);
+// The counts of `family` from its table, per name, and (ROLLUP) their
+// totals in a row without a name: a recount keeps those with a name, and
+// pg/views/count_rows.hpp returns them all when the counts are not kept.
+// Its columns are those of key_counts() and outbox_counts().
+Statement& count_statement(GaugeFamily family);
 
 }  // namespace idem::pg

@@ -1,6 +1,6 @@
 #include "pg/keys/key_counts.hpp"
 
-#include "pg/background/gauge_recount.hpp"
+#include "pg/views/count_rows.hpp"
 #include "pg/shmem/gauges.hpp"
 #include "pg/boundary/guard.hpp"
 

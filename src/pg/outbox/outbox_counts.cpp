@@ -1,7 +1,7 @@
 #include "pg/outbox/outbox_counts.hpp"
 
 
-#include "pg/background/gauge_recount.hpp"
+#include "pg/views/count_rows.hpp"
 #include "pg/shmem/gauges.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/boundary/spi.hpp"

@@ -6,7 +6,7 @@
 #include "core/validate.hpp"
 #include "pg/boundary/extension_objects.hpp"
 #include "pg/boundary/guard.hpp"
-#include "pg/boundary/settings.hpp"
+#include "pg/shmem/gauge_table.hpp"
 
 extern "C" {
 #include "access/transam.h"
@@ -26,25 +26,7 @@ namespace idem::pg {
 namespace {
 
 constexpr char kTrancheName[] = "idempotency gauges";
-constexpr char kDatabaseFamily = 'd';  // an entry holding a database's state
-
-struct GaugeKey {
-    Oid database;
-    char family;
-    char name[kMaxNameBytes + 1];  // zero-padded: keys compare as bytes
-};
-
-// Stale: counting, but the rows changed behind the functions meanwhile
-// (request_sweep()): the recount that ends leaves the counts unknown.
-enum class CountState : std::uint64_t { Unknown, Counting, Known, Stale };
-
-// A name's counts, or (family 'd') a database's state: values[0] its
-// CountState, values[1] and values[2] the keys and outbox tables it counts.
-struct GaugeEntry {
-    GaugeKey key;
-    pg_atomic_uint64 values[kGaugeValues];  // signed counts, stored as two's complement
-    pg_atomic_uint64 latest;
-};
+static_assert(kEntryValues == kGaugeValues);
 
 // The one recount that may run at a time, and the snapshot it counts with:
 // a transaction that commits meanwhile adds its adjustments only when that
@@ -79,7 +61,6 @@ struct ParkedPool {
 };
 
 LWLock* lock = nullptr;
-HTAB* entries = nullptr;
 Recount* recount = nullptr;
 ParkedPool* parked = nullptr;
 
@@ -95,37 +76,6 @@ int max_in_progress() { return MaxBackends + max_prepared_xacts; }
 Size recount_size() {
     return add_size(offsetof(Recount, xip),
                     mul_size(sizeof(TransactionId), static_cast<Size>(max_in_progress())));
-}
-
-// Entries: every name of every database, and the databases themselves.
-long entry_capacity() { return settings::max_gauges + settings::max_databases; }
-
-void make_key(GaugeKey* key, Oid database, char family, const char* name, std::size_t length) {
-    std::memset(key, 0, sizeof *key);
-    key->database = database;
-    key->family = family;
-    std::memcpy(key->name, name, std::min(length, kMaxNameBytes));
-}
-
-GaugeEntry* find_entry(Oid database, char family, const char* name, std::size_t length,
-                       HASHACTION action) {
-    GaugeKey key;
-    make_key(&key, database, family, name, length);
-    bool found = false;
-    auto* entry = static_cast<GaugeEntry*>(hash_search(entries, &key, action, &found));
-    if (entry != nullptr && !found) {
-        for (auto& value : entry->values) pg_atomic_init_u64(&value, 0);
-        pg_atomic_init_u64(&entry->latest, 0);
-    }
-    return entry;
-}
-
-GaugeEntry* database_entry(Oid database, HASHACTION action) {
-    return find_entry(database, kDatabaseFamily, "", 0, action);
-}
-
-CountState state_of(GaugeEntry* database) {
-    return static_cast<CountState>(pg_atomic_read_u64(&database->values[0]));
 }
 
 void add_signed(pg_atomic_uint64* value, std::int64_t delta) {
@@ -235,7 +185,7 @@ void add_to(GaugeEntry* entry, const std::int64_t values[kGaugeValues], Micros l
 // of `database_id` now: known for the same tables, or being recounted by a
 // snapshot that does not see that transaction. Under the lock.
 bool counts_take(Oid database_id, const Oid tables[2], TransactionId xid) {
-    GaugeEntry* database = database_entry(database_id, HASH_FIND);
+    GaugeEntry* database = database_entry(database_id, false);
     if (database == nullptr) return false;
     if (pg_atomic_read_u64(&database->values[1]) != tables[0] ||
         pg_atomic_read_u64(&database->values[2]) != tables[1])
@@ -245,7 +195,8 @@ bool counts_take(Oid database_id, const Oid tables[2], TransactionId xid) {
         case CountState::Counting:
         case CountState::Stale:
             return recount->database == database_id && !recount_sees(xid);
-        case CountState::Unknown: return false;
+        case CountState::Unknown:
+        case CountState::Overflowed: return false;
     }
     return false;
 }
@@ -255,7 +206,9 @@ bool counts_take_changes() { return counts_take(MyDatabaseId, pending_tables, co
 
 // At commit (or prepare): nothing here may raise an error. Names already
 // known are added to under the shared lock; new ones are made under the
-// exclusive lock (none when the table is full: that change is lost).
+// exclusive lock. When the table is full the database with the most names
+// overflows (pg/shmem/gauge_table.hpp); this one's changes stop there if it
+// was this one, whose counts then come from its tables.
 void apply_pending() {
     if (lock == nullptr || !pending_any) return;
     bool missing = false;
@@ -264,9 +217,8 @@ void apply_pending() {
     if (counts_take_changes()) {
         hash_seq_init(&scan, pending);
         while (auto* change = static_cast<Pending*>(hash_seq_search(&scan))) {
-            GaugeEntry* entry = find_entry(change->id.key.database, change->id.key.family,
-                                           change->id.key.name, std::strlen(change->id.key.name),
-                                           HASH_FIND);
+            GaugeEntry* entry = find_name(change->id.key.database, change->id.key.family,
+                                          change->id.key.name, std::strlen(change->id.key.name));
             if (entry == nullptr) {
                 missing = true;
                 continue;
@@ -282,23 +234,25 @@ void apply_pending() {
         hash_seq_init(&scan, pending);
         while (auto* change = static_cast<Pending*>(hash_seq_search(&scan))) {
             if (change->applied) continue;
-            if (GaugeEntry* entry = find_entry(change->id.key.database, change->id.key.family,
-                                               change->id.key.name,
-                                               std::strlen(change->id.key.name), HASH_ENTER_NULL))
-                add_to(entry, change->values, change->latest);
+            GaugeEntry* entry = enter_name(change->id.key.database, change->id.key.family,
+                                           change->id.key.name, std::strlen(change->id.key.name));
+            if (entry == nullptr) {
+                hash_seq_term(&scan);
+                break;
+            }
+            add_to(entry, change->values, change->latest);
         }
     }
     LWLockRelease(lock);
+    log_overflows(lock);
 }
 
 // --- prepared transactions ------------------------------------------------------
 
-void set_state(GaugeEntry* database, CountState state);
-
 // The counts of `database_id` become unknown (a recount is due); one
 // running now ends unknown. Under the exclusive lock.
 void make_unknown(Oid database_id) {
-    GaugeEntry* entry = database_entry(database_id, HASH_FIND);
+    GaugeEntry* entry = database_entry(database_id, false);
     if (entry == nullptr) return;
     if (state_of(entry) == CountState::Known) set_state(entry, CountState::Unknown);
     if (state_of(entry) == CountState::Counting) set_state(entry, CountState::Stale);
@@ -373,14 +327,14 @@ void settle_prepared() {
             if (entry->xid != xids[x]) continue;
             if (committed && entry->key.family != kPreparedFamily &&
                 counts_take(entry->key.database, entry->tables, entry->xid))
-                if (GaugeEntry* gauge = find_entry(entry->key.database, entry->key.family,
-                                                   entry->key.name, std::strlen(entry->key.name),
-                                                   HASH_ENTER_NULL))
+                if (GaugeEntry* gauge = enter_name(entry->key.database, entry->key.family,
+                                                   entry->key.name, std::strlen(entry->key.name)))
                     add_to(gauge, entry->values, entry->latest);
             free_parked(entry);
         }
         LWLockRelease(lock);
     }
+    log_overflows(lock);
 }
 
 // At the start of a recount of this database, under the exclusive lock:
@@ -441,14 +395,10 @@ void on_subtransaction_end(SubXactEvent event, SubTransactionId, SubTransactionI
 // This backend runs a recount: an abort before its end leaves the counts unknown.
 bool recounting = false;
 
-void set_state(GaugeEntry* database, CountState state) {
-    pg_atomic_write_u64(&database->values[0], static_cast<std::uint64_t>(state));
-}
-
 void abandon_recount() {
     if (!recounting) return;
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    if (GaugeEntry* database = database_entry(MyDatabaseId, HASH_FIND))
+    if (GaugeEntry* database = database_entry(MyDatabaseId, false))
         set_state(database, CountState::Unknown);
     if (recount->database == MyDatabaseId) recount->database = InvalidOid;
     LWLockRelease(lock);
@@ -497,23 +447,36 @@ void gauge_latest_on_commit(GaugeFamily family, const text* name, Micros at) {
     entry->latest = std::max(entry->latest, at);
 }
 
-bool gauges_known() {
-    if (lock == nullptr) return false;
+namespace {
+
+// This database's source, under the lock.
+GaugeSource source_here(const ExtensionObjects& objects) {
+    GaugeEntry* database = database_entry(MyDatabaseId, false);
+    if (database == nullptr)
+        return database_entries_full() ? GaugeSource::Tables : GaugeSource::Unknown;
+    if (state_of(database) == CountState::Overflowed) return GaugeSource::Tables;
+    const bool known = state_of(database) == CountState::Known &&
+                       pg_atomic_read_u64(&database->values[1]) == objects.keys &&
+                       pg_atomic_read_u64(&database->values[2]) == objects.outbox;
+    return known ? GaugeSource::Kept : GaugeSource::Unknown;
+}
+
+}  // namespace
+
+GaugeSource gauge_source() {
+    if (lock == nullptr) return GaugeSource::Unknown;
     const ExtensionObjects& objects = extension_objects();
     settle_prepared();
     LWLockAcquire(lock, LW_SHARED);
-    GaugeEntry* database = database_entry(MyDatabaseId, HASH_FIND);
-    const bool known = database != nullptr && state_of(database) == CountState::Known &&
-                       pg_atomic_read_u64(&database->values[1]) == objects.keys &&
-                       pg_atomic_read_u64(&database->values[2]) == objects.outbox;
+    const GaugeSource source = source_here(objects);
     LWLockRelease(lock);
-    return known;
+    return source;
 }
 
 void forget_gauges(Oid database) {
     if (lock == nullptr) return;
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    GaugeEntry* entry = database_entry(database, HASH_FIND);
+    GaugeEntry* entry = database_entry(database, false);
     if (entry != nullptr && state_of(entry) == CountState::Known)
         set_state(entry, CountState::Unknown);
     // A recount running now may have read before those rows: it must not
@@ -536,7 +499,7 @@ struct CopiedRow {
 int copy_rows(GaugeFamily family, CopiedRow* rows, int capacity) {
     int count = 0;
     HASH_SEQ_STATUS scan;
-    hash_seq_init(&scan, entries);
+    hash_seq_init(&scan, gauge_entries());
     while (auto* entry = static_cast<GaugeEntry*>(hash_seq_search(&scan))) {
         if (entry->key.database != MyDatabaseId || entry->key.family != static_cast<char>(family))
             continue;
@@ -562,21 +525,30 @@ int copy_rows(GaugeFamily family, CopiedRow* rows, int capacity) {
 
 }  // namespace
 
-bool read_gauges(GaugeFamily family, GaugeRowSink sink, void* context) {
-    if (!gauges_known()) return false;
+GaugeSource read_gauges(GaugeFamily family, GaugeRowSink sink, void* context) {
+    if (lock == nullptr) return GaugeSource::Unknown;
+    const ExtensionObjects& objects = extension_objects();
+    settle_prepared();
     int capacity = 16;
     for (;;) {
         auto* rows = static_cast<CopiedRow*>(palloc(sizeof(CopiedRow) * capacity));
+        // The source is checked with the copy, under one hold of the lock:
+        // an overflow between them would leave no names to copy.
         LWLockAcquire(lock, LW_SHARED);
-        const int count = copy_rows(family, rows, capacity);
+        const GaugeSource source = source_here(objects);
+        const int count = source == GaugeSource::Kept ? copy_rows(family, rows, capacity) : 0;
         LWLockRelease(lock);
+        if (source != GaugeSource::Kept) {
+            pfree(rows);
+            return source;
+        }
         if (count <= capacity) {
             for (int i = 0; i < count; ++i)
                 sink(GaugeRow{rows[i].name, {rows[i].values[0], rows[i].values[1], rows[i].values[2]},
                               rows[i].latest},
                      context);
             pfree(rows);
-            return true;
+            return GaugeSource::Kept;
         }
         pfree(rows);
         capacity = count + 16;
@@ -592,8 +564,10 @@ Snapshot begin_recount(const TransactionId* prepared, int prepared_count) {
         LWLockRelease(lock);
         return nullptr;
     }
-    GaugeEntry* database = database_entry(MyDatabaseId, HASH_ENTER_NULL);
-    if (database == nullptr) {
+    // None without room for the database, nor for one that overflowed:
+    // its reads count from its tables.
+    GaugeEntry* database = database_entry(MyDatabaseId, true);
+    if (database == nullptr || state_of(database) == CountState::Overflowed) {
         LWLockRelease(lock);
         return nullptr;
     }
@@ -610,7 +584,7 @@ Snapshot begin_recount(const TransactionId* prepared, int prepared_count) {
     pg_atomic_write_u64(&database->values[1], objects.keys);
     pg_atomic_write_u64(&database->values[2], objects.outbox);
     HASH_SEQ_STATUS scan;
-    hash_seq_init(&scan, entries);
+    hash_seq_init(&scan, gauge_entries());
     while (auto* entry = static_cast<GaugeEntry*>(hash_seq_search(&scan))) {
         if (entry->key.database != MyDatabaseId || entry->key.family == kDatabaseFamily) continue;
         for (auto& value : entry->values) pg_atomic_write_u64(&value, 0);
@@ -621,20 +595,30 @@ Snapshot begin_recount(const TransactionId* prepared, int prepared_count) {
     return snapshot;
 }
 
+void recount_expect(long names) {
+    if (!recounting) return;
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    if (GaugeEntry* database = database_entry(MyDatabaseId, false))
+        overflow_unless_fits(database, names);
+    LWLockRelease(lock);
+    log_overflows(lock);
+}
+
 void recount_row(GaugeFamily family, const text* name, const std::int64_t values[kGaugeValues],
                  std::optional<Micros> latest) {
     if (!recounting || name == nullptr) return;
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    if (GaugeEntry* entry = find_entry(MyDatabaseId, static_cast<char>(family), VARDATA_ANY(name),
-                                       VARSIZE_ANY_EXHDR(name), HASH_ENTER_NULL))
+    if (GaugeEntry* entry = enter_name(MyDatabaseId, static_cast<char>(family), VARDATA_ANY(name),
+                                       VARSIZE_ANY_EXHDR(name)))
         add_to(entry, values, latest.value_or(0));
     LWLockRelease(lock);
+    log_overflows(lock);
 }
 
 void end_recount() {
     if (!recounting) return;
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    if (GaugeEntry* database = database_entry(MyDatabaseId, HASH_FIND))
+    if (GaugeEntry* database = database_entry(MyDatabaseId, false))
         set_state(database, state_of(database) == CountState::Stale ? CountState::Unknown
                                                                     : CountState::Known);
     recount->database = InvalidOid;
@@ -643,8 +627,7 @@ void end_recount() {
 }
 
 Size gauges_size() {
-    return add_size(add_size(hash_estimate_size(entry_capacity(), sizeof(GaugeEntry)),
-                             MAXALIGN(recount_size())),
+    return add_size(add_size(gauge_table_size(), MAXALIGN(recount_size())),
                     MAXALIGN(parked_size()));
 }
 
@@ -652,12 +635,7 @@ void request_gauges_lock() { RequestNamedLWLockTranche(kTrancheName, 1); }
 
 // Under AddinShmemInitLock, from the startup hook.
 void init_gauges() {
-    HASHCTL control;
-    std::memset(&control, 0, sizeof control);
-    control.keysize = sizeof(GaugeKey);
-    control.entrysize = sizeof(GaugeEntry);
-    entries = ShmemInitHash("idempotency gauges", entry_capacity(), entry_capacity(), &control,
-                            HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
+    init_gauge_table();
     bool found = false;
     recount = static_cast<Recount*>(ShmemInitStruct("idempotency gauge recount", recount_size(), &found));
     if (!found) recount->database = InvalidOid;

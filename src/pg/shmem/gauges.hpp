@@ -16,6 +16,11 @@
 // snapshot and keeps the adjustments of the transactions that snapshot does
 // not see, so it misses and repeats none. Rows written other than through
 // the extension's functions are not counted until the next recount.
+//
+// The table holds idempotency.max_gauges scopes and topics over all
+// databases. When it is full, the database with the most of them there
+// leaves it and is counted from its tables at each read instead, until the
+// server restarts (pg/shmem/gauge_table.hpp): never a wrong count.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +42,11 @@ void gauge_add_on_commit(GaugeFamily family, const text* name, int index, std::i
 void gauge_latest_on_commit(GaugeFamily family, const text* name, Micros at);
 
 // --- readers --------------------------------------------------------------------------
+// Where this database's counts come from: not known (being recounted, or
+// not yet), kept in the table by commits, or to be counted from its tables
+// by each read (the table had no room for them).
+enum class GaugeSource { Unknown, Kept, Tables };
+
 struct GaugeRow {
     const char* name;
     std::int64_t values[kGaugeValues];
@@ -44,26 +54,33 @@ struct GaugeRow {
 };
 using GaugeRowSink = void (*)(const GaugeRow& row, void* context);
 // Hands every name of `family` in this database whose counts are not all
-// zero (or that has a latest time) to `sink`; false, handing nothing, when
-// the counts are not known (or there is no shared memory).
-bool read_gauges(GaugeFamily family, GaugeRowSink sink, void* context);
-// Whether this database's counts are known for its current tables.
-bool gauges_known();
+// zero (or that has a latest time) to `sink` when they are kept; hands
+// nothing otherwise. Returns the source it found (Unknown without shared
+// memory).
+GaugeSource read_gauges(GaugeFamily family, GaugeRowSink sink, void* context);
+// This database's source for its current tables.
+GaugeSource gauge_source();
 // The counts of this database are unknown from now on (a recount is due).
 void forget_gauges(Oid database);
 
 // --- a recount (pg/background/gauge_recount.hpp) ---------------------------------------------------
 // Starts a recount of this database: its counts become unknown, and the
-// snapshot returned (registered; nullptr when another recount runs now, or
-// without shared memory) is the one to count with. `prepared` are this
+// snapshot returned (registered; nullptr when another recount runs now,
+// when the database's counts come from its tables, or without shared
+// memory) is the one to count with. `prepared` are this
 // database's prepared transactions, listed before the call: one whose
 // adjustments are not waiting in shared memory (prepared before the server
 // started) leaves the counts unknown at the recount's end.
 Snapshot begin_recount(const TransactionId* prepared, int prepared_count);
+// The recount is about to count `names` more names: when they can never
+// fit in the table, the database overflows at once (its reads count from
+// its tables), rather than making other databases leave the table first.
+void recount_expect(long names);
 // A row counted with that snapshot.
 void recount_row(GaugeFamily family, const text* name, const std::int64_t values[kGaugeValues],
                  std::optional<Micros> latest);
-// The counts are known from now on. An error before it leaves them unknown.
+// The counts are known from now on (or come from the tables, when they
+// overflowed meanwhile). An error before it leaves them unknown.
 void end_recount();
 
 // Shared memory: from the module's request and startup hooks.

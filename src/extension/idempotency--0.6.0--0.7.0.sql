@@ -1,0 +1,181 @@
+-- idempotency 0.6.0 -> 0.7.0: idem_stats and outbox_lag say how they had
+-- their counts (counted_by). The counts a database keeps in shared memory
+-- (idempotency.max_gauges scopes and topics over all databases) may not fit
+-- there: that database's views then count from its tables at each read
+-- (docs/monitoring.md), and the new last column of key_counts(),
+-- outbox_counts() and the views tells which: 'commits' (kept in shared
+-- memory as transactions commit), 'scan' (counted from the table by this
+-- read) or 'unknown' (the figures are NULL: not counted yet, or a standby).
+\echo Use "ALTER EXTENSION idempotency UPDATE TO '0.7.0'" to load this file. \quit
+
+-- ---------------------------------------------------------------- counts
+
+-- A function's result columns cannot change in place: the views leave them
+-- for the moment of the update (same columns, no row; nobody sees this), so
+-- that the views are replaced, never dropped (views of users built on them
+-- stay).
+CREATE OR REPLACE VIEW idempotency.idem_stats AS
+SELECT NULL::pg_catalog.text AS scope, NULL::pg_catalog.int8 AS received,
+       NULL::pg_catalog.int8 AS processing, NULL::pg_catalog.int8 AS completed,
+       NULL::pg_catalog.int8 AS failed_retryable, NULL::pg_catalog.int8 AS failed_final,
+       NULL::pg_catalog.int8 AS stuck, NULL::pg_catalog.interval AS oldest_processing_age
+ WHERE false;
+CREATE OR REPLACE VIEW idempotency.outbox_lag AS
+SELECT NULL::pg_catalog.text AS topic, NULL::pg_catalog.int8 AS pending,
+       NULL::pg_catalog.int8 AS in_flight, NULL::pg_catalog.int8 AS retrying,
+       NULL::pg_catalog.int8 AS dead, NULL::pg_catalog.timestamptz AS oldest_pending_at,
+       NULL::pg_catalog.interval AS lag, NULL::pg_catalog.timestamptz AS last_delivered_at
+ WHERE false;
+DROP FUNCTION idempotency.key_counts();
+DROP FUNCTION idempotency.outbox_counts();
+
+-- Per scope, the keys COMPLETED, FAILED_RETRYABLE and FAILED_FINAL, and a
+-- row with scope NULL for all scopes; no row at all while the counts are not
+-- known (on a standby, or not yet recounted since the server started).
+-- counted_by: 'commits' or 'scan', the same in every row.
+CREATE FUNCTION idempotency.key_counts(
+    OUT scope pg_catalog.text,
+    OUT completed pg_catalog.int8,
+    OUT failed_retryable pg_catalog.int8,
+    OUT failed_final pg_catalog.int8,
+    OUT counted_by pg_catalog.text)
+RETURNS SETOF record
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_key_counts';
+
+-- Per topic, the events pending or in flight, of them those handed out at
+-- least once, the dead events, and the last delivery (remembered after the
+-- delivered events are purged, until the server restarts, while the counts
+-- are kept); a row with topic NULL for all topics; no row at all while the
+-- counts are not known. counted_by as above.
+CREATE FUNCTION idempotency.outbox_counts(
+    OUT topic pg_catalog.text,
+    OUT undelivered pg_catalog.int8,
+    OUT handed_out pg_catalog.int8,
+    OUT dead pg_catalog.int8,
+    OUT last_delivered_at pg_catalog.timestamptz,
+    OUT counted_by pg_catalog.text)
+RETURNS SETOF record
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_outbox_counts';
+
+REVOKE ALL ON FUNCTION idempotency.key_counts(), idempotency.outbox_counts() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.key_counts(), idempotency.outbox_counts() TO pg_monitor;
+
+-- ---------------------------------------------------------------- views
+
+-- As in 0.6.0, and counted_by last.
+CREATE OR REPLACE VIEW idempotency.idem_stats AS
+WITH n AS MATERIALIZED (
+    SELECT c.now, c.now OPERATOR(pg_catalog.-) idempotency.stuck_after() AS stuck_before
+      FROM (SELECT pg_catalog.clock_timestamp() AS now) c),
+live AS (
+    SELECT k.scope,
+           pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'RECEIVED') AS received,
+           pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'PROCESSING') AS processing,
+           pg_catalog.count(*) FILTER (WHERE
+               (k.status OPERATOR(pg_catalog.=) 'PROCESSING'
+                AND (k.lease_until OPERATOR(pg_catalog.<) n.now
+                     OR k.updated_at OPERATOR(pg_catalog.<) n.stuck_before))
+            OR (k.status OPERATOR(pg_catalog.=) 'RECEIVED'
+                AND k.updated_at OPERATOR(pg_catalog.<) n.stuck_before)) AS stuck,
+           n.now OPERATOR(pg_catalog.-) pg_catalog.min(k.updated_at)
+               FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'PROCESSING') AS oldest_processing_age
+      FROM idempotency.idempotency_keys k, n
+     WHERE k.active_since IS NOT NULL
+     GROUP BY k.scope, n.now),
+counted AS (SELECT * FROM idempotency.key_counts()),
+known AS (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 0 AS yes,
+                 COALESCE(pg_catalog.min(c.counted_by), 'unknown') AS counted_by
+            FROM counted c
+           WHERE c.scope IS NULL)
+SELECT COALESCE(l.scope, f.scope) AS scope,
+       COALESCE(l.received, 0::pg_catalog.int8) AS received,
+       COALESCE(l.processing, 0::pg_catalog.int8) AS processing,
+       CASE WHEN k.yes THEN COALESCE(f.completed, 0::pg_catalog.int8) END AS completed,
+       CASE WHEN k.yes THEN COALESCE(f.failed_retryable, 0::pg_catalog.int8) END AS failed_retryable,
+       CASE WHEN k.yes THEN COALESCE(f.failed_final, 0::pg_catalog.int8) END AS failed_final,
+       COALESCE(l.stuck, 0::pg_catalog.int8) AS stuck,
+       l.oldest_processing_age,
+       k.counted_by
+  FROM live l
+  FULL JOIN (SELECT * FROM counted c WHERE c.scope IS NOT NULL) f
+    ON f.scope OPERATOR(pg_catalog.=) l.scope,
+  known k;
+
+CREATE OR REPLACE VIEW idempotency.outbox_lag AS
+WITH RECURSIVE n AS MATERIALIZED (SELECT pg_catalog.clock_timestamp() AS now),
+ready_topics (topic) AS (
+    (SELECT o.topic FROM idempotency.outbox o
+      WHERE o.ready_at IS NOT NULL ORDER BY o.topic LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.topic FROM idempotency.outbox o
+             WHERE o.ready_at IS NOT NULL AND o.topic OPERATOR(pg_catalog.>) t.topic
+             ORDER BY o.topic LIMIT 1)
+      FROM ready_topics t
+     WHERE t.topic IS NOT NULL),
+first_ready AS (
+    SELECT t.topic,
+           (SELECT o.ready_at FROM idempotency.outbox o
+             WHERE o.topic OPERATOR(pg_catalog.=) t.topic AND o.ready_at IS NOT NULL
+             ORDER BY o.topic, o.ready_at LIMIT 1) AS ready_at
+      FROM ready_topics t
+     WHERE t.topic IS NOT NULL),
+due AS (
+    SELECT r.topic,
+           CASE WHEN r.ready_at OPERATOR(pg_catalog.<=) n.now THEN r.ready_at END AS since
+      FROM first_ready r, n),
+flying AS (
+    SELECT o.topic,
+           pg_catalog.count(*) FILTER (WHERE o.lease_until OPERATOR(pg_catalog.>) n.now) AS alive
+      FROM idempotency.outbox o, n
+     WHERE o.state OPERATOR(pg_catalog.=) 'in_flight'
+     GROUP BY o.topic),
+counted AS (SELECT * FROM idempotency.outbox_counts()),
+known AS (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 0 AS yes,
+                 COALESCE(pg_catalog.min(c.counted_by), 'unknown') AS counted_by
+            FROM counted c
+           WHERE c.topic IS NULL),
+topics AS (SELECT * FROM counted c WHERE c.topic IS NOT NULL)
+SELECT COALESCE(c.topic, d.topic, f.topic) AS topic,
+       CASE WHEN k.yes THEN COALESCE(c.undelivered OPERATOR(pg_catalog.-) c.handed_out,
+                                     0::pg_catalog.int8) END AS pending,
+       COALESCE(f.alive, 0::pg_catalog.int8) AS in_flight,
+       CASE WHEN k.yes THEN COALESCE(c.handed_out, 0::pg_catalog.int8)
+                            OPERATOR(pg_catalog.-) COALESCE(f.alive, 0::pg_catalog.int8) END
+           AS retrying,
+       CASE WHEN k.yes THEN COALESCE(c.dead, 0::pg_catalog.int8) END AS dead,
+       d.since AS oldest_pending_at,
+       COALESCE(n.now OPERATOR(pg_catalog.-) d.since, '0'::pg_catalog.interval) AS lag,
+       c.last_delivered_at,
+       k.counted_by
+  FROM topics c
+  FULL JOIN due d ON d.topic OPERATOR(pg_catalog.=) c.topic
+  FULL JOIN flying f ON f.topic OPERATOR(pg_catalog.=) COALESCE(c.topic, d.topic),
+  n, known k;
+
+-- ---------------------------------------------------------------- roles
+
+-- Roles that read the views execute the new functions, as they executed
+-- the old ones (0.6.0 granted them so): readers of outbox_lag
+-- outbox_counts(), readers of idem_stats key_counts().
+DO $grant$
+DECLARE
+    granted record;
+BEGIN
+    FOR granted IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole AS role, n.function
+          FROM (VALUES ('idempotency.outbox_lag', 'idempotency.outbox_counts()'),
+                       ('idempotency.idem_stats', 'idempotency.key_counts()'))
+               AS n(had, function),
+               pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+         WHERE c.oid OPERATOR(pg_catalog.=) n.had::pg_catalog.regclass
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
+           AND a.grantee OPERATOR(pg_catalog.<>) 0
+           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+           AND a.grantee OPERATOR(pg_catalog.<>) 'pg_monitor'::pg_catalog.regrole
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', granted.function, granted.role);
+    END LOOP;
+END
+$grant$;
