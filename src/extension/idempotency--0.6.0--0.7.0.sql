@@ -32,7 +32,10 @@ DROP FUNCTION idempotency.outbox_counts();
 -- Per scope, the keys COMPLETED, FAILED_RETRYABLE and FAILED_FINAL, and a
 -- row with scope NULL for all scopes; no row at all while the counts are not
 -- known (on a standby, or not yet recounted since the server started).
--- counted_by: 'commits' or 'scan', the same in every row.
+-- counted_by: 'commits' or 'scan', the same in every row. The symbol is
+-- new in 0.7.0: run while the server still has an older library loaded
+-- (installed, not yet restarted), this update stops here and changes
+-- nothing, rather than leave the old code to fill rows of this shape.
 CREATE FUNCTION idempotency.key_counts(
     OUT scope pg_catalog.text,
     OUT completed pg_catalog.int8,
@@ -41,7 +44,7 @@ CREATE FUNCTION idempotency.key_counts(
     OUT counted_by pg_catalog.text)
 RETURNS SETOF record
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'idem_key_counts';
+AS 'MODULE_PATHNAME', 'idem_key_counts_with_source';
 
 -- Per topic, the events pending or in flight, of them those handed out at
 -- least once, the dead events, and the last delivery (remembered after the
@@ -57,7 +60,7 @@ CREATE FUNCTION idempotency.outbox_counts(
     OUT counted_by pg_catalog.text)
 RETURNS SETOF record
 LANGUAGE c VOLATILE
-AS 'MODULE_PATHNAME', 'idem_outbox_counts';
+AS 'MODULE_PATHNAME', 'idem_outbox_counts_with_source';
 
 REVOKE ALL ON FUNCTION idempotency.key_counts(), idempotency.outbox_counts() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency.key_counts(), idempotency.outbox_counts() TO pg_monitor;

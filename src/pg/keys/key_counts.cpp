@@ -34,4 +34,9 @@ void count_key_transition(const text* scope, std::optional<Status> from, std::op
 
 }  // namespace idem::pg
 
+// 0.6.0's key_counts(); 0.7.0's, with counted_by, has a symbol of its own,
+// which a library older than 0.7.0 lacks: an update or install run while
+// the server still has the old library preloaded fails at once, instead of
+// the old code filling a row of the new shape.
 IDEM_SQL_FUNCTION(idem_key_counts, idem::pg::key_counts_body)
+IDEM_SQL_FUNCTION(idem_key_counts_with_source, idem::pg::key_counts_body)

@@ -91,4 +91,6 @@ void count_expired_rows(int dead_column, int topic_column) {
 
 }  // namespace idem::pg
 
+// As key_counts(): 0.7.0's outbox_counts() has a symbol of its own.
 IDEM_SQL_FUNCTION(idem_outbox_counts, idem::pg::outbox_counts_body)
+IDEM_SQL_FUNCTION(idem_outbox_counts_with_source, idem::pg::outbox_counts_body)
