@@ -76,5 +76,22 @@ SELECT count(*) AS handed, min(topic), max(topic)
   FROM idempotency.outbox_claim('r5', 100,
                                 topics => ARRAY(SELECT 'x' || i FROM generate_series(1, 100000) i));
 
+-- A backend keeps the set of the last list it claimed over: a list that
+-- differs from it in one topic (same length in bytes) gets a set of its
+-- own, short (one read per topic) or long (16 topics or more: one read of
+-- every topic, filtered), and a list with a NULL is refused after it.
+SELECT count(idempotency.outbox_enqueue('y' || i, '{}')) FROM generate_series(1, 3) i;
+CREATE FUNCTION pg_temp.claimed_topics(list text[]) RETURNS text LANGUAGE sql AS $$
+    SELECT string_agg(topic, ',' ORDER BY topic) FROM idempotency.outbox_claim('r6', 10, topics => list)
+$$;
+BEGIN; SELECT pg_temp.claimed_topics('{y1,y2}') AS y1_y2; ROLLBACK;
+BEGIN; SELECT pg_temp.claimed_topics('{y1,y3}') AS y1_y3; ROLLBACK;
+BEGIN; SELECT pg_temp.claimed_topics('{y1,y2}') AS y1_y2_again; ROLLBACK;
+BEGIN; SELECT pg_temp.claimed_topics('{y2,y3}' || pg_temp.topics(41, 58)) AS long_y2_y3; ROLLBACK;
+BEGIN; SELECT pg_temp.claimed_topics('{y1,y3}' || pg_temp.topics(41, 58)) AS long_y1_y3; ROLLBACK;
+SELECT pg_temp.claimed_topics('{y1,NULL}');
+SELECT pg_temp.claimed_topics('{y1,""}');
+SELECT pg_temp.claimed_topics('{y3}') AS y3_after_the_errors;
+
 \c contrib_regression
 DROP DATABASE idem_outbox_topic_lists;

@@ -181,7 +181,7 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
     MemoryContextSwitchTo(claim_memory);
     const int batch = request.batch;
     TopicSet topics{};
-    if (request.has_topics) topics = make_topic_set(request.topics);
+    if (request.has_topics) topics = topic_set_of(request.topics);
     if (request.has_topics && topics.count == 0) {
         MemoryContextSwitchTo(caller_memory);
         MemoryContextDelete(claim_memory);
@@ -242,7 +242,10 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
 
 std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut sink,
                            void* context) {
-    if (!outbox_has_ready_queue()) return claim_by_walking(request, now, sink, context);
+    if (!outbox_has_ready_queue()) {
+        if (request.has_topics) topic_set_of(request.topics);  // checks the list's names
+        return claim_by_walking(request, now, sink, context);
+    }
     return claim_ready(request, now, sink, context);
 }
 

@@ -1,10 +1,14 @@
 #include "pg/outbox/outbox_topic_set.hpp"
 
+#include <cstring>
+
+#include "core/validate.hpp"
 #include "pg/boundary/text_bytes.hpp"
 
 extern "C" {
 #include "common/hashfn.h"
 #include "utils/array.h"
+#include "utils/memutils.h"
 }
 
 namespace idem::pg {
@@ -26,14 +30,15 @@ std::uint32_t slot_of(const TopicSet& set, const text* topic, std::uint32_t hash
     return slot;
 }
 
-}  // namespace
-
-TopicSet make_topic_set(Datum array) {
+// The set of the array's elements; stops at the first NULL or invalid
+// name, with `*invalid` pointing at it (nullptr: every element is valid).
+TopicSet build_topic_set(ArrayType* array, const text** invalid, bool* invalid_is_null) {
     Datum* elements = nullptr;
     bool* nulls = nullptr;
     int n = 0;
-    deconstruct_array(DatumGetArrayTypeP(array), TEXTOID, -1, false, TYPALIGN_INT, &elements,
-                      &nulls, &n);
+    deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &elements, &nulls, &n);
+    *invalid = nullptr;
+    *invalid_is_null = false;
     // At most half full: short probes.
     std::uint32_t capacity = 16;
     while (capacity < 2 * static_cast<std::uint32_t>(n)) capacity *= 2;
@@ -42,8 +47,16 @@ TopicSet make_topic_set(Datum array) {
     set.slots = static_cast<TopicSlot*>(palloc0(sizeof(TopicSlot) * capacity));
     set.mask = capacity - 1;
     for (int i = 0; i < n; ++i) {
-        if (nulls[i]) continue;
+        if (nulls[i]) {
+            *invalid_is_null = true;
+            break;
+        }
         const text* topic = DatumGetTextPP(elements[i]);
+        const std::size_t bytes = VARSIZE_ANY_EXHDR(topic);
+        if (bytes == 0 || bytes > kMaxNameBytes) {
+            *invalid = topic;
+            break;
+        }
         const std::uint32_t hash = hash_of(topic);
         const std::uint32_t slot = slot_of(set, topic, hash);
         if (set.slots[slot].place != 0) continue;
@@ -51,6 +64,47 @@ TopicSet make_topic_set(Datum array) {
         set.slots[slot] = TopicSlot{hash, static_cast<std::uint32_t>(set.count)};
     }
     return set;
+}
+
+// The last list and its set, in a context of their own under
+// TopMemoryContext (nullptr: none yet).
+struct KeptSet {
+    MemoryContext memory;
+    const ArrayType* array;
+    TopicSet set;
+};
+KeptSet kept{};
+
+bool same_array(const ArrayType* a, const ArrayType* b) {
+    return VARSIZE(a) == VARSIZE(b) && std::memcmp(a, b, VARSIZE(a)) == 0;
+}
+
+}  // namespace
+
+const TopicSet& topic_set_of(Datum datum) {
+    ArrayType* array = DatumGetArrayTypeP(datum);
+    if (kept.memory != nullptr && same_array(kept.array, array)) return kept.set;
+    // Built under the caller's context first: an error while building
+    // leaves the kept set as it was, and frees the half-built one.
+    MemoryContext const memory =
+        AllocSetContextCreate(CurrentMemoryContext, "idempotency topic set", ALLOCSET_DEFAULT_SIZES);
+    MemoryContext const caller = MemoryContextSwitchTo(memory);
+    auto* copy = static_cast<ArrayType*>(palloc(VARSIZE(array)));
+    std::memcpy(copy, array, VARSIZE(array));
+    const text* invalid = nullptr;
+    bool invalid_is_null = false;
+    const TopicSet set = build_topic_set(copy, &invalid, &invalid_is_null);
+    MemoryContextSwitchTo(caller);
+    if (invalid_is_null || invalid != nullptr) {
+        const std::size_t bytes = invalid_is_null ? 0 : VARSIZE_ANY_EXHDR(invalid);
+        MemoryContextDelete(memory);
+        if (invalid_is_null) throw_null_argument("an element of topics");
+        check_name("topic", bytes);
+    }
+    MemoryContextSetParent(memory, TopMemoryContext);
+    if (kept.memory != nullptr) MemoryContextDelete(kept.memory);
+    kept = KeptSet{memory, copy, set};
+    return kept.set;
 }
 
 bool topic_set_contains(const TopicSet& set, const text* topic) {

@@ -1,8 +1,8 @@
 // The distinct topics of a claim's list, and whether a topic is among them.
-// Built once per claim, in time linear in the list (hashed, not sorted), so
-// that a list of 100,000 topics costs about what reading the array costs.
-// Allocated in the current memory context (no destructor), so a PostgreSQL
-// error may jump over it.
+// Built in time linear in the list (hashed, not sorted). A relay names the
+// same list in every claim, so the backend keeps the set of the last list
+// it was given: a claim whose list is byte for byte the last one's costs a
+// comparison of the arrays, not a new set (about 100 ns a topic).
 #pragma once
 
 #include <cstdint>
@@ -26,8 +26,11 @@ struct TopicSet {
     std::uint32_t mask;   // the number of slots less one (a power of two)
 };
 
-// The set of a text[]'s elements (NULL elements are left out).
-TopicSet make_topic_set(Datum array);
+// The set of a text[]'s elements: the kept set when the array is the last
+// one's, else a new set, kept in its place; valid until the next call. A new
+// list is checked as it is read: a NULL element or a topic that is not a
+// valid name (empty, over 255 bytes) throws, as any argument would.
+const TopicSet& topic_set_of(Datum array);
 
 bool topic_set_contains(const TopicSet& set, const text* topic);
 
