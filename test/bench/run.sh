@@ -59,6 +59,9 @@
 #              keys, with claim + complete latency before, during and after
 #   topic_lists test/bench/topic_lists.sh: outbox_claim over 1, 1,000 and
 #              100,000 listed topics against topics => NULL
+#   views_traffic test/bench/views_traffic.sh: the views read every 5 s
+#              under 2,000 claim + complete/s (5-minute leases) over
+#              10,000,000 finished keys, workers and autovacuum on
 #
 # Environment: BENCH_SECONDS (10) per pgbench run, BENCH_CLIENTS ("1 4 16"),
 # BENCH_ROUNDS (1): with more, the variants are run that many times,
@@ -67,7 +70,7 @@
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
 # (docs/benchmarks.md, see below) for the Markdown tables,
 # BENCH_PORT (54430), BENCH_SECTIONS ("claim wal crowd enqueue relay queue producers size
-# churn idem_relay idle heartbeat views purge topic_lists"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
+# churn idem_relay idle heartbeat views purge topic_lists views_traffic"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
 # BENCH_QUEUE_RELAYS (2) relays per queue case,
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
@@ -100,7 +103,7 @@ case "$bench_dir" in /*) ;; *) bench_dir="$PWD/$bench_dir" ;; esac
 mkdir -p "$(dirname "$out")" "$bench_dir" || exit 1
 # The plots as the document links them: relative to the document's folder.
 plot_link=$(realpath -m --relative-to="$(dirname "$out")" "$bench_dir")
-sections=${BENCH_SECTIONS:-"claim wal crowd enqueue relay queue producers size churn idem_relay idle heartbeat views purge topic_lists"}
+sections=${BENCH_SECTIONS:-"claim wal crowd enqueue relay queue producers size churn idem_relay idle heartbeat views purge topic_lists views_traffic"}
 size_keys=${BENCH_SIZE_KEYS:-5000000}
 size_clients=16
 bench_note=${BENCH_NOTE:-}
@@ -128,7 +131,7 @@ relay_target=1.00    # relays deliver at least as fast as the hand-written loop
 
 for section in $sections; do
     case "$section" in
-    claim | wal | crowd | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge | topic_lists) ;;
+    claim | wal | crowd | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge | topic_lists | views_traffic) ;;
     *) echo "bench: unknown section '$section' in BENCH_SECTIONS" >&2; exit 1 ;;
     esac
 done
@@ -1213,6 +1216,13 @@ if want topic_lists; then
         "\`test/bench/topic_lists.sh\`: ${BENCH_TOPICS:-100000} topics with one pending event each;" \
         "outbox_claim of 100 over a list of 1, 1,000 and all of them against the claim over every" \
         "topic, each claim rolled back; and what reading the list alone costs."
+fi
+if want views_traffic; then
+    log "views_traffic: the views under steady claim + complete traffic"
+    worker_section views_traffic.sh "Monitoring views under traffic" \
+        "\`test/bench/views_traffic.sh\`: ${BENCH_TRAFFIC_KEYS:-10000000} finished keys, then claim +" \
+        "complete of new keys with 5-minute leases at ${BENCH_TRAFFIC_RATE:-2000}/s, workers and autovacuum" \
+        "on; each view read every ${BENCH_TRAFFIC_SCRAPE:-5} s; and the most finished keys waiting to be settled."
 fi
 
 load_summary=$(sort -n "$dir/load.log" | awk '{ v[NR] = $1 } END {
