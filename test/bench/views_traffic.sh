@@ -3,9 +3,9 @@
 # finished keys loaded, then pgbench claims and completes new keys with
 # 5-minute leases at BENCH_TRAFFIC_RATE (2,000) transactions a second for
 # BENCH_TRAFFIC_SECONDS (300), with the workers and autovacuum on, as a
-# server runs. Every BENCH_TRAFFIC_SCRAPE seconds (5) a scraper reads
-# idem_stats, idem_stuck and outbox_lag, and the keys finished but not yet
-# settled (still in the live keys' index). Prints Markdown on stdout: per
+# server runs. Every BENCH_TRAFFIC_SCRAPE seconds (5) a scraper (one
+# session, kept open) reads idem_stats, idem_stuck and outbox_lag, and the
+# keys finished but not yet settled (still in the live keys' index). Prints Markdown on stdout: per
 # view the median, p99 and worst read over the run. Target: every view
 # <= 10 ms at any moment.
 #
@@ -77,19 +77,23 @@ as_pg "$bindir/pgbench" -h "$dir" -p "$port" -U postgres -n -c 8 -j 2 -M prepare
     -T "$seconds" -f "$dir/traffic.sql" postgres >"$dir/traffic.log" 2>&1 &
 traffic=$!
 
-# The scrapes: one line per view per scrape ("view ms"), and the finished
-# keys not yet settled at that moment.
-: >"$dir/scrapes"
-max_unsettled=0
-end=$(($(date +%s) + seconds))
-while [ "$(date +%s)" -lt "$end" ] && kill -0 "$traffic" 2>/dev/null; do
-    psql_bench -c "SELECT 'idem_stats', read_ms('idem_stats')" -c "SELECT 'idem_stuck', read_ms('idem_stuck')" \
-        -c "SELECT 'outbox_lag', read_ms('outbox_lag')" | tr '|' ' ' >>"$dir/scrapes"
-    unsettled=$(psql_bench -c "SELECT count(*) FROM idempotency.idempotency_keys
-        WHERE active_since IS NOT NULL AND status NOT IN ('RECEIVED', 'PROCESSING')")
-    [ "${unsettled:-0}" -gt "$max_unsettled" ] && max_unsettled=$unsettled
-    sleep "$scrape"
-done
+# The scrapes, from one session kept open as a monitoring scraper keeps
+# its connection (psql's \watch): each view read, then the finished keys
+# not yet settled, one transaction per scrape.
+psql_bench <<'SQL' || exit 1
+CREATE TABLE scrapes (view text, ms float8);
+CREATE TABLE unsettled (n bigint);
+CREATE FUNCTION scrape_once() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO scrapes SELECT v, read_ms(v) FROM unnest('{idem_stats,idem_stuck,outbox_lag}'::text[]) v;
+    INSERT INTO unsettled SELECT count(*) FROM idempotency.idempotency_keys
+     WHERE active_since IS NOT NULL AND status NOT IN ('RECEIVED', 'PROCESSING');
+END $$;
+SQL
+printf 'SELECT scrape_once() \\watch %s\n' "$scrape" |
+    as_pg timeout "$seconds" "$bindir/psql" -h "$dir" -p "$port" -U postgres -d postgres -X -q >/dev/null 2>&1
+psql_bench -c "SELECT view, ms FROM scrapes" | tr '|' ' ' >"$dir/scrapes"
+max_unsettled=$(psql_bench -c "SELECT coalesce(max(n), 0) FROM unsettled")
 wait "$traffic"
 tps=$(sed -nE 's/^tps = ([0-9.]+) \(without.*/\1/p' "$dir/traffic.log")
 [ -n "$tps" ] || { echo "views_traffic: the traffic failed:" >&2; tail -20 "$dir/traffic.log" >&2; exit 1; }
