@@ -30,15 +30,26 @@ std::uint32_t slot_of(const TopicSet& set, const text* topic, std::uint32_t hash
     return slot;
 }
 
-// The set of the array's elements; stops at the first NULL or invalid
-// name, with `*invalid` pointing at it (nullptr: every element is valid).
-TopicSet build_topic_set(ArrayType* array, const text** invalid, bool* invalid_is_null) {
+// Throws for a NULL element or a topic that is not a valid name.
+void check_topics(ArrayType* array) {
     Datum* elements = nullptr;
     bool* nulls = nullptr;
     int n = 0;
     deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &elements, &nulls, &n);
-    *invalid = nullptr;
-    *invalid_is_null = false;
+    for (int i = 0; i < n; ++i) {
+        if (nulls[i]) throw_null_argument("an element of topics");
+        check_name("topic", VARSIZE_ANY_EXHDR(DatumGetPointer(elements[i])));
+    }
+    pfree(elements);
+    pfree(nulls);
+}
+
+// The set of the elements of a checked array.
+TopicSet build_topic_set(ArrayType* array) {
+    Datum* elements = nullptr;
+    bool* nulls = nullptr;
+    int n = 0;
+    deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &elements, &nulls, &n);
     // At most half full: short probes.
     std::uint32_t capacity = 16;
     while (capacity < 2 * static_cast<std::uint32_t>(n)) capacity *= 2;
@@ -47,16 +58,7 @@ TopicSet build_topic_set(ArrayType* array, const text** invalid, bool* invalid_i
     set.slots = static_cast<TopicSlot*>(palloc0(sizeof(TopicSlot) * capacity));
     set.mask = capacity - 1;
     for (int i = 0; i < n; ++i) {
-        if (nulls[i]) {
-            *invalid_is_null = true;
-            break;
-        }
         const text* topic = DatumGetTextPP(elements[i]);
-        const std::size_t bytes = VARSIZE_ANY_EXHDR(topic);
-        if (bytes == 0 || bytes > kMaxNameBytes) {
-            *invalid = topic;
-            break;
-        }
         const std::uint32_t hash = hash_of(topic);
         const std::uint32_t slot = slot_of(set, topic, hash);
         if (set.slots[slot].place != 0) continue;
@@ -84,23 +86,16 @@ bool same_array(const ArrayType* a, const ArrayType* b) {
 const TopicSet& topic_set_of(Datum datum) {
     ArrayType* array = DatumGetArrayTypeP(datum);
     if (kept.memory != nullptr && same_array(kept.array, array)) return kept.set;
-    // Built under the caller's context first: an error while building
-    // leaves the kept set as it was, and frees the half-built one.
+    check_topics(array);
+    // Built under the caller's context, kept once whole: an error while
+    // building leaves the kept set as it was and frees the half-built one.
     MemoryContext const memory =
         AllocSetContextCreate(CurrentMemoryContext, "idempotency topic set", ALLOCSET_DEFAULT_SIZES);
     MemoryContext const caller = MemoryContextSwitchTo(memory);
     auto* copy = static_cast<ArrayType*>(palloc(VARSIZE(array)));
     std::memcpy(copy, array, VARSIZE(array));
-    const text* invalid = nullptr;
-    bool invalid_is_null = false;
-    const TopicSet set = build_topic_set(copy, &invalid, &invalid_is_null);
+    const TopicSet set = build_topic_set(copy);
     MemoryContextSwitchTo(caller);
-    if (invalid_is_null || invalid != nullptr) {
-        const std::size_t bytes = invalid_is_null ? 0 : VARSIZE_ANY_EXHDR(invalid);
-        MemoryContextDelete(memory);
-        if (invalid_is_null) throw_null_argument("an element of topics");
-        check_name("topic", bytes);
-    }
     MemoryContextSetParent(memory, TopMemoryContext);
     if (kept.memory != nullptr) MemoryContextDelete(kept.memory);
     kept = KeptSet{memory, copy, set};
