@@ -210,7 +210,10 @@ void start_worker(Tracked* database, TimestampTz now, const char* reason) {
     MemoryContext previous = MemoryContextSwitchTo(TopMemoryContext);
     const bool started = RegisterDynamicBackgroundWorker(&worker, &database->handle);
     MemoryContextSwitchTo(previous);
-    database->last_start = now;
+    // A start that found no slot is not a start: the database stays due, and
+    // tries again as soon as a slot frees (a notifier asked to leave wakes
+    // the launcher when it stops), ahead of any notifier.
+    if (started) database->last_start = now;
     database->running = started;
     database->waits_for_slot = !started;
     if (started)
@@ -342,9 +345,10 @@ TimestampTz launch_due_workers(TimestampTz now) {
             next_spread_start = now + gap;
             --spread_slots;
         }
-        if (!has_entry || due.sweep_wanted || due.retention <= now) database.last_retention = now;
         start_worker(&database, now, reason);
         database.spread = spread;
+        if (database.running && (!has_entry || due.sweep_wanted || due.retention <= now))
+            database.last_retention = now;
         if (!database.running) {
             make_room_for_sweep();
             next = std::min(next, now + naptime);
