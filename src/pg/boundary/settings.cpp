@@ -12,6 +12,7 @@ int retry_base_delay_ms = 1000;
 int retry_max_delay_ms = 3600 * 1000;
 int stuck_after_ms = 5 * 60 * 1000;
 int outbox_max_attempts = 10;
+int outbox_run_length = 1;
 int outbox_retention_s = 3600;
 int inbox_retention_s = 7 * 24 * 3600;
 int max_value_bytes = 1024 * 1024;
@@ -62,6 +63,9 @@ void define() {
                &stuck_after_ms, 1, INT_MAX, PGC_USERSET, GUC_UNIT_MS);
     define_int("idempotency.outbox_max_attempts", "Deliveries of an outbox event before it is dead.",
                &outbox_max_attempts, 1, INT_MAX, PGC_USERSET, 0);
+    define_int("idempotency.outbox_run_length",
+               "Consecutive events of one key an outbox claim may hand out together.",
+               &outbox_run_length, 1, 10000, PGC_USERSET, 0);
     define_bool("idempotency.outbox_notify",
                 "Notify channel idempotency_outbox when an enqueuing transaction commits.",
                 &outbox_notify, PGC_USERSET);

@@ -14,6 +14,7 @@ extern int retry_base_delay_ms;
 extern int retry_max_delay_ms;
 extern int stuck_after_ms;
 extern int outbox_max_attempts;
+extern int outbox_run_length;
 extern int outbox_retention_s;
 extern int inbox_retention_s;
 extern int max_value_bytes;

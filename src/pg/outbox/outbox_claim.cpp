@@ -110,13 +110,15 @@ bool before(const ReadyRow& a, const ReadyRow& b) {
 // returns how many.
 int hand_out(const ClaimRequest& request, Micros now, const ItemPointerData* tids, int count,
              int wanted, HandedOut sink, void* context) {
-    auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (wanted + 1)));
-    auto* locked = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (wanted + 1)));
-    const int handed = lock_due_events(tids, count, wanted, now, request.max_attempts, sink,
-                                       context, ids, locked);
+    const LockedEvents locked{
+        static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (wanted + 1))),
+        static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (wanted + 1))),
+        static_cast<bool*>(palloc(sizeof(bool) * (wanted + 1)))};
+    const int handed = lock_due_events(tids, count, wanted, request.run_length, now,
+                                       request.max_attempts, sink, context, locked);
     if (handed > 0)
-        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
-                    locked, handed);
+        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts},
+                    locked.ids, locked.versions, locked.followers, handed);
     return handed;
 }
 

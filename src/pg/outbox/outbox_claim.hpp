@@ -14,6 +14,7 @@ struct ClaimRequest {
     Datum topics;  // text[], when has_topics
     bool has_topics;
     int max_attempts;
+    int run_length;  // events of one key handed out together, the head first (1: the head alone)
 };
 
 // One event handed out: its outbox_delivery columns (valid during the

@@ -164,7 +164,7 @@ std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions,
             ids[row] = DatumGetInt64(event.values[0]);
         }
         hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts}, ids,
-                    nullptr, static_cast<int>(handed));
+                    nullptr, nullptr, static_cast<int>(handed));
         if (last != nullptr) *last = column(1, &isnull, handed - 1);
     }
     SPI_freetuptable(SPI_tuptable);

@@ -116,6 +116,7 @@ Datum claim_body(FunctionCallInfo fcinfo) {
     const bool has_requested = !PG_ARGISNULL(3);
     const Datum requested = has_requested ? topics_arg(fcinfo, 3) : 0;
     request.max_attempts = settings::outbox_max_attempts;
+    request.run_length = settings::outbox_run_length;
 
     InitMaterializedSRF(fcinfo, 0);
     HandedOutEvents out{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), 0};

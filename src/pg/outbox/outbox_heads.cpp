@@ -27,11 +27,14 @@ namespace {
 #define OUTBOX " @outbox@ "
 
 // What the heads' changes write; the reads are direct index reads
-// (pg/outbox/outbox_index.hpp). Pending events only: one handed out, acked or dead
-// since the read is no longer any key's waiting event.
+// (pg/outbox/outbox_index.hpp). A new head is pending (due at its
+// available_at), or in flight as a follower in its head's run (ready again
+// when its lease ends); one acked or dead since the read is no longer any
+// key's waiting event.
 Statement kMakeHeads = {
-    "UPDATE" OUTBOX "SET ready_at = GREATEST(available_at, $2) "
-    "WHERE id = ANY ($1) AND ready_at IS NULL AND state = 'pending' RETURNING id",
+    "UPDATE" OUTBOX "SET ready_at = CASE WHEN state = 'in_flight' THEN lease_until "
+    "ELSE GREATEST(available_at, $2) END "
+    "WHERE id = ANY ($1) AND ready_at IS NULL AND state IN ('pending', 'in_flight') RETURNING id",
     2, {INT8ARRAYOID, TIMESTAMPTZOID}, nullptr};
 
 Statement kUnmakeHeads = {

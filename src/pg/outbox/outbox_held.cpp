@@ -24,6 +24,7 @@ struct HeldEvent {
     std::int64_t id;  // the hash key: first member
     int write;        // index into writes
     ItemPointerData version;  // the row version the claim locked (invalid: not known)
+    bool follower;            // it follows a head in its run
     // The subtransaction whose lock holds the event, and the one whose ack
     // or nack settled it (none while held): a rolled-back subtransaction
     // takes back what it did, a committed one hands it to its parent.
@@ -76,6 +77,7 @@ void write_unsettled() {
     Datum* relays = static_cast<Datum*>(palloc(sizeof(Datum) * count));
     Datum* times = static_cast<Datum*>(palloc(sizeof(Datum) * count));
     Datum* caps = static_cast<Datum*>(palloc(sizeof(Datum) * count));
+    bool* followers = static_cast<bool*>(palloc(sizeof(bool) * count));
     int n = 0;
     HASH_SEQ_STATUS scan;
     hash_seq_init(&scan, held);
@@ -87,9 +89,10 @@ void write_unsettled() {
         note_due_on_commit(DueKind::EventLease, write.lease_until);
         relays[n] = PointerGetDatum(write.relay);
         caps[n] = Int32GetDatum(write.max_attempts);
+        followers[n] = event->follower;
         times[n++] = TimestampTzGetDatum(write.claimed_at);
     }
-    const ClaimedEvents claimed{ids, leases, relays, times, caps, n};
+    const ClaimedEvents claimed{ids, leases, relays, times, caps, followers, n};
     const OwnerScope scope = enter_owner_scope_of(writer);
     write_claims(claimed);
     fire_triggers_deferred_to_commit();
@@ -147,7 +150,7 @@ void on_subtransaction_event(SubXactEvent event, SubTransactionId mine, SubTrans
 }  // namespace
 
 void hold_events(const ClaimWrite& write, const std::int64_t* ids, const ItemPointerData* versions,
-                 int count) {
+                 const bool* followers, int count) {
     if (count == 0) return;
     if (held == nullptr) {
         HASHCTL control;
@@ -178,6 +181,7 @@ void hold_events(const ClaimWrite& write, const std::int64_t* ids, const ItemPoi
             ItemPointerCopy(&versions[i], &entry->version);
         else
             ItemPointerSetInvalid(&entry->version);
+        entry->follower = followers != nullptr && followers[i];
         entry->locked_in = current;
         entry->settled_in = InvalidSubTransactionId;
     }

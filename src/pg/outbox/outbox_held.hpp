@@ -25,9 +25,11 @@ struct ClaimWrite {
 
 // Records that this transaction holds the events `ids` (locked by the
 // current subtransaction) for the claim `write`, run as the current user;
-// `versions`, when given, are the row versions it locked.
+// `versions`, when given, are the row versions it locked, and
+// `followers`, when given, which events follow a head in its run (their
+// claim gives them no ready_at: they stay behind their head).
 void hold_events(const ClaimWrite& write, const std::int64_t* ids, const ItemPointerData* versions,
-                 int count);
+                 const bool* followers, int count);
 
 // Whether this transaction holds any event that no ack or nack settled.
 bool holds_any();

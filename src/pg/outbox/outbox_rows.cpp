@@ -5,6 +5,8 @@
 #include "core/retry.hpp"
 #include "pg/boundary/extension_objects.hpp"
 #include "pg/boundary/row_access.hpp"
+#include "pg/outbox/outbox_held.hpp"
+#include "pg/outbox/outbox_index.hpp"
 #include "pg/outbox/outbox_layout.hpp"
 
 namespace idem::pg {
@@ -51,15 +53,16 @@ const text* copied_text(Datum value) {
 
 // Records what RETURNING topic, key, COALESCE(key_seq, id) gives of a
 // changed row (ready-queue layout): its topic, and the head it ended when
-// it has a key.
-void note_changed(TupleTableSlot* row, const OutboxColumns& at, ChangedEvents* out) {
+// it has a key and was its key's head (`was_head`: it had a ready_at; a
+// follower in a run acked with its head ends nothing of its own).
+void note_changed(TupleTableSlot* row, const OutboxColumns& at, bool was_head, ChangedEvents* out) {
     ++out->count;
     Datum topic = 0;
     if (at.ready_at == 0 || !has_value(row, at.topic, &topic)) return;
     const text* topic_copy = copied_text(topic);
     out->topics[out->topic_count++] = topic_copy;
     Datum key = 0;
-    if (!has_value(row, at.key, &key)) return;
+    if (!was_head || !has_value(row, at.key, &key)) return;
     Datum place = 0;
     if (!has_value(row, at.key_seq, &place)) (void)has_value(row, at.id, &place);
     EndedHeads& ended = out->ended;
@@ -124,11 +127,13 @@ ChangedEvents change_events(const Datum* ids, const ItemPointerData* versions, i
             continue;
         for (;;) {
             if (!applies(table.found, at)) break;
+            Datum ready_at = 0;
+            const bool was_head = has_value(table.found, at.ready_at, &ready_at);
             TupleTableSlot* row = changed_row(&table);
             Setting setting{};
             write(i, row, at, &setting);
             const Change change = update_found_row(&table, row, setting.columns, setting.count);
-            if (change == Change::Done) note_changed(row, at, &changed);
+            if (change == Change::Done) note_changed(row, at, was_head, &changed);
             if (change != Change::Again) break;
         }
     }
@@ -136,20 +141,25 @@ ChangedEvents change_events(const Datum* ids, const ItemPointerData* versions, i
     return changed;
 }
 
-// Whether the event in `row` is ready and due at `now`: pending, or in
-// flight with attempts left under its cap (`max_attempts` when it has none).
-bool ready_and_due(TupleTableSlot* row, const OutboxColumns& at, Micros now, int max_attempts) {
-    Datum ready_at = 0;
-    if (!has_value(row, at.ready_at, &ready_at) || DatumGetTimestampTz(ready_at) > now)
-        return false;
-    if (state_is(row, at, at.pending)) return true;
-    if (!state_is(row, at, at.in_flight)) return false;
+// Whether the event in `row` has attempts left under its cap (`max_attempts`
+// when it recorded none).
+bool has_attempts_left(TupleTableSlot* row, const OutboxColumns& at, int max_attempts) {
     Datum cap = 0;
     return attempts_left(attempts_of(row, at),
                          has_value(row, at.max_attempts, &cap)
                              ? std::optional<std::int32_t>(DatumGetInt32(cap))
                              : std::nullopt,
                          max_attempts);
+}
+
+// Whether the event in `row` is ready and due at `now`: pending, or in
+// flight with attempts left.
+bool ready_and_due(TupleTableSlot* row, const OutboxColumns& at, Micros now, int max_attempts) {
+    Datum ready_at = 0;
+    if (!has_value(row, at.ready_at, &ready_at) || DatumGetTimestampTz(ready_at) > now)
+        return false;
+    if (state_is(row, at, at.pending)) return true;
+    return state_is(row, at, at.in_flight) && has_attempts_left(row, at, max_attempts);
 }
 
 // The event's outbox_delivery columns: id, topic, key, payload, headers,
@@ -168,11 +178,75 @@ HandedOutEvent delivery_of(TupleTableSlot* row, const OutboxColumns& at) {
 
 }  // namespace
 
-int lock_due_events(const ItemPointerData* tids, int count, int wanted, Micros now,
-                    int max_attempts, HandedOut take, void* context, std::int64_t* ids,
-                    ItemPointerData* locked) {
+namespace {
+
+// Whether `row`, found behind a head handed out in this claim, may follow
+// it in its run: waiting (no ready_at), and pending past its available_at
+// (a retry's backoff, a deliver_at), or in flight with a lease that ran out
+// and attempts left (a run whose relay stopped, not yet swept).
+bool may_follow(TupleTableSlot* row, const OutboxColumns& at, Micros now, int max_attempts) {
+    Datum value = 0;
+    if (has_value(row, at.ready_at, &value)) return false;
+    if (state_is(row, at, at.pending))
+        return has_value(row, at.available_at, &value) && DatumGetTimestampTz(value) <= now;
+    if (!state_is(row, at, at.in_flight)) return false;
+    if (!has_value(row, at.lease_until, &value) || DatumGetTimestampTz(value) > now) return false;
+    return has_attempts_left(row, at, max_attempts);
+}
+
+// The key and place of the head in table->found, copied (its slot is read
+// again for each follower); false for an event without a key.
+struct RunHead {
+    const text* topic;
+    const text* key;
+    std::int64_t place;
+    std::int64_t id;
+};
+bool run_head_of(TupleTableSlot* row, const OutboxColumns& at, RunHead* head) {
+    Datum topic = 0, key = 0, place = 0, id = 0;
+    if (at.key_seq == 0 || !has_value(row, at.key, &key)) return false;
+    (void)has_value(row, at.topic, &topic);
+    (void)has_value(row, at.id, &id);
+    if (!has_value(row, at.key_seq, &place)) place = id;
+    *head = RunHead{copied_text(topic), copied_text(key), DatumGetInt64(place), DatumGetInt64(id)};
+    return true;
+}
+
+// Hands out, after `head`, up to `room` events of its run (see
+// lock_due_events): the live events of its key from its place on, in key
+// order (every other live event of a key with a head is there), until one
+// may not follow. Returns how many, recorded in `out` from `handed` on.
+int hand_out_run(OpenTable* table, const OutboxColumns& at, KeyOrderReader* reader,
+                 const RunHead& head, int room, Micros now, int max_attempts, HandedOut take,
+                 void* context, const LockedEvents& out, int handed) {
+    auto* events = static_cast<KeyEvent*>(palloc(sizeof(KeyEvent) * (room + 2)));
+    const int found = key_events_from(reader, head.topic, head.key, head.place, -1, PG_INT64_MAX,
+                                      events, room + 1);
+    int taken = 0;
+    for (int e = 0; e < found && taken < room; ++e) {
+        if (events[e].id == head.id) continue;
+        if (events[e].ready || holds(events[e].id)) break;
+        const Datum id = Int64GetDatum(events[e].id);
+        if (!find_row(table, &id, RowLock::ForUpdateIfFree, false)) break;
+        if (!may_follow(table->found, at, now, max_attempts)) break;
+        take(delivery_of(table->found, at), context);
+        ItemPointerCopy(&table->found->tts_tid, &out.versions[handed + taken]);
+        out.ids[handed + taken] = events[e].id;
+        out.followers[handed + taken] = true;
+        ++taken;
+    }
+    pfree(events);
+    return taken;
+}
+
+}  // namespace
+
+int lock_due_events(const ItemPointerData* tids, int count, int wanted, int run_length, Micros now,
+                    int max_attempts, HandedOut take, void* context, const LockedEvents& out) {
     OpenTable table = open_to_lock(extension_objects().outbox);
     const OutboxColumns& at = outbox_columns(table.heap);
+    KeyOrderReader reader{};
+    bool reading_keys = false;
     int handed = 0;
     // One statement: every version is read with its snapshot.
     for (int i = 0; i < count && handed < wanted; ++i) {
@@ -180,9 +254,17 @@ int lock_due_events(const ItemPointerData* tids, int count, int wanted, Micros n
         if (!ready_and_due(table.found, at, now, max_attempts)) continue;
         const HandedOutEvent event = delivery_of(table.found, at);
         take(event, context);
-        ItemPointerCopy(&table.found->tts_tid, &locked[handed]);
-        ids[handed++] = DatumGetInt64(event.values[0]);
+        ItemPointerCopy(&table.found->tts_tid, &out.versions[handed]);
+        out.ids[handed] = DatumGetInt64(event.values[0]);
+        out.followers[handed++] = false;
+        RunHead head;
+        if (run_length <= 1 || handed == wanted || !run_head_of(table.found, at, &head)) continue;
+        if (!reading_keys) reader = open_key_order();
+        reading_keys = true;
+        handed += hand_out_run(&table, at, &reader, head, std::min(run_length - 1, wanted - handed),
+                               now, max_attempts, take, context, out, handed);
     }
+    if (reading_keys) close_key_order(&reader);
     close_table(&table);
     return handed;
 }
@@ -235,7 +317,8 @@ ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, const ItemPointer
 }
 
 void write_claims_by_id(const Datum* ids, const Datum* lease_untils, const Datum* relays,
-                        const Datum* claimed_ats, const Datum* max_attempts, int count) {
+                        const Datum* claimed_ats, const Datum* max_attempts, const bool* followers,
+                        int count) {
     (void)change_events(
         ids, nullptr, count,
         [](TupleTableSlot* found, const OutboxColumns& at) {
@@ -248,7 +331,9 @@ void write_claims_by_id(const Datum* ids, const Datum* lease_untils, const Datum
             put(row, setting, at.relay, relays[i]);
             put(row, setting, at.updated_at, claimed_ats[i]);
             put(row, setting, at.max_attempts, max_attempts[i]);
-            put(row, setting, at.ready_at, lease_untils[i]);
+            Datum ready_at = 0;
+            if (followers == nullptr || !followers[i] || has_value(row, at.ready_at, &ready_at))
+                put(row, setting, at.ready_at, lease_untils[i]);
         });
 }
 

@@ -51,21 +51,38 @@ ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, const ItemPointer
                         int count, Micros now);
 
 // The claims' writes of events pending or in flight: in flight, one more
-// attempt, the claim's lease (and ready place: due again when it ends),
-// relay, time and attempt cap; each argument one per id.
+// attempt, the claim's lease (and ready place: due again when it ends;
+// a follower in a run has none, unless it became its key's head since),
+// relay, time and attempt cap; each argument one per id (`followers` may
+// be nullptr: none).
 void write_claims_by_id(const Datum* ids, const Datum* lease_untils, const Datum* relays,
-                        const Datum* claimed_ats, const Datum* max_attempts, int count);
+                        const Datum* claimed_ats, const Datum* max_attempts, const bool* followers,
+                        int count);
+
+// Where lock_due_events puts what it hands out, one element per event:
+// its id, the row version locked, and whether it follows a head in its
+// run (not a head itself).
+struct LockedEvents {
+    std::int64_t* ids;
+    ItemPointerData* versions;
+    bool* followers;
+};
 
 // Locks up to `wanted` of the row versions `tids` (read from the outbox by
 // this transaction, oldest ready first) whose events are still ready and
-// due, in that order, passes each to `take`, its id to `ids` and the
-// version locked to `locked`; returns how many. As SELECT ... WHERE ctid = ANY (tids) AND ready_at <= now AND
+// due, in that order, passes each to `take` and records it in `out`;
+// returns how many. As SELECT ... WHERE ctid = ANY (tids) AND ready_at <= now AND
 // <pending, or in flight with attempts left> ORDER BY ready_at, id LIMIT
 // wanted FOR NO KEY UPDATE SKIP LOCKED does: a version no longer visible
 // is passed over, so is an event another transaction holds, and under
 // READ COMMITTED an event changed since is decided on its newest version.
-int lock_due_events(const ItemPointerData* tids, int count, int wanted, Micros now,
-                    int max_attempts, HandedOut take, void* context, std::int64_t* ids,
-                    ItemPointerData* locked);
+//
+// With `run_length` above 1, each keyed head is followed by its run: up to
+// run_length - 1 events waiting behind it in its key's order, consecutive,
+// each due (pending and past its available_at, or in flight with a lease
+// that ran out and attempts left) and free to lock; the run stops at the
+// first that is not. They count toward `wanted`.
+int lock_due_events(const ItemPointerData* tids, int count, int wanted, int run_length, Micros now,
+                    int max_attempts, HandedOut take, void* context, const LockedEvents& out);
 
 }  // namespace idem::pg

@@ -40,9 +40,12 @@ struct ClaimedEvents {
     const Datum* relays;        // text
     const Datum* claimed_ats;   // timestamptz
     const Datum* max_attempts;  // int4
+    const bool* followers;      // following a head in its run (nullptr: none)
     int count;
 };
-// Writes the claims: in flight, one more attempt, the lease and the relay.
+// Writes the claims: in flight, one more attempt, the lease and the relay;
+// a head's ready place moves to the end of its lease, a follower keeps
+// none (unless the end of the head before it made it one meanwhile).
 void write_claims(const ClaimedEvents& events);
 // Acks held events (ids, with the relay that claimed each and the row
 // version it locked), writing their claims with the delivery.

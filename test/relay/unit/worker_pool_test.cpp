@@ -1,0 +1,137 @@
+// The delivery threads and runs: events of one (topic, key) go out one
+// after the other in the order claimed, never two at once, and the first
+// that is not delivered stops the rest of its key (they come back as Skip,
+// not tried); other keys go on.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "relay/stats.hpp"
+#include "relay/wake.hpp"
+#include "relay/worker_pool.hpp"
+
+using namespace idem::relay;
+
+namespace {
+
+// Records what it is given; fails the events of `failing`; a delivery
+// takes a moment, so that threads overlap.
+class RecordingSink : public Sink {
+public:
+    struct Shared {
+        std::mutex mutex;
+        std::map<std::string, std::vector<std::int64_t>> order;  // per key, as delivered
+        std::map<std::string, int> running;                      // per key, right now
+        int most_at_once = 0;                                    // of one key
+        std::vector<std::int64_t> failing;
+    };
+    explicit RecordingSink(Shared& shared) : shared_(shared) {}
+
+    Outcome deliver(const Event& event) override {
+        const std::string key = event.topic + "/" + event.key.value_or("");
+        bool fail = false;
+        {
+            std::lock_guard<std::mutex> lock(shared_.mutex);
+            if (event.key)
+                shared_.most_at_once = std::max(shared_.most_at_once, ++shared_.running[key]);
+            shared_.order[key].push_back(event.id);
+            for (std::int64_t id : shared_.failing) fail = fail || id == event.id;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        {
+            std::lock_guard<std::mutex> lock(shared_.mutex);
+            if (event.key) --shared_.running[key];
+        }
+        return fail ? Outcome::retry("refused") : Outcome::ack();
+    }
+
+private:
+    Shared& shared_;
+};
+
+class RecordingTarget : public SinkTarget {
+public:
+    explicit RecordingTarget(std::size_t group) : group_(group) {}
+    std::unique_ptr<Sink> open() override { return std::make_unique<RecordingSink>(shared); }
+    Millis max_delivery_time() const override { return Millis(1000); }
+    std::size_t group_size() const override { return group_; }
+    std::string describe() const override { return "recording"; }
+    RecordingSink::Shared shared;
+
+private:
+    std::size_t group_;
+};
+
+Event event(std::int64_t id, const char* key) {
+    Event e;
+    e.id = id;
+    e.topic = "t";
+    if (key != nullptr) e.key = key;
+    e.lease_until = Clock::now() + std::chrono::minutes(5);
+    return e;
+}
+
+// Submits the events and collects every result.
+std::map<std::int64_t, Verdict> deliver_all(RecordingTarget& target, int threads,
+                                            std::vector<Event> events) {
+    WakePipe wake;
+    Stats stats;
+    const std::size_t count = events.size();
+    std::map<std::int64_t, Verdict> verdicts;
+    {
+        WorkerPool pool(target, threads, wake, stats);
+        pool.submit(std::move(events));
+        const auto deadline = Clock::now() + std::chrono::seconds(30);
+        while (verdicts.size() < count && Clock::now() < deadline) {
+            for (const Delivery& d : pool.take_results()) verdicts[d.event.id] = d.outcome.verdict;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        pool.stop();
+    }
+    return verdicts;
+}
+
+}  // namespace
+
+TEST(RelayRuns, OneKeyGoesOutInOrderOneAtATime) {
+    for (std::size_t group : {std::size_t{1}, std::size_t{8}}) {
+        RecordingTarget target(group);
+        std::vector<Event> events;
+        std::int64_t id = 1;
+        for (int i = 0; i < 20; ++i) events.push_back(event(id++, "A"));
+        for (int i = 0; i < 20; ++i) events.push_back(event(id++, "B"));
+        for (int i = 0; i < 20; ++i) events.push_back(event(id++, nullptr));
+        const auto verdicts = deliver_all(target, 4, std::move(events));
+        ASSERT_EQ(verdicts.size(), 60u) << "group " << group;
+        for (const auto& [id, verdict] : verdicts) EXPECT_EQ(verdict, Verdict::Ack) << id;
+        EXPECT_EQ(target.shared.most_at_once, 1) << "group " << group;
+        std::vector<std::int64_t> a, b;
+        for (std::int64_t i = 1; i <= 20; ++i) a.push_back(i);
+        for (std::int64_t i = 21; i <= 40; ++i) b.push_back(i);
+        EXPECT_EQ(target.shared.order["t/A"], a);
+        EXPECT_EQ(target.shared.order["t/B"], b);
+    }
+}
+
+TEST(RelayRuns, TheFirstFailureStopsTheRestOfItsKeyOnly) {
+    RecordingTarget target(4);
+    target.shared.failing = {3};
+    std::vector<Event> events;
+    for (std::int64_t id = 1; id <= 5; ++id) events.push_back(event(id, "A"));
+    for (std::int64_t id = 6; id <= 8; ++id) events.push_back(event(id, "B"));
+    events.push_back(event(9, nullptr));
+    const auto verdicts = deliver_all(target, 2, std::move(events));
+    ASSERT_EQ(verdicts.size(), 9u);
+    EXPECT_EQ(verdicts.at(1), Verdict::Ack);
+    EXPECT_EQ(verdicts.at(2), Verdict::Ack);
+    EXPECT_EQ(verdicts.at(3), Verdict::Retry);
+    EXPECT_EQ(verdicts.at(4), Verdict::Skip);
+    EXPECT_EQ(verdicts.at(5), Verdict::Skip);
+    for (std::int64_t id = 6; id <= 9; ++id) EXPECT_EQ(verdicts.at(id), Verdict::Ack) << id;
+    // 4 and 5 were never tried.
+    EXPECT_EQ(target.shared.order["t/A"], (std::vector<std::int64_t>{1, 2, 3}));
+}
