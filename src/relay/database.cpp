@@ -22,27 +22,36 @@ constexpr const char* kCheckSql =
     "       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
     "                 ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
     "                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
-    "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_release') "
+    "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_release'), "
+    // Runs of a key per claim (idempotency.outbox_run_length) came with
+    // 0.7.0, as outbox_counts did.
+    "       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
+    "                 ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
+    "                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
+    "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_counts') "
     "  FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_extension e "
     "    ON e.extname OPERATOR(pg_catalog.=) 'idempotency'";
-// The claimed events in id order; the payload and headers of those past the
-// byte budget ($5, and the first event anyway when $6) are not sent: the
-// relay releases them at once.
+// The claimed events in the order the claim handed them out (a key's run
+// in its key's order); the payload and headers of those past the byte
+// budget ($5, and the first event anyway when $6) are not sent: the relay
+// releases them at once.
 constexpr const char* kClaimSql =
     "SELECT s.id, s.topic, s.key, CASE WHEN s.fits THEN s.p END, CASE WHEN s.fits THEN s.h END, "
     "       s.dedup_key, s.attempt, s.enqueued, s.fits "
     "FROM (SELECT c.*, "
-    "             pg_catalog.sum(c.bytes) OVER (ORDER BY c.id) OPERATOR(pg_catalog.<=) $5::pg_catalog.int8 "
-    "             OR (pg_catalog.row_number() OVER (ORDER BY c.id) OPERATOR(pg_catalog.=) 1 AND $6::pg_catalog.bool) AS fits "
-    "      FROM (SELECT d.id, d.topic, d.key, d.p, d.h, d.dedup_key, d.attempt, d.enqueued, "
+    "             pg_catalog.sum(c.bytes) OVER (ORDER BY c.n) OPERATOR(pg_catalog.<=) $5::pg_catalog.int8 "
+    "             OR (c.n OPERATOR(pg_catalog.=) 1 AND $6::pg_catalog.bool) AS fits "
+    "      FROM (SELECT d.n, d.id, d.topic, d.key, d.p, d.h, d.dedup_key, d.attempt, d.enqueued, "
     "                   pg_catalog.octet_length(d.p) OPERATOR(pg_catalog.+) "
     "                   COALESCE(pg_catalog.octet_length(d.h), 0) AS bytes "
-    "            FROM (SELECT o.id, o.topic, o.key, o.payload::pg_catalog.text AS p, "
+    "            FROM (SELECT o.ordinality AS n, o.id, o.topic, o.key, "
+    "                         o.payload::pg_catalog.text AS p, "
     "                         o.headers::pg_catalog.text AS h, o.dedup_key, o.attempt, "
     "                         pg_catalog.date_part('epoch', o.enqueued_at) AS enqueued "
     "                  FROM idempotency.outbox_claim($1::pg_catalog.text, $2::pg_catalog.int4, "
-    "                       $3::pg_catalog.interval, $4::pg_catalog.text[]) o OFFSET 0) d) c) s "
-    "ORDER BY s.id";
+    "                       $3::pg_catalog.interval, $4::pg_catalog.text[]) WITH ORDINALITY o "
+    "                  OFFSET 0) d) c) s "
+    "ORDER BY s.n";
 constexpr const char* kAckSql = "SELECT idempotency.outbox_ack($1::pg_catalog.int8[])";
 constexpr const char* kNackSql =
     "SELECT idempotency.outbox_nack($1::pg_catalog.int8, $2::pg_catalog.text, "
@@ -160,6 +169,7 @@ DbStatus Database::connect(std::string* error) {
     const bool usage = installed && strcmp(PQgetvalue(check, 0, 1), "t") == 0;
     const std::string role = PQntuples(check) == 1 ? PQgetvalue(check, 0, 2) : "";
     can_release_ = PQntuples(check) == 1 && strcmp(PQgetvalue(check, 0, 3), "t") == 0;
+    const bool can_run = PQntuples(check) == 1 && strcmp(PQgetvalue(check, 0, 4), "t") == 0;
     PQclear(check);
     if (!installed || !usage) {
         *error = !installed ? "the idempotency extension is not installed in this database "
@@ -176,6 +186,11 @@ DbStatus Database::connect(std::string* error) {
     const std::string idle = "SET idle_in_transaction_session_timeout = " +
                              std::to_string(options_.lease.count());
     if (!exec_setup(idle.c_str(), error, &status)) return setup_failed(status);
+    if (can_run && options_.run_length > 1) {
+        const std::string run = "SET idempotency.outbox_run_length = " +
+                                std::to_string(options_.run_length);
+        if (!exec_setup(run.c_str(), error, &status)) return setup_failed(status);
+    }
     struct Prepared {
         const char* name;
         const char* sql;

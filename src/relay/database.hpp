@@ -82,7 +82,7 @@ public:
     int socket() const;
 
     // Claims up to count events (outbox_claim with --relay, --lease, --topics).
-    // Events past bytes_left (payload and headers, in id order) come without
+    // Events past bytes_left (payload and headers, in the claim's order) come without
     // them and with fits = false, except the first when first_anyway.
     DbStatus claim(int count, std::int64_t bytes_left, bool first_anyway,
                    std::vector<Event>* events, std::string* error);

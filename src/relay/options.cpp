@@ -237,10 +237,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
             continue;
         }
         static const char* const kWithValue[] = {
-            "--dsn", "--relay", "--sink", "--sink-file", "--topics", "--batch", "--lease", "--parallel",
-            "--connections", "--metrics-addr", "--poll-interval", "--http-timeout", "--connect-timeout",
-            "--progress-interval", "--max-in-flight-bytes", "--ca-file", "--client-cert",
-            "--client-key"};
+            "--dsn", "--relay", "--sink", "--sink-file", "--topics", "--batch", "--run-length",
+            "--lease", "--parallel", "--connections", "--metrics-addr", "--poll-interval",
+            "--http-timeout", "--connect-timeout", "--progress-interval", "--max-in-flight-bytes",
+            "--ca-file", "--client-cert", "--client-key"};
         bool known = false;
         for (const char* option : kWithValue) known = known || name == option;
         if (!known) return fail("unknown option '" + name + "'");
@@ -276,6 +276,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
         } else if (name == "--batch") {
             if (!parse_int(value, 1, kMaxBatch, &options.batch))
                 return fail("--batch must be a whole number from 1 to 10000, not '" + value + "'");
+        } else if (name == "--run-length") {
+            if (!parse_int(value, 1, kMaxBatch, &options.run_length))
+                return fail("--run-length must be a whole number from 1 to 10000, not '" + value +
+                            "'");
         } else if (name == "--parallel") {
             if (!parse_int(value, 1, kMaxParallel, &options.parallel))
                 return fail("--parallel must be a whole number from 1 to 256, not '" + value + "'");
@@ -373,7 +377,8 @@ outbox (idempotency.outbox_enqueue) to a sink, at least once, in order per key.
 Usage:
   idem-relay [--dsn DSN] --relay NAME (--sink SINK | --sink-file FILE)
              (--topics a,b | --all-topics)
-             [--batch N] [--lease 30s] [--parallel N] [--connections N] [--once]
+             [--batch N] [--run-length N] [--lease 30s] [--parallel N]
+             [--connections N] [--once]
              [--metrics-addr HOST:PORT]
 
 Required:
@@ -489,6 +494,11 @@ Options:
   --batch N            events claimed per round trip, 1 to 10000 (default 100);
                        fewer when the deliveries so far show that not all of
                        them could start within the lease
+  --run-length N       consecutive events of one (topic, key) a claim may hand
+                       out together, 1 to 10000 (default 100): they are
+                       delivered one after the other, and the first that is
+                       not delivered stops the rest, which go back to wait
+                       behind it. 1: one event of a key per claim
   --lease DURATION     how long a claimed event stays ours before another relay
                        may take it over (default 30s; at most the server's
                        idempotency.max_lease). An event whose lease would run

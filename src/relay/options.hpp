@@ -17,6 +17,7 @@ struct Options {
     std::vector<std::string> topics;  // --topics a,b: empty with --all-topics
     bool all_topics = false;          // --all-topics: every topic (an explicit choice)
     int batch = 100;                  // --batch: events per claim (1..10000)
+    int run_length = 100;             // --run-length: events of one key per claim (1..10000)
     Millis lease{30000};              // --lease: how long a claimed event is ours
     int parallel = 1;                 // --parallel: concurrent deliveries (per connection)
     int connections = 1;              // --connections: database connections, each claiming on its own

@@ -12,7 +12,59 @@ namespace {
 constexpr std::size_t kWakeAfterResults = 64;
 constexpr auto kWakeInterval = std::chrono::milliseconds(2);
 
+// An event's key for ordering: (topic, key), or empty without a key.
+std::string order_key(const Event& event) {
+    if (!event.key) return {};
+    std::string both = event.topic;
+    both.push_back('\0');
+    both += *event.key;
+    return both;
+}
+
 }  // namespace
+
+bool WorkerPool::any_startable() const {
+    for (const Event& event : queue_)
+        if (!event.key || busy_keys_.count(order_key(event)) == 0) return true;
+    return false;
+}
+
+void WorkerPool::take_startable(std::size_t count, std::vector<Delivery>* taken) {
+    std::deque<Event> kept;
+    for (Event& event : queue_) {
+        const std::string key = order_key(event);
+        if (taken->size() < count && (key.empty() || busy_keys_.insert(key).second)) {
+            taken->emplace_back();
+            taken->back().event = std::move(event);
+        } else {
+            kept.push_back(std::move(event));
+        }
+    }
+    queue_.swap(kept);
+}
+
+void WorkerPool::finish(std::vector<Delivery>* taken) {
+    for (Delivery& delivery : *taken) {
+        const std::string key = order_key(delivery.event);
+        if (key.empty()) continue;
+        busy_keys_.erase(key);
+        if (delivery.outcome.verdict == Verdict::Ack) continue;
+        // The rest of its run waits behind it in the outbox: not tried.
+        std::deque<Event> kept;
+        for (Event& event : queue_) {
+            if (order_key(event) != key) {
+                kept.push_back(std::move(event));
+                continue;
+            }
+            Delivery stopped;
+            stopped.event = std::move(event);
+            stopped.outcome = Outcome::skip("an earlier event of its key was not delivered");
+            results_.push_back(std::move(stopped));
+        }
+        queue_.swap(kept);
+    }
+    for (Delivery& delivery : *taken) results_.push_back(std::move(delivery));
+}
 
 WorkerPool::WorkerPool(SinkTarget& target, int threads, const WakePipe& wake, Stats& stats)
     : target_(target), wake_(wake), stats_(stats),
@@ -73,15 +125,16 @@ void WorkerPool::run() {
         taken.clear();
         {
             std::unique_lock<std::mutex> lock(mutex_);
-            work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-            if (queue_.empty()) return;
+            work_ready_.wait(lock, [this] { return stopping_ || any_startable(); });
+            if (!any_startable()) {
+                if (queue_.empty()) return;
+                // Stopping: the events left wait for their keys' deliveries.
+                work_ready_.wait(lock, [this] { return queue_.empty() || any_startable(); });
+                if (queue_.empty()) return;
+            }
             const std::size_t share = (queue_.size() + threads - 1) / threads;
             const std::size_t count = std::min(group_size, std::max<std::size_t>(1, share));
-            for (std::size_t i = 0; i < count; ++i) {
-                taken.emplace_back();
-                taken.back().event = std::move(queue_.front());
-                queue_.pop_front();
-            }
+            take_startable(count, &taken);
             abandon = abandon_;
         }
         const Clock::time_point start = Clock::now();
@@ -119,12 +172,14 @@ void WorkerPool::run() {
         bool wake;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            for (Delivery& delivery : taken) results_.push_back(std::move(delivery));
+            finish(&taken);
             const Clock::time_point now = Clock::now();
             wake = queue_.empty() || results_.size() >= kWakeAfterResults ||
                    now - last_wake_ >= kWakeInterval;
             if (wake) last_wake_ = now;
         }
+        // Keys freed: events of theirs may start on another thread.
+        work_ready_.notify_all();
         if (wake) wake_.notify();
     }
 }

@@ -2,7 +2,8 @@
 """idem-relay benchmark driver (see bench.sh). Needs psycopg2.
 
 Throughput: every run starts from the same backlog (bench.outbox_prefill:
-EVENTS events of topic 'orders', without a key or over 1000 keys), in
+EVENTS events of topic 'orders', without a key, over 1000 keys or of one
+key), in
 idempotency.outbox for
 idem-relay and in bench.outbox (the same columns and indexes) for the
 hand-written loops (test/bench/hand_loop.cpp, with or without per-key
@@ -177,7 +178,7 @@ class Bench:
             # Rotating order: no variant always runs first (or last).
             for i in range(len(variants)):
                 v = variants[(i + r) % len(variants)]
-                results[v["name"]].append(self.run(v, keys))
+                results[v["name"]].append(self.run(v, v.get("keys", keys)))
         return results
 
 
@@ -375,11 +376,22 @@ def main():
     # baseline here. The unordered loop shows what the order costs.
     keyed = [hand("hand loop keeping per-key order, stdout", ordered=True),
              hand("hand loop without order, stdout"), sql_loop] + sinks("idem-relay, ") + \
+        [relay("idem-relay --run-length 1, stdout", "stdout", ["--run-length", "1"])] + \
         sinks("idem-relay --connections 2, ", lanes)
     results = bench.throughput(keyed, 1000)
     report("throughput: a backlog of %d events over 1000 keys, --batch %d, one process, median of %d;"
            " ratios to the hand loop that keeps per-key order" % (a.events, a.batch, a.rounds),
            keyed, results, keyed[0]["name"])
+
+    # One hot key: its whole backlog behind one head. Runs (--run-length,
+    # 100 by default) drain it a batch at a time; the baseline is the same
+    # relay on a backlog without a key.
+    hot = [dict(relay("idem-relay, stdout, no key", "stdout"), keys=0),
+           dict(relay("idem-relay, stdout, one key", "stdout"), keys=1)]
+    results = bench.throughput(hot, 1)
+    report("hot key: a backlog of %d events of one key against the same backlog without a key,"
+           " --batch %d, one process, median of %d" % (a.events, a.batch, a.rounds),
+           hot, results, hot[0]["name"])
 
     scale_variants = [hand("hand loop, 1 process"), hand("hand loop, 2 processes", 2),
                       hand("hand loop, 4 processes", 4)]

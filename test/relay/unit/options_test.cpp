@@ -41,6 +41,7 @@ TEST(RelayOptions, RequiredOnlyGivesTheDefaults) {
     EXPECT_TRUE(r.options.all_topics);
     EXPECT_EQ(r.options.max_in_flight_bytes, 64LL << 20);
     EXPECT_EQ(r.options.batch, 100);
+    EXPECT_EQ(r.options.run_length, 100);
     EXPECT_EQ(r.options.lease, Millis(30000));
     EXPECT_EQ(r.options.parallel, 1);
     EXPECT_EQ(r.options.connections, 1);
@@ -52,7 +53,8 @@ TEST(RelayOptions, RequiredOnlyGivesTheDefaults) {
 }
 
 TEST(RelayOptions, EveryOption) {
-    const ParseResult r = parse(base({"--topics", "a,b", "--batch=500", "--lease", "1m",
+    const ParseResult r = parse(base({"--topics", "a,b", "--batch=500", "--run-length", "1",
+                                      "--lease", "1m",
                                       "--parallel", "4", "--connections", "3", "--once",
                                       "--metrics-addr",
                                       "127.0.0.1:9187", "--poll-interval", "250ms",
@@ -62,6 +64,7 @@ TEST(RelayOptions, EveryOption) {
     EXPECT_FALSE(r.options.all_topics);
     EXPECT_EQ(r.options.max_in_flight_bytes, 8LL << 20);
     EXPECT_EQ(r.options.batch, 500);
+    EXPECT_EQ(r.options.run_length, 1);
     EXPECT_EQ(r.options.lease, Millis(60000));
     EXPECT_EQ(r.options.parallel, 4);
     EXPECT_EQ(r.options.connections, 3);
@@ -107,6 +110,9 @@ TEST(RelayOptions, Errors) {
         {required({"--batch", "0"}), "--batch"},
         {required({"--batch", "10001"}), "--batch"},
         {required({"--batch", "12x"}), "--batch"},
+        {required({"--run-length", "0"}), "--run-length"},
+        {required({"--run-length", "10001"}), "--run-length"},
+        {required({"--run-length", "many"}), "--run-length"},
         {required({"--parallel", "0"}), "--parallel"},
         {required({"--connections", "0"}), "--connections"},
         {required({"--connections", "17"}), "--connections"},
