@@ -1,0 +1,100 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors that errors.Is recognises. The extension's SQLSTATEs come back
+// wrapped in *Error (so errors.As still finds the driver's own error); the
+// outcomes that are not the work's success come back as their result types
+// (*InProgress, *RetryLater, *Failed, *Mismatch), which match these too.
+var (
+	ErrFenced     = errors.New("idempotency: stale token: the key was taken over (IK001)")
+	ErrNotFound   = errors.New("idempotency: the key does not exist (IK002)")
+	ErrWrongState = errors.New("idempotency: the key's state does not allow the call (IK003)")
+	ErrInProgress = errors.New("idempotency: the key is held by another worker")
+	ErrRetryLater = errors.New("idempotency: the key failed and waits for its retry")
+	ErrFailed     = errors.New("idempotency: the key failed")
+	ErrMismatch   = errors.New("idempotency: the key was used with another request")
+	ErrReleased   = errors.New("idempotency: the work gave the key back")
+)
+
+var sqlStates = map[string]error{
+	"IK001": ErrFenced,
+	"IK002": ErrNotFound,
+	"IK003": ErrWrongState,
+}
+
+// Error is a database error the extension raised with one of its SQLSTATEs.
+type Error struct {
+	Code string // the SQLSTATE, e.g. IK001
+	Err  error  // the driver's error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is matches the sentinel of the error's SQLSTATE.
+func (e *Error) Is(target error) bool { return sqlStates[e.Code] == target }
+
+// SQLState reads the code through the method both lib/pq (*pq.Error) and
+// pgx (*pgconn.PgError) have, so that no driver is imported here.
+func SQLState(err error) string {
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		return coded.SQLState()
+	}
+	return ""
+}
+
+// wrap gives the extension's errors their sentinel; others pass unchanged.
+func wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	var known *Error
+	if errors.As(err, &known) {
+		return err
+	}
+	if code := SQLState(err); sqlStates[code] != nil {
+		return &Error{Code: code, Err: err}
+	}
+	return err
+}
+
+// FinalError marks a work's error as final: the key fails for good and is
+// not retried. Make one with Final.
+type FinalError struct{ Err error }
+
+func (e *FinalError) Error() string { return e.Err.Error() }
+func (e *FinalError) Unwrap() error { return e.Err }
+
+// Final marks err as final (no retry).
+func Final(err error) error { return &FinalError{Err: err} }
+
+// RetryableError asks for a retry after RetryIn instead of the extension's
+// backoff. Make one with Retry. Any error not marked final is retryable.
+type RetryableError struct {
+	Err     error
+	RetryIn time.Duration
+}
+
+func (e *RetryableError) Error() string { return e.Err.Error() }
+func (e *RetryableError) Unwrap() error { return e.Err }
+
+// Retry marks err as retryable after d (0: at once).
+func Retry(err error, d time.Duration) error { return &RetryableError{Err: err, RetryIn: d} }
+
+func isFinal(err error) bool {
+	var final *FinalError
+	return errors.As(err, &final)
+}
+
+func errorText(err error) string {
+	if err == nil {
+		return "unknown error"
+	}
+	return fmt.Sprint(err)
+}

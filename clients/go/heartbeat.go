@@ -1,0 +1,43 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// KeepAlive starts a goroutine that renews the lease (idem_heartbeat) every
+// third of it while the work runs. It returns a context for the work, which
+// is cancelled when the lease is lost (the token is stale, IK001, or the key
+// is no longer PROCESSING, IK003; LeaseLost says which) or ctx ends, and a
+// stop function that ends the heartbeat and waits for it. The heartbeat
+// also stops with ctx. Other errors (a dropped connection) are transient:
+// the next beat tries again.
+func (c *Claimed) KeepAlive(ctx context.Context) (context.Context, func()) {
+	work, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ticker := time.NewTicker(c.Lease / 3)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-work.Done():
+				return
+			case <-ticker.C:
+			}
+			_, err := c.db.ExecContext(work, sqlHeartbeat, c.Key, c.Token, c.Lease.Seconds(), c.Scope)
+			if err = wrap(err); errors.Is(err, ErrFenced) || errors.Is(err, ErrWrongState) {
+				c.mu.Lock()
+				c.lost = err
+				c.mu.Unlock()
+				cancel()
+				return
+			}
+		}
+	}()
+	return work, func() {
+		cancel()
+		<-done
+	}
+}

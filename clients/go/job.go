@@ -1,0 +1,162 @@
+package idempotency
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Claimed: the caller holds the key's lease. Every call that changes the
+// key carries Token, the fencing token: once another worker has taken the
+// key over, they fail with ErrFenced and change nothing.
+type Claimed struct {
+	Key     string
+	Scope   string
+	Token   int64
+	Attempt int // 1 the first time
+	Lease   time.Duration
+
+	db       *sql.DB
+	mu       sync.Mutex
+	lost     error  // set by the heartbeat when the lease is lost
+	finished string // "completed" or "released" once recorded
+	result   []byte
+}
+
+// Resume rebuilds a claim made elsewhere (another process handed over its
+// key and token), to heartbeat, fence, complete or fail it.
+func Resume(db *sql.DB, key string, token int64, opts *ClaimOptions) *Claimed {
+	o := opts.normalized()
+	return &Claimed{Key: key, Scope: o.Scope, Token: token, Attempt: 1, Lease: o.Lease, db: db}
+}
+
+// AssertOwner fences tx: ErrFenced unless the key is still this claim's;
+// the key's row stays locked until tx ends. Call it before business writes.
+func (c *Claimed) AssertOwner(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, sqlAssertOwner, c.Key, c.Token, c.Scope)
+	return wrap(err)
+}
+
+// Complete stores result (any JSON value) in a statement of its own; every
+// duplicate gets it back.
+func (c *Claimed) Complete(ctx context.Context, result any) error {
+	return c.complete(ctx, c.db, result)
+}
+
+// CompleteTx stores result inside tx, after the business writes: they
+// commit together or not at all.
+func (c *Claimed) CompleteTx(ctx context.Context, tx *sql.Tx, result any) error {
+	return c.complete(ctx, tx, result)
+}
+
+func (c *Claimed) complete(ctx context.Context, q Queryer, result any) error {
+	value, err := jsonParam(result)
+	if err != nil {
+		return err
+	}
+	var outcome string
+	if err := q.QueryRowContext(ctx, sqlComplete, c.Key, c.Token, value, c.Scope).Scan(&outcome); err != nil {
+		return wrap(err)
+	}
+	c.mu.Lock()
+	c.finished = "completed"
+	c.result = rawJSON(sql.NullString{String: stringOr(value), Valid: value != nil})
+	c.mu.Unlock()
+	return nil
+}
+
+// Transaction runs fn in a transaction fenced by the token, then completes
+// the key with fn's result in that same transaction and commits. An error
+// (ErrFenced among them) rolls it all back.
+func (c *Claimed) Transaction(ctx context.Context, fn func(tx *sql.Tx) (any, error)) (*Completed, error) {
+	tx, err := c.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it does nothing
+	if err := c.AssertOwner(ctx, tx); err != nil {
+		return nil, err
+	}
+	result, err := fn(tx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.CompleteTx(ctx, tx, result); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, wrap(err)
+	}
+	return &Completed{Result: c.result}, nil
+}
+
+// Fail records the work's error: final when marked with Final, otherwise
+// retryable (after the extension's backoff, or Retry's delay). The answer
+// says whether and when the key may run again.
+func (c *Claimed) Fail(ctx context.Context, cause error) (*Failed, error) {
+	tx, err := c.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it does nothing
+	failed, err := c.fail(ctx, tx, cause)
+	if err != nil {
+		return nil, err
+	}
+	return failed, wrap(tx.Commit())
+}
+
+func (c *Claimed) fail(ctx context.Context, q Queryer, cause error) (*Failed, error) {
+	final := isFinal(cause)
+	var retryIn any
+	var retryable *RetryableError
+	if !final && errors.As(cause, &retryable) {
+		retryIn = retryable.RetryIn.Seconds()
+	}
+	var status string
+	if err := q.QueryRowContext(ctx, sqlFail, c.Key, c.Token, errorText(cause), !final, retryIn, c.Scope).
+		Scan(&status); err != nil {
+		return nil, wrap(err)
+	}
+	failed := &Failed{Message: errorText(cause), Retryable: status == "FAILED_RETRYABLE", Cause: cause}
+	if failed.Retryable {
+		var due sql.NullFloat64
+		if err := q.QueryRowContext(ctx, sqlNextAttempt, c.Key, c.Scope).Scan(&due); err != nil {
+			return nil, wrap(err)
+		}
+		failed.RetryAfter = seconds(due.Float64)
+	}
+	return failed, nil
+}
+
+// Release gives the key back without counting an attempt.
+func (c *Claimed) Release(ctx context.Context) error {
+	_, err := c.db.ExecContext(ctx, sqlRelease, c.Key, c.Token, c.Scope)
+	if err == nil {
+		c.mu.Lock()
+		c.finished = "released"
+		c.mu.Unlock()
+	}
+	return wrap(err)
+}
+
+// LeaseLost is the heartbeat's error (wrapping ErrFenced or ErrWrongState)
+// once it found the lease lost; nil until then.
+func (c *Claimed) LeaseLost() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lost
+}
+
+func (c *Claimed) state() (finished string, result []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.finished, c.result
+}
+
+func stringOr(v any) string {
+	s, _ := v.(string)
+	return s
+}

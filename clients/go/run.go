@@ -1,0 +1,84 @@
+package idempotency
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+)
+
+// Work is the job Run runs once the key is claimed. ctx is cancelled when
+// the heartbeat finds the lease lost: pass it to long calls.
+type Work func(ctx context.Context, job *Claimed) (any, error)
+
+// Run is the worker pattern: it claims key, runs work under a heartbeat and
+// records how it ended. It returns *Completed when the work is done (now,
+// or earlier: Replayed), and otherwise an error that errors.Is recognises:
+//
+//	the work returned a value        completed with it (unless it completed the key itself)
+//	the work returned an error       *Failed (ErrFailed): idem_fail, final when marked with Final
+//	the lease was lost meanwhile     ErrFenced: nothing recorded, the writes rolled back
+//	job.Release was called           ErrReleased
+//	another worker holds the key     *InProgress (ErrInProgress), after opts.Wait
+//	the key waits for its retry      *RetryLater (ErrRetryLater)
+//	the key failed for good earlier  *Failed (ErrFailed), Replayed
+//	used with another request        *Mismatch (ErrMismatch)
+func Run(ctx context.Context, db *sql.DB, key string, request any, opts *ClaimOptions, work Work) (*Completed, error) {
+	o := opts.normalized()
+	r, err := Claim(ctx, db, key, request, &o)
+	if err != nil {
+		return nil, err
+	}
+	job, ok := r.(*Claimed)
+	if !ok {
+		return settled(r)
+	}
+	workCtx, stop := ctx, func() {}
+	if !o.NoHeartbeat {
+		workCtx, stop = job.KeepAlive(ctx)
+	}
+	value, workErr := work(workCtx, job)
+	stop()
+
+	record, cancel := recordingContext(ctx)
+	defer cancel()
+	finished, result := job.state()
+	switch {
+	case finished == "released":
+		return nil, ErrReleased
+	case workErr != nil && finished == "completed":
+		return nil, workErr // the caller's own error, after the key was recorded
+	case workErr != nil && errors.Is(workErr, ErrFenced):
+		return nil, workErr
+	case workErr != nil:
+		failed, err := job.Fail(record, workErr)
+		if err != nil {
+			return nil, err
+		}
+		return nil, failed
+	case finished == "completed":
+		return &Completed{Result: result}, nil
+	}
+	if err := job.Complete(record, value); err != nil {
+		return nil, err
+	}
+	_, result = job.state()
+	return &Completed{Result: result}, nil
+}
+
+// settled turns an answer that is not a claim into Run's return values.
+func settled(r Result) (*Completed, error) {
+	if done, ok := r.(*Completed); ok {
+		return done, nil
+	}
+	return nil, r.(error)
+}
+
+// recordingContext: the end of the work is recorded even when ctx was
+// cancelled meanwhile (a stopping worker), within a bound.
+func recordingContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Err() == nil {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.Background(), 10*time.Second)
+}

@@ -1,0 +1,47 @@
+package idempotency
+
+// The SQL the client runs: every call into the extension, in one place.
+// Durations travel as seconds (float8) and become intervals here; tokens
+// as bigint; JSON as text cast to jsonb. Placeholders are $n, which every
+// PostgreSQL driver for database/sql accepts.
+
+const outcomeColumns = `outcome::text, status::text, token, attempt, result::text, error,
+       extract(epoch FROM retry_after)::float8`
+
+const sqlClaim = `SELECT ` + outcomeColumns + `
+  FROM idempotency.idem_claim($1, $2::jsonb, lease => make_interval(secs => $3::float8), scope => $4)`
+
+const sqlComplete = `SELECT outcome::text
+  FROM idempotency.idem_complete($1, $2::bigint, $3::jsonb, scope => $4)`
+
+// The failure and when the key may be claimed again (NULL once final).
+const sqlFail = `SELECT idempotency.idem_fail($1, $2::bigint, $3, retryable => $4,
+                       retry_in => make_interval(secs => $5::float8), scope => $6)::text`
+
+const sqlNextAttempt = `SELECT extract(epoch FROM next_attempt_at - clock_timestamp())::float8
+  FROM idempotency.idem_get($1, $2)`
+
+const sqlHeartbeat = `SELECT idempotency.idem_heartbeat($1, $2::bigint,
+                             extend => make_interval(secs => $3::float8), scope => $4)`
+
+const sqlRelease = `SELECT idempotency.idem_release($1, $2::bigint, scope => $3)`
+
+const sqlAssertOwner = `SELECT idempotency.idem_assert_owner($1, $2::bigint, scope => $3)`
+
+const sqlEnqueue = `SELECT idempotency.outbox_enqueue($1, $2::jsonb, key => $3, headers => $4::jsonb,
+                           dedup_key => $5)`
+
+const sqlOutboxClaim = `SELECT id, topic, key, payload::text, headers::text, dedup_key, attempt
+  FROM idempotency.outbox_claim($1, batch => $2, lease => make_interval(secs => $3::float8),
+                                topics => (SELECT array_agg(t) FROM jsonb_array_elements_text($4::jsonb) AS t))`
+
+const sqlOutboxAck = `SELECT idempotency.outbox_ack(ARRAY[$1::bigint])`
+
+const sqlOutboxNack = `SELECT idempotency.outbox_nack($1::bigint, $2, retryable => $3,
+                             retry_in => make_interval(secs => $4::float8))::text`
+
+// Topics travel as a JSON array (database/sql has no portable array
+// parameter); NULL means every topic the role may claim.
+
+// Events claimed but not started when the consumer stops go back at once.
+const sqlOutboxRelease = `SELECT idempotency.outbox_release(ARRAY[$1::bigint], $2)`
