@@ -56,13 +56,13 @@ func (c *Claimed) complete(ctx context.Context, q Queryer, result any) error {
 	if err != nil {
 		return err
 	}
-	var outcome string
-	if err := q.QueryRowContext(ctx, sqlComplete, c.Key, c.Token, value, c.Scope).Scan(&outcome); err != nil {
+	var stored sql.NullString
+	if err := q.QueryRowContext(ctx, sqlComplete, c.Key, c.Token, value, c.Scope).Scan(&stored); err != nil {
 		return wrap(err)
 	}
 	c.mu.Lock()
 	c.finished = "completed"
-	c.result = rawJSON(sql.NullString{String: stringOr(value), Valid: value != nil})
+	c.result = rawJSON(stored)
 	c.mu.Unlock()
 	return nil
 }
@@ -154,9 +154,4 @@ func (c *Claimed) state() (finished string, result []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.finished, c.result
-}
-
-func stringOr(v any) string {
-	s, _ := v.(string)
-	return s
 }

@@ -2,9 +2,9 @@ package idempotency
 
 import (
 	"bytes"
-	"encoding/json"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"io"
 	"math"
@@ -59,8 +59,8 @@ type MiddlewareOptions struct {
 	Fingerprint  Fingerprint
 	Classify     func(status int) Kind
 	// The answers for keys a worker completed or failed (no stored response).
-	CompletedResponse func(result json.RawMessage) Response
-	FailedResponse    func(message string) Response
+	CompletedResponse                          func(result json.RawMessage) Response
+	FailedResponse                             func(message string) Response
 	OnReplay, OnConflict, OnMismatch, OnFenced func(Event)
 }
 
@@ -94,7 +94,9 @@ func (o *MiddlewareOptions) normalized() MiddlewareOptions {
 		n.CompletedResponse = func(result json.RawMessage) Response { return JSONResponse(http.StatusOK, result) }
 	}
 	if n.FailedResponse == nil {
-		n.FailedResponse = func(message string) Response { return Problem(http.StatusInternalServerError, "Request failed", message) }
+		n.FailedResponse = func(message string) Response {
+			return Problem(http.StatusInternalServerError, "Request failed", message)
+		}
 	}
 	return n
 }

@@ -11,7 +11,8 @@ const outcomeColumns = `outcome::text, status::text, token, attempt, result::tex
 const sqlClaim = `SELECT ` + outcomeColumns + `
   FROM idempotency.idem_claim($1, $2::jsonb, lease => make_interval(secs => $3::float8), scope => $4)`
 
-const sqlComplete = `SELECT outcome::text
+// The result as the key stores it (jsonb's text), as duplicates get it.
+const sqlComplete = `SELECT result::text
   FROM idempotency.idem_complete($1, $2::bigint, $3::jsonb, scope => $4)`
 
 // The failure and when the key may be claimed again (NULL once final).

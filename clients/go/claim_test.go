@@ -1,0 +1,240 @@
+package idempotency_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	idempotency "github.com/idempotency/idempotency/clients/go"
+)
+
+func TestClaimOutcomes(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	request := map[string]any{"amount": 1500}
+
+	first, err := idempotency.Claim(ctx, db, key, request, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, ok := first.(*idempotency.Claimed)
+	if !ok || job.Token <= 0 || job.Attempt != 1 {
+		t.Fatalf("first claim: %#v", first)
+	}
+	again, err := idempotency.Claim(ctx, db, key, request, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, ok := again.(*idempotency.InProgress)
+	if !ok || !errors.Is(busy, idempotency.ErrInProgress) {
+		t.Fatalf("duplicate while held: %#v", again)
+	}
+	if err := job.Complete(ctx, map[string]int{"charge": 981}); err != nil {
+		t.Fatal(err)
+	}
+	replay, err := idempotency.Claim(ctx, db, key, request, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, ok := replay.(*idempotency.Completed)
+	var result struct{ Charge int }
+	if !ok || !done.Replayed || done.Decode(&result) != nil || result.Charge != 981 {
+		t.Fatalf("duplicate of finished work: %#v", replay)
+	}
+	other, err := idempotency.Claim(ctx, db, key, map[string]any{"amount": 9999}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := other.(*idempotency.Mismatch); !ok || !errors.Is(other.(error), idempotency.ErrMismatch) {
+		t.Fatalf("another request: %#v", other)
+	}
+	// A token the key never had is fenced.
+	forged := idempotency.Resume(db, key, job.Token+1000, nil)
+	if err := forged.Complete(ctx, nil); !errors.Is(err, idempotency.ErrFenced) {
+		t.Fatalf("complete with a token the key never had: %v", err)
+	}
+}
+
+func TestRunRecordsHowTheWorkEnded(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+
+	key := newKey(t)
+	runs := 0
+	work := func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+		runs++
+		return map[string]string{"sent": job.Key}, nil
+	}
+	first, err := idempotency.Run(ctx, db, key, nil, nil, work)
+	if err != nil || first.Replayed {
+		t.Fatalf("first run: %#v %v", first, err)
+	}
+	second, err := idempotency.Run(ctx, db, key, nil, nil, work)
+	if err != nil || !second.Replayed || string(second.Result) != string(first.Result) || runs != 1 {
+		t.Fatalf("second run: %#v %v, %d runs", second, err, runs)
+	}
+
+	final := newKey(t)
+	_, err = idempotency.Run(ctx, db, final, nil, nil, func(context.Context, *idempotency.Claimed) (any, error) {
+		return nil, idempotency.Final(errors.New("card declined"))
+	})
+	var failed *idempotency.Failed
+	if !errors.As(err, &failed) || failed.Retryable || failed.Replayed || failed.Message != "card declined" {
+		t.Fatalf("final failure: %v", err)
+	}
+	if status, _ := keyStatus(t, db, final, "default"); status != "FAILED_FINAL" {
+		t.Fatalf("final failure left %s", status)
+	}
+	_, err = idempotency.Run(ctx, db, final, nil, nil, work)
+	if !errors.As(err, &failed) || !failed.Replayed || !errors.Is(err, idempotency.ErrFailed) {
+		t.Fatalf("a duplicate of the final failure: %v", err)
+	}
+
+	retry := newKey(t)
+	_, err = idempotency.Run(ctx, db, retry, nil, nil, func(context.Context, *idempotency.Claimed) (any, error) {
+		return nil, idempotency.Retry(errors.New("provider timeout"), 0)
+	})
+	if !errors.As(err, &failed) || !failed.Retryable {
+		t.Fatalf("retryable failure: %v", err)
+	}
+	again, err := idempotency.Run(ctx, db, retry, nil, nil, work)
+	if err != nil || again.Replayed {
+		t.Fatalf("the retry runs the work again: %#v %v", again, err)
+	}
+	if _, attempts := keyStatus(t, db, retry, "default"); attempts != 2 {
+		t.Fatalf("attempts %d, want 2", attempts)
+	}
+}
+
+// A lease of 1 s survives 2.5 s of work: the heartbeat renews it, and a
+// duplicate meanwhile is told the key is in progress.
+func TestHeartbeatKeepsTheLease(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	opts := &idempotency.ClaimOptions{Lease: time.Second}
+	done, err := idempotency.Run(ctx, db, key, nil, opts, func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+		deadline := time.Now().Add(2500 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			r, err := idempotency.Claim(ctx, db, key, nil, opts)
+			if err != nil {
+				return nil, err
+			}
+			if _, ok := r.(*idempotency.InProgress); !ok {
+				return nil, idempotency.Final(errors.New("the key was taken over despite the heartbeat"))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return "kept", ctx.Err()
+	})
+	if err != nil || string(done.Result) != `"kept"` {
+		t.Fatalf("%#v %v", done, err)
+	}
+}
+
+// A worker whose lease ran out (no heartbeat) and was taken over: its
+// fenced transaction and its complete get ErrFenced, and its writes roll back.
+func TestLateWorkerIsFenced(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	mustExec(t, db, `CREATE TABLE IF NOT EXISTS go_effects (key text, worker text)`)
+	key := newKey(t)
+	opts := &idempotency.ClaimOptions{Lease: 500 * time.Millisecond}
+	r, err := idempotency.Claim(ctx, db, key, nil, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := r.(*idempotency.Claimed)
+	var taker *idempotency.Claimed
+	eventually(t, 10*time.Second, "the lease ended and the key was claimed again", func() bool {
+		r, err := idempotency.Claim(ctx, db, key, nil, opts)
+		taker, _ = r.(*idempotency.Claimed)
+		return err == nil && taker != nil
+	})
+	if taker.Attempt != 2 || taker.Token <= late.Token {
+		t.Fatalf("takeover: %#v", taker)
+	}
+	_, err = late.Transaction(ctx, func(tx *sql.Tx) (any, error) {
+		_, err := tx.Exec(`INSERT INTO go_effects VALUES ($1, 'late')`, key)
+		return "late", err
+	})
+	if !errors.Is(err, idempotency.ErrFenced) {
+		t.Fatalf("late transaction: %v", err)
+	}
+	if err := late.Complete(ctx, "late"); !errors.Is(err, idempotency.ErrFenced) {
+		t.Fatalf("late complete: %v", err)
+	}
+	var pgErr interface{ SQLState() string }
+	if !errors.As(err, &pgErr) || pgErr.SQLState() != "IK001" {
+		t.Fatalf("the driver's error is still there: %v", err)
+	}
+	var n int
+	db.QueryRow(`SELECT count(*) FROM go_effects WHERE key = $1`, key).Scan(&n)
+	if n != 0 {
+		t.Fatalf("the late worker's write committed")
+	}
+	// The heartbeat of the late worker finds the lease lost and cancels its context.
+	workCtx, stop := late.KeepAlive(ctx)
+	defer stop()
+	select {
+	case <-workCtx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the heartbeat did not find the lease lost")
+	}
+	if !errors.Is(late.LeaseLost(), idempotency.ErrFenced) {
+		t.Fatalf("LeaseLost: %v", late.LeaseLost())
+	}
+	if err := taker.Complete(ctx, "taker"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInTx(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	mustExec(t, db, `CREATE TABLE IF NOT EXISTS go_charges (key text PRIMARY KEY, amount int)`)
+	count := func(key string) (n int) {
+		db.QueryRow(`SELECT count(*) FROM go_charges WHERE key = $1`, key).Scan(&n)
+		return n
+	}
+	charge := func(key string, fail error) (*idempotency.Completed, error) {
+		return idempotency.InTx(ctx, db, key, map[string]int{"amount": 5}, nil,
+			func(ctx context.Context, tx *sql.Tx, job *idempotency.Claimed) (any, error) {
+				if _, err := tx.ExecContext(ctx, `INSERT INTO go_charges VALUES ($1, 5)`, job.Key); err != nil {
+					return nil, err
+				}
+				return map[string]string{"charged": job.Key}, fail
+			})
+	}
+	key := newKey(t)
+	if done, err := charge(key, nil); err != nil || done.Replayed || count(key) != 1 {
+		t.Fatalf("first: %#v %v", done, err)
+	}
+	if done, err := charge(key, nil); err != nil || !done.Replayed || count(key) != 1 {
+		t.Fatalf("duplicate: %#v %v", done, err)
+	}
+
+	rolled := newKey(t)
+	boom := errors.New("boom")
+	if _, err := charge(rolled, boom); !errors.Is(err, boom) || count(rolled) != 0 {
+		t.Fatalf("retryable error: %v", err)
+	}
+	var exists bool
+	db.QueryRow(`SELECT idempotency.idem_get($1) IS NOT NULL AND (idempotency.idem_get($1)).key IS NOT NULL`, rolled).Scan(&exists)
+	if exists {
+		t.Fatal("a rolled back claim left its key")
+	}
+
+	final := newKey(t)
+	_, err := charge(final, idempotency.Final(errors.New("refused")))
+	var failed *idempotency.Failed
+	if !errors.As(err, &failed) || failed.Retryable || count(final) != 0 {
+		t.Fatalf("final error: %v", err)
+	}
+	if status, _ := keyStatus(t, db, final, "default"); status != "FAILED_FINAL" {
+		t.Fatalf("final error left %s", status)
+	}
+}

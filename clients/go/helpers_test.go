@@ -1,0 +1,73 @@
+package idempotency_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	_ "github.com/lib/pq"
+)
+
+// The tests run against a real cluster: the connection comes from the
+// standard PG* environment (test/clients/go.sh sets it), or IDEM_TEST_DSN.
+
+var keySeq atomic.Int64
+
+// newKey is a key no other test or run uses.
+func newKey(t *testing.T) string {
+	return fmt.Sprintf("%s-%d-%d", t.Name(), time.Now().UnixNano(), keySeq.Add(1))
+}
+
+func openDB(t *testing.T) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("postgres", os.Getenv("IDEM_TEST_DSN"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(40)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		t.Fatalf("no database (set the PG* environment): %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func testContext(t *testing.T, limit time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond every 20 ms until it holds or the deadline passes.
+func eventually(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", limit, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func keyStatus(t *testing.T, db *sql.DB, key, scope string) (status string, attempt int) {
+	t.Helper()
+	err := db.QueryRow(`SELECT status::text, attempts FROM idempotency.idem_get($1, $2)`, key, scope).Scan(&status, &attempt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return status, attempt
+}
+
+func mustExec(t *testing.T, db *sql.DB, query string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(query, args...); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,209 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idempotency "github.com/idempotency/idempotency/clients/go"
+)
+
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func post(t *testing.T, url, key, body string) answer {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Error(err)
+		return answer{}
+	}
+	defer res.Body.Close()
+	data, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Error(err)
+	}
+	return answer{res.StatusCode, res.Header, data}
+}
+
+// orders is a handler that counts its runs and answers 201 with a body
+// that differs per run, so that a replay is told from a second run.
+func orders(runs *atomic.Int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/orders/%d", n))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d,"request":%s,"at":%q}`, n, body, time.Now().Format(time.RFC3339Nano))
+	})
+}
+
+func TestMiddlewareReplayMismatchAndMissingKey(t *testing.T) {
+	db := openDB(t)
+	var runs atomic.Int64
+	server := httptest.NewServer(idempotency.Middleware(db, &idempotency.MiddlewareOptions{Scope: "go.orders"})(orders(&runs)))
+	defer server.Close()
+	key := newKey(t)
+
+	first := post(t, server.URL+"/orders", key, `{"item": "tea", "qty": 2}`)
+	if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first: %d %v", first.status, first.header)
+	}
+	// The same document encoded otherwise is the same request.
+	again := post(t, server.URL+"/orders", key, `{"qty":2,"item":"tea"}`)
+	if again.status != http.StatusCreated || !bytes.Equal(again.body, first.body) ||
+		again.header.Get("Location") != first.header.Get("Location") ||
+		again.header.Get("Content-Type") != first.header.Get("Content-Type") ||
+		again.header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+		t.Fatalf("replay: %d %v %s (first %s), %d runs", again.status, again.header, again.body, first.body, runs.Load())
+	}
+	other := post(t, server.URL+"/orders", key, `{"item": "coffee"}`)
+	if other.status != http.StatusUnprocessableEntity || runs.Load() != 1 ||
+		other.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("another body with the key: %d %s", other.status, other.body)
+	}
+	missing := post(t, server.URL+"/orders", "", `{"item": "tea"}`)
+	if missing.status != http.StatusBadRequest || runs.Load() != 1 {
+		t.Fatalf("no key: %d %s", missing.status, missing.body)
+	}
+	long := post(t, server.URL+"/orders", strings.Repeat("k", 256), `{}`)
+	if long.status != http.StatusBadRequest || runs.Load() != 1 {
+		t.Fatalf("a 256-byte key: %d", long.status)
+	}
+	res, err := http.Get(server.URL + "/orders") // GET is not covered: it passes
+	if err != nil || res.StatusCode != http.StatusCreated || runs.Load() != 2 {
+		t.Fatalf("GET: %v %v", res, err)
+	}
+	res.Body.Close()
+}
+
+// 100 identical requests at once: the handler runs once. It answers only
+// once the 99 others have had their 409, so every one of them met the key
+// in progress.
+func TestMiddlewareConcurrentDuplicatesRunOnce(t *testing.T) {
+	db := openDB(t)
+	var runs, conflicts atomic.Int64
+	release := make(chan struct{})
+	gate := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-time.After(20 * time.Second):
+		}
+		orders(&runs).ServeHTTP(w, r)
+	})
+	server := httptest.NewServer(idempotency.Middleware(db, &idempotency.MiddlewareOptions{Scope: "go.burst"})(gate))
+	defer server.Close()
+	http.DefaultTransport.(*http.Transport).MaxIdleConnsPerHost = 100
+	key := newKey(t)
+
+	const n = 100
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			answers[i] = post(t, server.URL+"/orders", key, `{"item": "tea"}`)
+			if answers[i].status == http.StatusConflict && conflicts.Add(1) == n-1 {
+				close(release)
+			}
+		}(i)
+	}
+	wg.Wait()
+	created := 0
+	for _, a := range answers {
+		switch a.status {
+		case http.StatusCreated:
+			created++
+		case http.StatusConflict:
+			if a.header.Get("Retry-After") == "" {
+				t.Fatalf("409 without Retry-After: %v", a.header)
+			}
+		default:
+			t.Fatalf("unexpected answer %d %s", a.status, a.body)
+		}
+	}
+	if runs.Load() != 1 || created != 1 || conflicts.Load() != n-1 {
+		t.Fatalf("%d runs, %d created, %d conflicts", runs.Load(), created, conflicts.Load())
+	}
+}
+
+// With Wait, the duplicates wait for the running one and get its response.
+func TestMiddlewareWaitingDuplicatesGetTheReplay(t *testing.T) {
+	db := openDB(t)
+	var runs atomic.Int64
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(300 * time.Millisecond)
+		orders(&runs).ServeHTTP(w, r)
+	})
+	opts := &idempotency.MiddlewareOptions{Scope: "go.wait", Wait: 20 * time.Second}
+	server := httptest.NewServer(idempotency.Middleware(db, opts)(slow))
+	defer server.Close()
+	key := newKey(t)
+	const n = 100
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			answers[i] = post(t, server.URL+"/orders", key, `{"item": "tea"}`)
+		}(i)
+	}
+	wg.Wait()
+	replayed := 0
+	for _, a := range answers {
+		if a.status != http.StatusCreated || !bytes.Equal(a.body, answers[0].body) {
+			t.Fatalf("answer %d %s, want 201 %s", a.status, a.body, answers[0].body)
+		}
+		if a.header.Get("Idempotent-Replayed") == "true" {
+			replayed++
+		}
+	}
+	if runs.Load() != 1 || replayed != n-1 {
+		t.Fatalf("%d runs, %d replayed", runs.Load(), replayed)
+	}
+}
+
+// 4xx other than 408/425/429 is final and replayed; 5xx is retryable: the
+// next request runs the handler again.
+func TestMiddlewareFailures(t *testing.T) {
+	db := openDB(t)
+	var runs atomic.Int64
+	status := http.StatusServiceUnavailable
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(status)
+		fmt.Fprintf(w, "run %d", runs.Load())
+	})
+	server := httptest.NewServer(idempotency.Middleware(db, &idempotency.MiddlewareOptions{Scope: "go.failures"})(handler))
+	defer server.Close()
+
+	key := newKey(t)
+	if a := post(t, server.URL, key, `{}`); a.status != 503 {
+		t.Fatalf("first: %d", a.status)
+	}
+	status = http.StatusNotFound
+	first := post(t, server.URL, key, `{}`)
+	replay := post(t, server.URL, key, `{}`)
+	if first.status != 404 || runs.Load() != 2 || replay.status != 404 || !bytes.Equal(replay.body, first.body) ||
+		replay.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("after a 503: %d %s, then %d %s; %d runs", first.status, first.body, replay.status, replay.body, runs.Load())
+	}
+}
