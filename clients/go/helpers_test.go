@@ -24,7 +24,22 @@ func newKey(t *testing.T) string {
 
 func openDB(t *testing.T) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("postgres", os.Getenv("IDEM_TEST_DSN"))
+	return open(t, os.Getenv("IDEM_TEST_DSN"))
+}
+
+// adminDB connects as the superuser, to read the extension's tables.
+func adminDB(t *testing.T) *sql.DB {
+	t.Helper()
+	dsn := os.Getenv("IDEM_TEST_ADMIN_DSN")
+	if dsn == "" {
+		dsn = "user=postgres"
+	}
+	return open(t, dsn)
+}
+
+func open(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("postgres", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
