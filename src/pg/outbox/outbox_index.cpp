@@ -306,12 +306,14 @@ bool next_live(KeyOrderReader* reader, ScanDirection direction, KeyEvent* out) {
     return false;
 }
 
-// Keys are read in a window of places first: a btree scan reads every
-// matching entry of the leaf page it starts on, and most next events are
-// close to the place looked from.
+// A look back reads a window of places first: a btree scan reads every
+// matching entry of the leaf page it starts on, behind a place lie a hot
+// key's acked events not yet vacuumed, and the last live event is most
+// often close. A look forward reads in one pass: after a place lie the
+// key's waiting events, and most keys have none (a second pass would be a
+// second descent of the index for nothing).
 constexpr std::int64_t kWindow = 8192;
 
-std::int64_t plus(std::int64_t a, std::int64_t b) { return a > PG_INT64_MAX - b ? PG_INT64_MAX : a + b; }
 std::int64_t minus(std::int64_t a, std::int64_t b) { return a < PG_INT64_MIN + b ? PG_INT64_MIN : a - b; }
 
 }  // namespace
@@ -319,14 +321,9 @@ std::int64_t minus(std::int64_t a, std::int64_t b) { return a < PG_INT64_MIN + b
 KeyEvent first_event_from(KeyOrderReader* reader, const text* topic, const text* key,
                           std::int64_t place, const std::int64_t* skip, int skip_count) {
     KeyEvent event{};
-    const std::int64_t near = plus(place, kWindow);
-    for (int pass = 0; pass < 2; ++pass) {
-        key_range(reader, topic, key, pass == 0 ? place : plus(near, 1),
-                  pass == 0 ? near : PG_INT64_MAX);
-        while (next_live(reader, ForwardScanDirection, &event))
-            if (skip_count == 0 || !skipped(event.id, skip, skip_count)) return event;
-        if (near == PG_INT64_MAX) break;
-    }
+    key_range(reader, topic, key, place, PG_INT64_MAX);
+    while (next_live(reader, ForwardScanDirection, &event))
+        if (skip_count == 0 || !skipped(event.id, skip, skip_count)) return event;
     return KeyEvent{};
 }
 
