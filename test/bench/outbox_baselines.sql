@@ -99,15 +99,18 @@ AS $$
      ORDER BY c.relname;
 $$;
 
--- The key of the backlog's i-th event: one of `keys` values, or none.
+-- The key of the backlog's i-th event: one of `keys` values, none (0), or
+-- a key of its own (-1).
 CREATE FUNCTION bench.backlog_key(i int, keys int) RETURNS text
 LANGUAGE sql IMMUTABLE
-AS $$ SELECT CASE WHEN keys > 0 THEN (1 + abs(hashint4(i)) % keys)::text END $$;
+AS $$ SELECT CASE WHEN keys > 0 THEN (1 + abs(hashint4(i)) % keys)::text
+                   WHEN keys < 0 THEN i::text END $$;
 
 -- The backlog of the relay benchmark: n pending events in idempotency.outbox
 -- (target 'extension') or bench.outbox (target 'plain'), rows as
 -- outbox_enqueue writes them: topic 'orders', keys spread pseudo-randomly
--- over `keys` values (the same sequence in both tables; 0: no key), a small
+-- over `keys` values (the same sequence in both tables; 0: no key; -1: a key
+-- per event), a small
 -- payload, due now. In idempotency.outbox the first event of each key is its
 -- head (ready_at, 0.5.0 on); in bench.outbox every event is ready.
 CREATE FUNCTION bench.outbox_prefill(n int, target text, keys int DEFAULT 1000) RETURNS void

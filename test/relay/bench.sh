@@ -11,6 +11,8 @@
 #     SQL (pgbench), idem-relay to stdout, to JetStream and to RabbitMQ, the
 #     ratios to the hand loop of the same semantics, and where the CPU goes
 #     (relay, PostgreSQL, broker);
+#   - distinct keys (a key per event): the hand loops and idem-relay to
+#     stdout;
 #   - one hot key: the same backlog of one key against the backlog without
 #     a key, idem-relay to stdout (runs: --run-length, 100 by default);
 #   - scaling: hand loops, --parallel and several relays on the backlog
