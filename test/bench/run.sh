@@ -59,6 +59,9 @@
 #              keys, with claim + complete latency before, during and after
 #   topic_lists test/bench/topic_lists.sh: outbox_claim over 1, 1,000 and
 #              100,000 listed topics against topics => NULL
+#   growth     test/bench/growth.sh: the keys table grown to 20,000,000
+#              uniformly random finished keys: bytes per key, duplicates,
+#              new keys and the WAL of each, as ratios to 10,000 keys
 #   views_traffic test/bench/views_traffic.sh: the views read every 5 s
 #              under 2,000 claim + complete/s (5-minute leases) over
 #              10,000,000 finished keys, workers and autovacuum on
@@ -70,7 +73,7 @@
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
 # (docs/benchmarks.md, see below) for the Markdown tables,
 # BENCH_PORT (54430), BENCH_SECTIONS ("claim wal crowd enqueue relay queue producers size
-# churn idem_relay idle heartbeat views purge topic_lists views_traffic"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
+# churn idem_relay idle heartbeat views purge topic_lists views_traffic growth"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
 # BENCH_QUEUE_RELAYS (2) relays per queue case,
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
@@ -103,7 +106,7 @@ case "$bench_dir" in /*) ;; *) bench_dir="$PWD/$bench_dir" ;; esac
 mkdir -p "$(dirname "$out")" "$bench_dir" || exit 1
 # The plots as the document links them: relative to the document's folder.
 plot_link=$(realpath -m --relative-to="$(dirname "$out")" "$bench_dir")
-sections=${BENCH_SECTIONS:-"claim wal crowd enqueue relay queue producers size churn idem_relay idle heartbeat views purge topic_lists views_traffic"}
+sections=${BENCH_SECTIONS:-"claim wal crowd enqueue relay queue producers size churn idem_relay idle heartbeat views purge topic_lists views_traffic growth"}
 size_keys=${BENCH_SIZE_KEYS:-5000000}
 size_clients=16
 bench_note=${BENCH_NOTE:-}
@@ -131,7 +134,7 @@ relay_target=1.00    # relays deliver at least as fast as the hand-written loop
 
 for section in $sections; do
     case "$section" in
-    claim | wal | crowd | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge | topic_lists | views_traffic) ;;
+    claim | wal | crowd | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge | topic_lists | views_traffic | growth) ;;
     *) echo "bench: unknown section '$section' in BENCH_SECTIONS" >&2; exit 1 ;;
     esac
 done
@@ -1223,6 +1226,13 @@ if want views_traffic; then
         "\`test/bench/views_traffic.sh\`: ${BENCH_TRAFFIC_KEYS:-10000000} finished keys, then claim +" \
         "complete of new keys with 5-minute leases at ${BENCH_TRAFFIC_RATE:-2000}/s, workers and autovacuum" \
         "on; each view read every ${BENCH_TRAFFIC_SCRAPE:-5} s; and the most finished keys waiting to be settled."
+fi
+if want growth; then
+    log "growth: the keys table grown to ${BENCH_GROWTH_STEPS:-20000000} finished keys"
+    worker_section growth.sh "Growth to 20 million keys" \
+        "\`test/bench/growth.sh\`: uniformly random finished keys loaded directly in steps, on" \
+        "PostgreSQL's default memory and checkpoint settings; at each step bytes per key, duplicates" \
+        "and new keys per second, and the WAL per new key, as ratios to the first step."
 fi
 
 load_summary=$(sort -n "$dir/load.log" | awk '{ v[NR] = $1 } END {
