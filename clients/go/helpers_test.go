@@ -9,11 +9,20 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v4/stdlib"
 	_ "github.com/lib/pq"
 )
 
 // The tests run against a real cluster: the connection comes from the
 // standard PG* environment (test/clients/go.sh sets it), or IDEM_TEST_DSN.
+// IDEM_TEST_DRIVER names the database/sql driver: "postgres" (lib/pq, the
+// default) or "pgx" (pgx v4's stdlib); test/clients/go.sh runs both.
+func driverName() string {
+	if name := os.Getenv("IDEM_TEST_DRIVER"); name != "" {
+		return name
+	}
+	return "postgres"
+}
 
 var keySeq atomic.Int64
 
@@ -39,7 +48,7 @@ func adminDB(t *testing.T) *sql.DB {
 
 func open(t *testing.T, dsn string) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("postgres", dsn)
+	db, err := sql.Open(driverName(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The Go client's tests (clients/go, go vet and go test) against a
-# throwaway cluster, offline: Debian's Go toolchain and lib/pq
-# (golang-go, golang-github-lib-pq-dev) through a vendor/ tree made by
-# clients/go/vendor.sh in a copy of the client (nothing is written into
-# clients/go). The tests: outcomes, Run, InTx, heartbeat and fencing, the
-# middleware (100 concurrent duplicates, waiting duplicates, 422, 400,
-# replays), worker processes killed with SIGKILL and paused with SIGSTOP,
-# two consumers keeping per-key order, and a Node service (the Node
-# client's Express middleware; express and pg installed by npm at the
-# versions of clients/node's lock file) sharing keys with a Go one. Exits
-# non-zero on any failure. Builds and installs the extension only when it
-# is not installed (make test does it first).
+# throwaway cluster, offline: Debian's Go toolchain, lib/pq and pgx v4
+# (golang-go, golang-github-lib-pq-dev, golang-github-jackc-pgx-v4-dev)
+# through a vendor/ tree made by clients/go/vendor.sh in a copy of the
+# client (nothing is written into clients/go). go test runs twice, once per
+# driver (IDEM_TEST_DRIVER=postgres, then pgx). The tests: outcomes, Run,
+# InTx, heartbeat and fencing, canonical JSON against what Node prints, the
+# middleware in its three modes (concurrent duplicates, waiting duplicates
+# sharing one poller, 422, 400, replays, rollbacks), worker processes
+# killed with SIGKILL and paused with SIGSTOP, two consumers keeping
+# per-key order, and a Node service (the Node client's Express middleware;
+# express and pg installed by npm at the versions of clients/node's lock
+# file) sharing keys with a Go one in each mode. Exits non-zero on any
+# failure. Builds and installs the extension only when it is not installed
+# (make test does it first).
 # Settings: CLIENTS_GO_PORT (54473, names the cluster's socket),
 # EXAMPLE_KEEP=1 keeps the cluster's folder when a test fails.
 set -u
@@ -18,7 +21,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/../../examples/lib/example.sh"
 package=$(cd "$here/../../clients/go" && pwd)
 
-IDEM_PACKAGES="golang-go golang-github-lib-pq-dev nodejs" ensure_packages || exit 1
+IDEM_PACKAGES="golang-go golang-github-lib-pq-dev golang-github-jackc-pgx-v4-dev nodejs" ensure_packages || exit 1
 if [ ! -f "$("$(pg_config_path)" --sharedir)/extension/idempotency.control" ]; then
     build_and_install || exit 1
 fi
@@ -46,9 +49,12 @@ cd "$copy/clients/go" || exit 1
 log "clients/go: go vet"
 example_run timeout 300 go vet ./... || example_fail "go vet failed"
 echo "ok - go vet ./..."
-log "clients/go: go test"
-example_run timeout 400 go test -count=1 -v ./... >"$EXAMPLE_DIR/go-test.log" 2>&1
-status=$?
-grep -E '^(=== RUN|--- |    |ok |FAIL|PASS)' "$EXAMPLE_DIR/go-test.log" | grep -v '^=== RUN'
-[ "$status" -eq 0 ] || { tail -n 40 "$EXAMPLE_DIR/go-test.log" >&2; example_fail "clients/go tests failed"; }
-echo "go test: $(grep -c '^--- PASS' "$EXAMPLE_DIR/go-test.log") passed, $(grep -c '^--- SKIP' "$EXAMPLE_DIR/go-test.log") skipped"
+for driver in postgres pgx; do
+    log "clients/go: go test (driver $driver)"
+    out=$EXAMPLE_DIR/go-test-$driver.log
+    IDEM_TEST_DRIVER=$driver example_run timeout 400 go test -count=1 -v ./... >"$out" 2>&1
+    status=$?
+    grep -E '^(=== RUN|--- |    |ok |FAIL|PASS)' "$out" | grep -v '^=== RUN'
+    [ "$status" -eq 0 ] || { tail -n 40 "$out" >&2; example_fail "clients/go tests failed under $driver"; }
+    echo "go test ($driver): $(grep -c '^--- PASS' "$out") passed, $(grep -c '^--- SKIP' "$out") skipped"
+done

@@ -24,7 +24,8 @@ idem_packages_for() {
                 python3-psycopg python3-psycopg-pool python3-venv python3-pip python3-fastapi
                 python3-httpx python3-pytest python3-uvicorn curl prometheus prometheus-postgres-exporter
                 python3-matplotlib nats-server rabbitmq-server python3-pika
-                python3-flask python3-django openssl golang-go golang-github-lib-pq-dev" ;;
+                python3-flask python3-django openssl golang-go golang-github-lib-pq-dev
+                golang-github-jackc-pgx-v4-dev" ;;
             packaging) echo "postgresql-server-dev-all debhelper build-essential fakeroot" ;;
             roots) echo "debootstrap" ;;
         esac

@@ -4,7 +4,7 @@
 // key, waits for a line on stdin (unless FINISH=now), then, in one fenced
 // transaction, inserts a row (KEY, NAME) into go_effects and completes. It
 // prints {"outcome":"completed"} or {"outcome":"fenced"} and exits; any
-// other error exits 1.
+// other error exits 1. IDEM_TEST_DRIVER names the driver as for the tests.
 package main
 
 import (
@@ -18,11 +18,16 @@ import (
 	"time"
 
 	idempotency "github.com/idempotency/idempotency/clients/go"
+	_ "github.com/jackc/pgx/v4/stdlib"
 	_ "github.com/lib/pq"
 )
 
 func main() {
-	db, err := sql.Open("postgres", os.Getenv("IDEM_TEST_DSN"))
+	driver := os.Getenv("IDEM_TEST_DRIVER")
+	if driver == "" {
+		driver = "postgres"
+	}
+	db, err := sql.Open(driver, os.Getenv("IDEM_TEST_DSN"))
 	if err != nil {
 		fail(err)
 	}
