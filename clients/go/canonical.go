@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf16"
 )
 
 // canonicalJSON re-encodes a JSON document with object keys sorted and no
@@ -17,6 +18,9 @@ import (
 func canonicalJSON(doc []byte) ([]byte, error) {
 	var value any
 	decoder := json.NewDecoder(bytes.NewReader(doc))
+	// Numbers as text: one out of float64's range is Infinity in
+	// JavaScript (written null), not an error.
+	decoder.UseNumber()
 	if err := decoder.Decode(&value); err != nil {
 		return nil, err
 	}
@@ -34,8 +38,9 @@ func writeCanonical(out *bytes.Buffer, value any) {
 		out.WriteString("null")
 	case bool:
 		out.WriteString(strconv.FormatBool(v))
-	case float64:
-		out.WriteString(jsNumber(v))
+	case json.Number:
+		f, _ := strconv.ParseFloat(string(v), 64) // ±Inf when out of range
+		out.WriteString(jsNumber(f))
 	case string:
 		writeJSString(out, v)
 	case []any:
@@ -52,7 +57,7 @@ func writeCanonical(out *bytes.Buffer, value any) {
 		for key := range v {
 			keys = append(keys, key)
 		}
-		sort.Strings(keys)
+		sortUTF16(keys)
 		out.WriteByte('{')
 		for i, key := range keys {
 			if i > 0 {
@@ -64,6 +69,25 @@ func writeCanonical(out *bytes.Buffer, value any) {
 		}
 		out.WriteByte('}')
 	}
+}
+
+// sortUTF16 sorts as JavaScript's Array.prototype.sort: by UTF-16 code
+// units, where a character beyond U+FFFF (a surrogate pair, D800-DFFF)
+// comes before U+E000-U+FFFF, unlike in UTF-8's byte order.
+func sortUTF16(keys []string) {
+	units := make(map[string][]uint16, len(keys))
+	for _, k := range keys {
+		units[k] = utf16.Encode([]rune(k))
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := units[keys[i]], units[keys[j]]
+		for n := 0; n < len(a) && n < len(b); n++ {
+			if a[n] != b[n] {
+				return a[n] < b[n]
+			}
+		}
+		return len(a) < len(b)
+	})
 }
 
 // writeJSString escapes as JSON.stringify: quote, backslash and control
