@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"time"
 )
@@ -20,8 +21,10 @@ type ClaimOptions struct {
 	Scope string        // the kind of operation; "default"
 	Lease time.Duration // 30 s
 	// Wait: how long to wait for another holder instead of answering
-	// *InProgress. It polls (25 ms, doubling, at most 250 ms apart) with
-	// short statements, so a waiting claim holds no connection between tries.
+	// *InProgress (or *RetryLater). Duplicates waiting for one key in this
+	// process share one poller (25 ms, doubling, at most 250 ms apart; see
+	// wait.go): they hold no connection, and cost one short statement a
+	// tick between them all.
 	Wait time.Duration
 	// NoHeartbeat: Run and the middleware do not renew the lease.
 	NoHeartbeat bool
@@ -53,64 +56,65 @@ func Claim(ctx context.Context, db *sql.DB, key string, request any, opts *Claim
 	if err != nil {
 		return nil, err
 	}
-	return waitFor(ctx, o.Wait, func() (Result, error) {
-		r, err := claimOnce(ctx, db, key, req, o)
-		if c, ok := r.(*Claimed); ok {
-			c.db = db
-		}
-		return r, err
+	t, err := claimWaiting(ctx, db, waitID("claim", key, req, o), o.Wait, func(ctx context.Context) (tryResult, error) {
+		return claimTry(ctx, db, key, req, o)
 	})
+	return t.res, err
 }
 
-// waitFor tries until the answer is not *InProgress or *RetryLater, or wait
-// has passed; the last answer is returned.
-func waitFor(ctx context.Context, wait time.Duration, try func() (Result, error)) (Result, error) {
-	deadline := time.Now().Add(wait)
-	delay := 25 * time.Millisecond
-	for {
-		r, err := try()
-		if err != nil {
-			return nil, err
-		}
-		switch r.(type) {
-		case *InProgress, *RetryLater:
-		default:
-			return r, nil
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return r, nil
-		}
-		if delay > left {
-			delay = left
-		}
-		select {
-		case <-ctx.Done():
-			return r, nil
-		case <-time.After(delay):
-		}
-		if delay *= 2; delay > 250*time.Millisecond {
-			delay = 250 * time.Millisecond
-		}
+// claimTry is one idem_claim in a statement of its own; a claim nobody
+// takes (see wait.go) is released.
+func claimTry(ctx context.Context, db *sql.DB, key string, req any, o ClaimOptions) (tryResult, error) {
+	r, err := claimOnce(ctx, db, key, req, o)
+	if err != nil {
+		return tryResult{}, err
 	}
+	c, ok := r.(*Claimed)
+	if !ok {
+		return tryResult{res: r}, nil
+	}
+	c.db = db
+	release := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		db.ExecContext(ctx, sqlRelease, key, c.Token, o.Scope) //nolint:errcheck // the lease ends anyway
+	}
+	return tryResult{res: r, abandon: release}, nil
+}
+
+// waitID names what a try asks for: requests with the same one share their
+// waiting (wait.go).
+func waitID(mode, key string, req any, o ClaimOptions) string {
+	id, _ := json.Marshal([]any{mode, o.Scope, key, o.Lease.String(), req})
+	return string(id)
 }
 
 // claimOnce runs idem_claim once on q and reads its answer.
 func claimOnce(ctx context.Context, q Queryer, key string, request any, o ClaimOptions) (Result, error) {
+	return readOutcome(q.QueryRowContext(ctx, sqlClaim, key, request, o.Lease.Seconds(), o.Scope), key, o)
+}
+
+// registerOnce runs idem_register once on q (inside the transaction that
+// enqueues the key's job) and reads its answer.
+func registerOnce(ctx context.Context, q Queryer, key string, request any, o ClaimOptions) (Result, error) {
+	return readOutcome(q.QueryRowContext(ctx, sqlRegister, key, request, key, o.Scope), key, o)
+}
+
+func readOutcome(row *sql.Row, key string, o ClaimOptions) (Result, error) {
 	var (
 		outcome               string
 		status, result, cause sql.NullString
 		token, attempt        sql.NullInt64
 		retryAfter            sql.NullFloat64
 	)
-	err := q.QueryRowContext(ctx, sqlClaim, key, request, o.Lease.Seconds(), o.Scope).
-		Scan(&outcome, &status, &token, &attempt, &result, &cause, &retryAfter)
-	if err != nil {
+	if err := row.Scan(&outcome, &status, &token, &attempt, &result, &cause, &retryAfter); err != nil {
 		return nil, wrap(err)
 	}
 	switch Outcome(outcome) {
 	case OutcomeClaimed:
 		return &Claimed{Key: key, Scope: o.Scope, Token: token.Int64, Attempt: int(attempt.Int64), Lease: o.Lease}, nil
+	case outcomeRegistered:
+		return &registered{}, nil
 	case OutcomeCompleted:
 		return &Completed{Result: rawJSON(result), Replayed: true}, nil
 	case OutcomeInProgress:

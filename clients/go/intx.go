@@ -23,33 +23,18 @@ func InTx(ctx context.Context, db *sql.DB, key string, request any, opts *ClaimO
 	if err != nil {
 		return nil, err
 	}
-	var tx *sql.Tx
-	r, err := waitFor(ctx, o.Wait, func() (Result, error) {
-		if tx, err = db.BeginTx(ctx, nil); err != nil {
-			return nil, err
-		}
-		r, err := claimOnce(ctx, tx, key, req, o)
-		if err == nil {
-			if _, ok := r.(*Claimed); ok {
-				return r, nil // the transaction stays open for fn
-			}
-			err = tx.Commit()
-		}
-		tx.Rollback() //nolint:errcheck // after Commit it does nothing
-		return r, wrap(err)
+	t, err := claimWaiting(ctx, db, waitID("transaction", key, req, o), o.Wait, func(ctx context.Context) (tryResult, error) {
+		return beginKey(ctx, db, false, key, req, o)
 	})
 	if err != nil {
 		return nil, err
 	}
-	job, ok := r.(*Claimed)
+	job, ok := t.res.(*Claimed)
 	if !ok {
-		return settled(r)
+		return settled(t.res)
 	}
-	job.db = db
+	tx := t.tx
 	defer tx.Rollback() //nolint:errcheck // after Commit it does nothing
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT idempotency_work"); err != nil {
-		return nil, err
-	}
 	value, workErr := fn(ctx, tx, job)
 	if workErr != nil {
 		if !isFinal(workErr) {

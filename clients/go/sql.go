@@ -11,6 +11,10 @@ const outcomeColumns = `outcome::text, status::text, token, attempt, result::tex
 const sqlClaim = `SELECT ` + outcomeColumns + `
   FROM idempotency.idem_claim($1, $2::jsonb, lease => make_interval(secs => $3::float8), scope => $4)`
 
+// job_ref is the key: the job the handler enqueues carries it.
+const sqlRegister = `SELECT ` + outcomeColumns + `
+  FROM idempotency.idem_register($1, $2::jsonb, job_ref => $3, scope => $4)`
+
 // The result as the key stores it (jsonb's text), as duplicates get it.
 const sqlComplete = `SELECT result::text
   FROM idempotency.idem_complete($1, $2::bigint, $3::jsonb, scope => $4)`
