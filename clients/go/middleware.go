@@ -35,10 +35,28 @@ func DefaultClassify(status int) Kind {
 	return KindComplete
 }
 
+// Mode is how the middleware holds a key while the handler runs.
+type Mode string
+
+const (
+	// ModeClaim: the key is claimed (committed) before the handler runs, a
+	// heartbeat keeps its lease, the response is recorded once it answers.
+	ModeClaim Mode = "claim"
+	// ModeTransaction: the key is claimed in a transaction that stays open
+	// while the handler runs (TxOf); the handler's writes on it and the
+	// stored response commit together.
+	ModeTransaction Mode = "transaction"
+	// ModeRegister: the key is registered (idem_register) in a transaction
+	// with the handler, which enqueues a job on TxOf and answers 202; a
+	// worker claims the key with RequestOf and completes it later.
+	ModeRegister Mode = "register"
+)
+
 // Event is what the hooks hear.
 type Event struct {
 	Key        string
 	Scope      string
+	Mode       Mode
 	Outcome    Outcome
 	Status     int    // the status sent
 	RetryAfter int    // seconds, on a 409
@@ -49,6 +67,7 @@ type Event struct {
 // MiddlewareOptions: all optional.
 type MiddlewareOptions struct {
 	Scope        string        // "default"
+	Mode         Mode          // ModeClaim
 	Optional     bool          // let requests without the header through untouched (default: 400)
 	Methods      []string      // the methods covered: POST and PATCH
 	Header       string        // "Idempotency-Key"
@@ -71,6 +90,9 @@ func (o *MiddlewareOptions) normalized() MiddlewareOptions {
 	}
 	if n.Scope == "" {
 		n.Scope = "default"
+	}
+	if n.Mode == "" {
+		n.Mode = ModeClaim
 	}
 	if len(n.Methods) == 0 {
 		n.Methods = []string{http.MethodPost, http.MethodPatch}
@@ -101,15 +123,37 @@ func (o *MiddlewareOptions) normalized() MiddlewareOptions {
 	return n
 }
 
-type claimContextKey struct{}
+type stateKey struct{}
 
-// ClaimOf is the claim of the request a handler under Middleware serves:
-// Key, Token, Attempt, and AssertOwner to fence a transaction of its own.
-// nil outside the middleware.
-func ClaimOf(ctx context.Context) *Claimed {
-	job, _ := ctx.Value(claimContextKey{}).(*Claimed)
-	return job
+// requestState is what a handler under Middleware can learn of its key.
+type requestState struct {
+	claim   *Claimed
+	tx      *sql.Tx
+	request json.RawMessage
 }
+
+func stateOf(ctx context.Context) *requestState {
+	st, _ := ctx.Value(stateKey{}).(*requestState)
+	if st == nil {
+		return &requestState{}
+	}
+	return st
+}
+
+// ClaimOf is the claim of the request a handler under Middleware serves
+// (claim and transaction modes): Key, Token, Attempt, and AssertOwner to
+// fence a transaction of its own. nil otherwise.
+func ClaimOf(ctx context.Context) *Claimed { return stateOf(ctx).claim }
+
+// TxOf is the request's transaction in transaction and register modes: the
+// handler's writes on it commit with the key, or not at all. Do not commit
+// or roll it back: the middleware does, by the response. nil otherwise.
+func TxOf(ctx context.Context) *sql.Tx { return stateOf(ctx).tx }
+
+// RequestOf is the fingerprint the key stands for, as JSON. In register
+// mode, pass it in the job: the worker claims the key with it (another
+// request would be a mismatch). nil outside the middleware.
+func RequestOf(ctx context.Context) json.RawMessage { return stateOf(ctx).request }
 
 // Middleware handles the Idempotency-Key header with the rules and the
 // stored-response format of the Node and Python clients, so that services
@@ -119,13 +163,17 @@ func ClaimOf(ctx context.Context) *Claimed {
 //	in progress / retry later    409 with Retry-After (after waiting up to Wait)
 //	key reused, another request  422
 //	completed or failed          the stored response, byte for byte, with Idempotent-Replayed: true
-//	new                          the handler runs under a heartbeat; its response is
-//	                             recorded, then sent
+//	new                          the handler runs; its response is recorded, then sent
 //
-// The handler's context is cancelled when its lease is lost or the client
-// goes away. The body is read whole (for the fingerprint) and handed on.
+// How the key is held while the handler runs depends on opts.Mode (claim,
+// transaction, register). In claim mode the handler's context is cancelled
+// when its lease is lost or the client goes away. The body is read whole
+// (for the fingerprint) and handed on.
 func Middleware(db *sql.DB, opts *MiddlewareOptions) func(http.Handler) http.Handler {
 	o := opts.normalized()
+	if o.Mode != ModeClaim && o.Mode != ModeTransaction && o.Mode != ModeRegister {
+		panic("idempotency: unknown middleware mode " + strconv.Quote(string(o.Mode)))
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !o.covers(r.Method) {
@@ -150,19 +198,49 @@ func Middleware(db *sql.DB, opts *MiddlewareOptions) func(http.Handler) http.Han
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
-			claim := ClaimOptions{Scope: o.Scope, Lease: o.Lease, Wait: o.Wait}
-			res, err := Claim(r.Context(), db, key, o.Fingerprint(r, body), &claim)
+			req, err := jsonParam(o.Fingerprint(r, body))
+			if err != nil {
+				Problem(http.StatusInternalServerError, "Internal error", "The request could not be fingerprinted.").write(w)
+				return
+			}
+			t, err := o.begin(r.Context(), db, key, req)
 			if err != nil {
 				Problem(http.StatusInternalServerError, "Internal error", "The key could not be claimed.").write(w)
 				return
 			}
-			if job, ok := res.(*Claimed); ok {
-				o.serve(w, r, next, job)
+			if !held(t.res) {
+				o.answer(key, t.res).write(w)
 				return
 			}
-			o.answer(key, res).write(w)
+			st := &requestState{tx: t.tx}
+			if text, ok := req.(string); ok {
+				st.request = json.RawMessage(text)
+			}
+			st.claim, _ = t.res.(*Claimed)
+			if o.Mode == ModeClaim {
+				o.serve(w, r, next, st)
+				return
+			}
+			o.serveTx(w, r, next, key, st)
 		})
 	}
+}
+
+// begin claims (or registers) the key as the mode says. Register mode does
+// not wait: its key waits for a worker, not for another request.
+func (o *MiddlewareOptions) begin(ctx context.Context, db *sql.DB, key string, req any) (tryResult, error) {
+	claim := ClaimOptions{Scope: o.Scope, Lease: o.Lease}
+	switch o.Mode {
+	case ModeTransaction:
+		return claimWaiting(ctx, db, waitID("transaction", key, req, claim), o.Wait, func(ctx context.Context) (tryResult, error) {
+			return beginKey(ctx, db, false, key, req, claim)
+		})
+	case ModeRegister:
+		return beginKey(ctx, db, true, key, req, claim)
+	}
+	return claimWaiting(ctx, db, waitID("claim", key, req, claim), o.Wait, func(ctx context.Context) (tryResult, error) {
+		return claimTry(ctx, db, key, req, claim)
+	})
 }
 
 func (o *MiddlewareOptions) covers(method string) bool {
@@ -174,8 +252,10 @@ func (o *MiddlewareOptions) covers(method string) bool {
 	return false
 }
 
-// serve runs the handler for a claimed key, records its response, sends it.
-func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next http.Handler, job *Claimed) {
+// serve runs the handler for a key claimed in claim mode, records its
+// response, sends it.
+func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next http.Handler, st *requestState) {
+	job := st.claim
 	ctx, stop := job.KeepAlive(r.Context())
 	finished := false
 	defer func() {
@@ -189,11 +269,11 @@ func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next h
 		job.Fail(record, Retry(errors.New("the handler panicked"), o.RetryIn)) //nolint:errcheck
 	}()
 	rec := newRecorder()
-	next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, claimContextKey{}, job)))
+	next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, stateKey{}, st)))
 	finished = true
 	stop()
 	if lost := job.LeaseLost(); lost != nil {
-		o.hook(o.OnFenced, Event{Key: job.Key, Scope: o.Scope, During: "heartbeat", Err: lost})
+		o.hook(o.OnFenced, Event{Key: job.Key, Scope: o.Scope, Mode: o.Mode, During: "heartbeat", Err: lost})
 	}
 	resp := rec.response()
 	if err := o.record(r.Context(), job, resp); err != nil {
@@ -203,7 +283,7 @@ func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next h
 		}
 		// Another request holds the key now; this response is still the
 		// truth about the work this request did.
-		o.hook(o.OnFenced, Event{Key: job.Key, Scope: o.Scope, During: "record", Err: err})
+		o.hook(o.OnFenced, Event{Key: job.Key, Scope: o.Scope, Mode: o.Mode, During: "record", Err: err})
 	}
 	resp.write(w)
 }
@@ -228,7 +308,7 @@ func (o *MiddlewareOptions) record(ctx context.Context, job *Claimed, resp Respo
 
 // answer is the response to a key that was not claimed.
 func (o *MiddlewareOptions) answer(key string, res Result) Response {
-	event := Event{Key: key, Scope: o.Scope, Outcome: res.Outcome()}
+	event := Event{Key: key, Scope: o.Scope, Mode: o.Mode, Outcome: res.Outcome()}
 	var resp Response
 	switch r := res.(type) {
 	case *Completed:
