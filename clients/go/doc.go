@@ -9,7 +9,8 @@
 //     token.
 //   - Run (the worker pattern) and InTx (the in-transaction pattern).
 //   - Middleware, for net/http (and what adapts it: Fiber's adaptor, chi,
-//     echo's WrapMiddleware).
+//     echo's WrapMiddleware), in claim, transaction or register mode;
+//     ClaimOf, TxOf and RequestOf in the handler.
 //   - Enqueue and Consume, for the outbox used as a job queue.
 //
 // Errors are values that errors.Is recognises: ErrFenced (SQLSTATE IK001),
