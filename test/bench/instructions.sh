@@ -16,6 +16,7 @@
 # INSTR_PORT (54438). Run alone: it needs valgrind, which it installs.
 set -u
 . "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/callgrind.sh"
 
 n1=${INSTR_N1:-200}
 n2=${INSTR_N2:-1200}
@@ -86,18 +87,9 @@ PY
 
 # instructions SCENARIO VARIANT N: the instructions of a single-user run.
 instructions() {
-    local input=$dir/input.sql out=$dir/callgrind.out
-    statements "$@" >"$input" || return 1
-    chmod 644 "$input"
-    rm -f "$out"
-    as_pg valgrind --tool=callgrind --callgrind-out-file="$out" "$bindir/postgres" --single \
-        -D "$dir/data" bench <"$input" >"$dir/single.log" 2>&1
-    if grep -q ERROR "$dir/single.log" || [ ! -s "$out" ]; then
-        echo "instructions: $1/$2 failed:" >&2
-        grep -m5 ERROR "$dir/single.log" >&2
-        return 1
-    fi
-    sed -n 's/^summary: \([0-9]*\).*/\1/p' "$out"
+    statements "$@" >"$dir/input.sql" || return 1
+    single_user_instructions "$dir/data" "$dir/input.sql" "$dir/single.log" ||
+        { echo "instructions: $1/$2 failed" >&2; return 1; }
 }
 
 declare -A per
