@@ -3,7 +3,8 @@
 # META.json's version is the control file's default_version, its lowest
 # PostgreSQL is the lowest major tested, its tested majors are MAJORS, the
 # control file's comment names them, and debian/pgversions starts there;
-# one full install script and the chain of updates reach default_version;
+# default_version has a full install script, META.json names it, and the
+# chain of updates from the oldest full script reaches default_version;
 # CMake takes the same version. Without MAJORS, META.json's tested ones.
 set -u
 cd "$(dirname "$0")/../.."
@@ -13,12 +14,15 @@ default=$(sed -n "s/^default_version = '\(.*\)'/\1/p" idempotency.control)
 meta=$(sed -n 's/^   "version": "\(.*\)",$/\1/p' META.json)
 [ -n "$default" ] && [ "$default" = "$meta" ] ||
     fail "control default_version '$default', META.json version '$meta'"
-# One full install script, the oldest, and the chain of updates from it to
-# default_version (PostgreSQL installs any version by following the chain).
-full=$(cd src/extension && ls idempotency--*.sql | grep -v -- '--.*--')
-[ "$(echo "$full" | wc -l)" -eq 1 ] || fail "more than one full install script: $(echo $full)"
-grep -q "\"file\": \"src/extension/$full\"" META.json || fail "META.json does not name $full"
-version=${full#idempotency--}; version=${version%.sql}
+# Full install scripts: the oldest, where the chain of updates starts, and
+# default_version's own (a new install runs it; an older install follows
+# the chain, which test/tap/030_install_script.pl proves ends the same).
+full=$(cd src/extension && ls idempotency--*.sql | grep -v -- '--.*--' |
+    sed 's/^idempotency--//; s/\.sql$//' | sort -V)
+echo "$full" | grep -qxF "$default" || fail "no full install script idempotency--$default.sql"
+grep -q "\"file\": \"src/extension/idempotency--$default.sql\"" META.json ||
+    fail "META.json does not name idempotency--$default.sql"
+version=$(echo "$full" | head -n 1)
 while [ "$version" != "$default" ]; do
     next=$(cd src/extension && ls "idempotency--$version--"*.sql 2>/dev/null | head -n 1)
     [ -n "$next" ] || fail "no update script from $version towards $default"
