@@ -2,12 +2,12 @@
 # the current default is installed, used, and updated with ALTER EXTENSION
 # ... UPDATE; its data must survive, the background workers must run against
 # the older schema without errors before the update, and afterwards its
-# catalog must be the same as a fresh install of the default version (since
-# 0.4.0, a fresh install is the 0.3.0 script and the 0.3.0--0.4.0 update:
-# for 0.3.0 that comparison holds by construction, and what 0.4.0 changes
-# for an existing install is checked on its own: the rights of a role that
-# had USAGE, a lease of a key claimed before the update, and the update
-# refusing a schema of another role or one holding objects of others).
+# catalog must be the same as a fresh install of the default version (which
+# runs that version's own full script; 030_install_script.pl compares the
+# two ways in more detail, without data). What 0.4.0 changes for an
+# existing install is checked on its own: the rights of a role that had
+# USAGE, a lease of a key claimed before the update, and the update refusing
+# a schema of another role or one holding objects of others.
 use strict;
 use warnings;
 
