@@ -1,8 +1,8 @@
 -- idempotency extension, version 0.7.0: the whole schema, for a new install.
 -- An install of an older version is brought here by the update scripts
--- beside this one (idempotency--0.1.0.sql, then 0.1.0--0.2.0 ... 0.6.0--0.7.0);
--- test/tap/030_install_script.pl proves that both end in the same catalog:
--- every object, definition, column position and right.
+-- beside this one (from 0.1.0's full script: 0.1.0--0.2.0 ... 0.6.0--0.7.0);
+-- test/tap/030_install_script.pl proves that both ways end in the same
+-- catalog: every object, definition, column position and right.
 --
 -- Every object lives in schema idempotency, which CREATE EXTENSION creates.
 -- The C functions run as their owner and pin the search path themselves
