@@ -46,8 +46,9 @@ BEGIN;
 SELECT id, key FROM idempotency.outbox_claim('r0', batch => 10);
 ROLLBACK;
 
--- A run of 3: each key's head, then the events behind it in key order;
--- the run counts toward the batch.
+-- A run of 3: the heads first (as many keys as the batch takes), then in
+-- the room left the events behind each head, in key order; runs count
+-- toward the batch.
 SET idempotency.outbox_run_length = 3;
 BEGIN;
 SELECT id, key FROM idempotency.outbox_claim('r0', batch => 4);

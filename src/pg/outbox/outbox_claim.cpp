@@ -40,6 +40,13 @@ extern "C" {
 // and due), and handed out. The claim itself is written at
 // commit (outbox_held.hpp).
 //
+// With runs (idempotency.outbox_run_length above 1), once the claim has
+// all the heads it can get, the room its batch has left goes to the
+// events waiting behind them, head by head in the order handed out
+// (pg/outbox/outbox_rows.hpp): a claim over many keys hands out as many
+// keys as it can, so that a relay delivers them side by side, and one over
+// few keys with long backlogs fills its batch with their runs.
+//
 // A claim of many topics reads every topic instead, passing over the
 // events of the others, for as long as that costs less than a read per
 // topic would; past that it reads its topics one by one from where it got
@@ -105,17 +112,42 @@ bool before(const ReadyRow& a, const ReadyRow& b) {
 }
 
 
+LockedEvents locked_events(int count) {
+    return LockedEvents{static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (count + 1))),
+                        static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (count + 1))),
+                        static_cast<bool*>(palloc(sizeof(bool) * (count + 1)))};
+}
+
+// The keyed heads a claim handed out, whose runs follow once it has all
+// its heads (claim_ready).
+struct Heads {
+    RunHead* heads;  // nullptr: the claim hands out no runs
+    int count;
+};
+
 // Locks and hands out up to `wanted` of the candidates (directly:
-// pg/outbox/outbox_rows.hpp), and records the claims to write at commit;
-// returns how many.
+// pg/outbox/outbox_rows.hpp), records the claims to write at commit, and
+// the keyed heads in `heads`; returns how many.
 int hand_out(const ClaimRequest& request, Micros now, const ItemPointerData* tids, int count,
-             int wanted, HandedOut sink, void* context) {
-    const LockedEvents locked{
-        static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (wanted + 1))),
-        static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (wanted + 1))),
-        static_cast<bool*>(palloc(sizeof(bool) * (wanted + 1)))};
-    const int handed = lock_due_events(tids, count, wanted, request.run_length, now,
-                                       request.max_attempts, sink, context, locked);
+             int wanted, HandedOut sink, void* context, Heads* heads) {
+    const LockedEvents locked = locked_events(wanted);
+    const int handed = lock_due_events(tids, count, wanted, now, request.max_attempts, sink,
+                                       context, locked, heads->heads, &heads->count);
+    if (handed > 0)
+        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts},
+                    locked.ids, locked.versions, locked.followers, handed);
+    return handed;
+}
+
+// The runs of the claim's keyed heads in the room its batch has left
+// (pg/outbox/outbox_rows.hpp); returns how many. Heads come first: a
+// claim hands out as many keys as it can, and runs fill what is left.
+int hand_out_runs(const ClaimRequest& request, Micros now, const Heads& heads, int room,
+                  HandedOut sink, void* context) {
+    if (heads.count == 0 || room <= 0) return 0;
+    const LockedEvents locked = locked_events(room);
+    const int handed = lock_runs(heads.heads, heads.count, room, request.run_length, now,
+                                 request.max_attempts, sink, context, locked);
     if (handed > 0)
         hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts},
                     locked.ids, locked.versions, locked.followers, handed);
@@ -193,6 +225,10 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
     Source* sources = sources_of(request, request.has_topics ? &topics : nullptr, &source_count);
     auto* tids = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (batch + 1)));
     Holders holders;
+    Heads heads{request.run_length > 1
+                    ? static_cast<RunHead*>(palloc(sizeof(RunHead) * (batch + 1)))
+                    : nullptr,
+                0};
     int handed = 0;
     while (handed < batch) {
         // Every source with nothing left to merge reads its next window.
@@ -230,8 +266,9 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
             ItemPointerCopy(&row.ctid, &tids[count++]);
         }
         if (count > 0)
-            handed += hand_out(request, now, tids, count, wanted, sink, context);
+            handed += hand_out(request, now, tids, count, wanted, sink, context, &heads);
     }
+    handed += hand_out_runs(request, now, heads, batch - handed, sink, context);
     for (int i = 0; i < source_count; ++i)
         if (sources[i].read_any && sources[i].marks)
             scan_found(sources[i].topic, sources[i].start, sources[i].first_ready);

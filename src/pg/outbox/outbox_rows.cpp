@@ -196,12 +196,6 @@ bool may_follow(TupleTableSlot* row, const OutboxColumns& at, Micros now, int ma
 
 // The key and place of the head in table->found, copied (its slot is read
 // again for each follower); false for an event without a key.
-struct RunHead {
-    const text* topic;
-    const text* key;
-    std::int64_t place;
-    std::int64_t id;
-};
 bool run_head_of(TupleTableSlot* row, const OutboxColumns& at, RunHead* head) {
     Datum topic = 0, key = 0, place = 0, id = 0;
     if (at.key_seq == 0 || !has_value(row, at.key, &key)) return false;
@@ -212,10 +206,10 @@ bool run_head_of(TupleTableSlot* row, const OutboxColumns& at, RunHead* head) {
     return true;
 }
 
-// Hands out, after `head`, up to `room` events of its run (see
-// lock_due_events): the live events of its key from its place on, in key
-// order (every other live event of a key with a head is there), until one
-// may not follow. Returns how many, recorded in `out` from `handed` on.
+// Hands out, after `head`, up to `room` events of its run (see lock_runs):
+// the live events of its key from its place on, in key order (every other
+// live event of a key with a head is there), until one may not follow.
+// Returns how many, recorded in `out` from `handed` on.
 int hand_out_run(OpenTable* table, const OutboxColumns& at, KeyOrderReader* reader,
                  const RunHead& head, int room, Micros now, int max_attempts, HandedOut take,
                  void* context, const LockedEvents& out, int handed) {
@@ -227,6 +221,7 @@ int hand_out_run(OpenTable* table, const OutboxColumns& at, KeyOrderReader* read
         if (events[e].id == head.id) continue;
         if (events[e].ready || holds(events[e].id)) break;
         const Datum id = Int64GetDatum(events[e].id);
+        // One statement's step: the first find starts it, the others read with it.
         if (!find_row(table, &id, RowLock::ForUpdateIfFree, false)) break;
         if (!may_follow(table->found, at, now, max_attempts)) break;
         take(delivery_of(table->found, at), context);
@@ -241,12 +236,11 @@ int hand_out_run(OpenTable* table, const OutboxColumns& at, KeyOrderReader* read
 
 }  // namespace
 
-int lock_due_events(const ItemPointerData* tids, int count, int wanted, int run_length, Micros now,
-                    int max_attempts, HandedOut take, void* context, const LockedEvents& out) {
+int lock_due_events(const ItemPointerData* tids, int count, int wanted, Micros now,
+                    int max_attempts, HandedOut take, void* context, const LockedEvents& out,
+                    RunHead* heads, int* head_count) {
     OpenTable table = open_to_lock(extension_objects().outbox);
     const OutboxColumns& at = outbox_columns(table.heap);
-    KeyOrderReader reader{};
-    bool reading_keys = false;
     int handed = 0;
     // One statement: every version is read with its snapshot.
     for (int i = 0; i < count && handed < wanted; ++i) {
@@ -257,14 +251,23 @@ int lock_due_events(const ItemPointerData* tids, int count, int wanted, int run_
         ItemPointerCopy(&table.found->tts_tid, &out.versions[handed]);
         out.ids[handed] = DatumGetInt64(event.values[0]);
         out.followers[handed++] = false;
-        RunHead head;
-        if (run_length <= 1 || handed == wanted || !run_head_of(table.found, at, &head)) continue;
-        if (!reading_keys) reader = open_key_order();
-        reading_keys = true;
-        handed += hand_out_run(&table, at, &reader, head, std::min(run_length - 1, wanted - handed),
-                               now, max_attempts, take, context, out, handed);
+        if (heads != nullptr && run_head_of(table.found, at, &heads[*head_count])) ++*head_count;
     }
-    if (reading_keys) close_key_order(&reader);
+    close_table(&table);
+    return handed;
+}
+
+int lock_runs(const RunHead* heads, int head_count, int room, int run_length, Micros now,
+              int max_attempts, HandedOut take, void* context, const LockedEvents& out) {
+    OpenTable table = open_to_lock(extension_objects().outbox);
+    const OutboxColumns& at = outbox_columns(table.heap);
+    KeyOrderReader reader = open_key_order();
+    int handed = 0;
+    for (int h = 0; h < head_count && handed < room; ++h)
+        handed += hand_out_run(&table, at, &reader, heads[h],
+                               std::min(run_length - 1, room - handed), now, max_attempts, take,
+                               context, out, handed);
+    close_key_order(&reader);
     close_table(&table);
     return handed;
 }

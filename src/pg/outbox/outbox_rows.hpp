@@ -59,13 +59,22 @@ void write_claims_by_id(const Datum* ids, const Datum* lease_untils, const Datum
                         const Datum* claimed_ats, const Datum* max_attempts, const bool* followers,
                         int count);
 
-// Where lock_due_events puts what it hands out, one element per event:
-// its id, the row version locked, and whether it follows a head in its
-// run (not a head itself).
+// Where lock_due_events and lock_runs put what they hand out, one element
+// per event: its id, the row version locked, and whether it follows a
+// head in its run (not a head itself).
 struct LockedEvents {
     std::int64_t* ids;
     ItemPointerData* versions;
     bool* followers;
+};
+
+// A keyed head handed out: its key and place in its key's order (copied),
+// from where its run is looked for.
+struct RunHead {
+    const text* topic;
+    const text* key;
+    std::int64_t place;
+    std::int64_t id;
 };
 
 // Locks up to `wanted` of the row versions `tids` (read from the outbox by
@@ -76,13 +85,18 @@ struct LockedEvents {
 // wanted FOR NO KEY UPDATE SKIP LOCKED does: a version no longer visible
 // is passed over, so is an event another transaction holds, and under
 // READ COMMITTED an event changed since is decided on its newest version.
-//
-// With `run_length` above 1, each keyed head is followed by its run: up to
-// run_length - 1 events waiting behind it in its key's order, consecutive,
-// each due (pending and past its available_at, or in flight with a lease
-// that ran out and attempts left) and free to lock; the run stops at the
-// first that is not. They count toward `wanted`.
-int lock_due_events(const ItemPointerData* tids, int count, int wanted, int run_length, Micros now,
-                    int max_attempts, HandedOut take, void* context, const LockedEvents& out);
+// When `heads` is given, the keyed ones are added to it (*head_count).
+int lock_due_events(const ItemPointerData* tids, int count, int wanted, Micros now,
+                    int max_attempts, HandedOut take, void* context, const LockedEvents& out,
+                    RunHead* heads = nullptr, int* head_count = nullptr);
+
+// The runs of `heads` (handed out by this claim, in that order), while
+// `room` lasts: behind each, up to run_length - 1 events waiting in its
+// key's order, consecutive, each due (pending and past its available_at,
+// or in flight with a lease that ran out and attempts left) and free to
+// lock; a run stops at the first that is not. Passes each to `take`,
+// records it in `out` as a follower; returns how many.
+int lock_runs(const RunHead* heads, int head_count, int room, int run_length, Micros now,
+              int max_attempts, HandedOut take, void* context, const LockedEvents& out);
 
 }  // namespace idem::pg
