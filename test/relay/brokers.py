@@ -263,9 +263,11 @@ def check(dump, ids_file, once):
         if repeated:
             problems.append("%d event(s) held more than once, e.g. %s" % (len(repeated), repeated[:5]))
     last = {}
+    first = set()
     for a in arrivals:
-        if a["key"] is None or seen.get(a["id"], 0) == 0:
+        if a["key"] is None or seen.get(a["id"], 0) == 0 or a["id"] in first:
             continue
+        first.add(a["id"])
         k = (a["topic"], a["key"])
         if a["id"] < last.get(k, 0):
             problems.append("key %s: event %d after %d" % (a["key"], a["id"], last[k]))

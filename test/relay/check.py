@@ -4,7 +4,10 @@ receiver.py) and a dump of idempotency.outbox (psql -At -F'|' of: id, topic,
 key, state, attempts, expect, dedup_key, last_error). Standard library only.
 Each command prints what it found, and exits 1 when a property does not hold.
 
-  check.py order LOG [TOPIC...]        per (topic, key): arrivals never go back in seq
+  check.py order [--every] LOG [TOPIC...]
+      per (topic, key): first arrivals never go back in seq (a repeat of an
+      event already delivered, after a relay died before its ack, may
+      follow later events of its run); with --every, no arrival does
   check.py dups LOG [TOPIC...]         every request of an event had one Idempotency-Key
   check.py complete LOG DUMP [--discarded ID,...] [TOPIC...]
       every event in the dump is delivered (or dead when its payload expects
@@ -53,13 +56,20 @@ def fail(message):
 
 
 def cmd_order(args):
+    every = args[0] == "--every"
+    if every:
+        args = args[1:]
     entries = load_log(args[0], set(args[1:]))
     last = {}
+    arrived = set()
     bad = 0
     for e in entries:
         if e.get("key") is None or e.get("seq") is None:
             continue
         k = (e["topic"], e["key"])
+        if not every and (k, e["seq"]) in arrived:
+            continue
+        arrived.add((k, e["seq"]))
         if k in last and e["seq"] < last[k][0]:
             bad += 1
             if bad <= 5:

@@ -33,12 +33,14 @@
 #   bound      SIGTERM with a slow receiver: within --http-timeout, nothing
 #              started after it, the rest released
 #   memory     --max-in-flight-bytes bounds the relay's memory
-#   order      --parallel 4: deliveries overlap, per-key order holds
+#   order      --parallel 4: deliveries overlap, per-key order holds (every
+#              arrival; runs of a key go out one event after the other)
 #   connections  --connections 2: two connections share the work, per-key
 #              order holds, one SIGTERM drains both, one last line; a lane
 #              whose ack is refused stops every lane (exit 1)
 #   kill       SIGKILL mid-batch, restart: every event delivered, duplicates
-#              only with the same Idempotency-Key
+#              only with the same Idempotency-Key, first arrivals in per-key
+#              order (the restarted relay delivers the unacked runs again)
 #   restart    pg_ctl restart -m immediate under a running relay and a running
 #              enqueuer: nothing committed is lost, nothing rolled back arrives
 #   drain      SIGTERM: exit 0 within bounds, nothing left in flight
@@ -54,8 +56,8 @@
 #              Prometheus metrics and /healthz on --metrics-addr 0.0.0.0:0;
 #              slow clients (a byte every 1.5 s) delay no /healthz probe
 #   final      over the whole run: every committed event delivered (or dead as
-#              scripted), never a rolled-back one, per-key order, duplicates
-#              only with the same Idempotency-Key
+#              scripted), never a rolled-back one, per-key order of first
+#              arrivals, duplicates only with the same Idempotency-Key
 #
 # Run as root after the extension and idem-relay are installed (make install);
 # it builds and installs nothing. Prints one "ok N - ..." or "not ok N - ..."
@@ -653,7 +655,7 @@ order_pid=$relay_pid
 expect_delivered "order: 400 events delivered" 90 s_order 400 order
 stop_relay "$order_pid" 20 INT
 check "order: SIGINT exits 0" test $? -eq 0
-check "order: per-key order at the receiver" $python "$here/check.py" order "$dir/receiver.jsonl" s_order
+check "order: per-key order at the receiver" $python "$here/check.py" order --every "$dir/receiver.jsonl" s_order
 concurrency=$($python -c "
 import json
 print(max([e['concurrent'] for e in map(json.loads, open('$dir/receiver.jsonl')) if e['topic']=='s_order'] or [0]))")
@@ -678,7 +680,7 @@ stop_relay "$lanes_pid" 20
 check "connections: SIGTERM exits 0" test $? -eq 0
 check "connections: one last line for the whole relay, counting every lane's deliveries" \
     test "$(grep -c 'stopped: delivered=600 ' "$dir/lanes.err")" = 1
-check "connections: per-key order at the receiver" $python "$here/check.py" order "$dir/receiver.jsonl" s_lanes
+check "connections: per-key order at the receiver" $python "$here/check.py" order --every "$dir/receiver.jsonl" s_lanes
 dump
 check "connections: every event accepted by the receiver" $python "$here/check.py" complete "$dir/receiver.jsonl" "$dir/outbox.dump" s_lanes
 check "connections: duplicates only with the same Idempotency-Key" $python "$here/check.py" dups "$dir/receiver.jsonl" s_lanes
