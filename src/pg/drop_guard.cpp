@@ -7,11 +7,11 @@
 // has not written yet cannot drop the extension at all: its commit would
 // write the claims into tables that are gone.
 #include "core/error.hpp"
-#include "pg/boundary/extension_objects.hpp"
+#include "pg/access/extension_objects.hpp"
+#include "pg/access/spi.hpp"
 #include "pg/boundary/guard.hpp"
-#include "pg/outbox/outbox_held.hpp"
 #include "pg/boundary/settings.hpp"
-#include "pg/boundary/spi.hpp"
+#include "pg/outbox/held.hpp"
 
 extern "C" {
 #include "commands/event_trigger.h"

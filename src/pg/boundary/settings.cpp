@@ -82,7 +82,7 @@ void define() {
                 &force_drop, PGC_SUSET);
     // For the differential test only (test/differential/): off, the direct
     // row writes and locks run as the SQL statements they stand for
-    // (boundary/sql_row_writes.hpp), so that the two can be compared.
+    // (access/sql_row_writes.hpp), so that the two can be compared.
     define_bool("idempotency.direct_table_access",
                 "Write and lock the rows of the key and outbox calls directly (on) or through "
                 "the SQL statements they stand for (off: for the differential test only).",

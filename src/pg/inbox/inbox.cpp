@@ -3,12 +3,12 @@
 // first transaction and then sees its row (or takes its place after a rollback).
 #include "pg/inbox/inbox.hpp"
 
+#include "pg/access/spi.hpp"
 #include "pg/boundary/args.hpp"
-#include "pg/shmem/due_table.hpp"
 #include "pg/boundary/guard.hpp"
-#include "pg/shmem/metrics.hpp"
 #include "pg/boundary/settings.hpp"
-#include "pg/boundary/spi.hpp"
+#include "pg/runtime/due_table.hpp"
+#include "pg/stats/metrics.hpp"
 
 namespace idem::pg {
 

@@ -6,17 +6,17 @@
 #include "core/claim_decision.hpp"
 #include "core/error.hpp"
 #include "pg/boundary/args.hpp"
-#include "pg/shmem/due_table.hpp"
-#include "pg/shmem/durations.hpp"
-#include "pg/keys/fingerprint.hpp"
 #include "pg/boundary/guard.hpp"
+#include "pg/boundary/settings.hpp"
+#include "pg/keys/fingerprint.hpp"
 #include "pg/keys/key_insert.hpp"
 #include "pg/keys/key_store.hpp"
-#include "pg/shmem/metrics.hpp"
 #include "pg/keys/outcome.hpp"
-#include "pg/boundary/settings.hpp"
 #include "pg/keys/transition_log.hpp"
-#include "pg/shmem/wakeup.hpp"
+#include "pg/runtime/due_table.hpp"
+#include "pg/stats/durations.hpp"
+#include "pg/stats/metrics.hpp"
+#include "pg/waiting/wakeup.hpp"
 
 namespace idem::pg {
 

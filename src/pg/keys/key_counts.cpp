@@ -1,8 +1,8 @@
 #include "pg/keys/key_counts.hpp"
 
-#include "pg/views/count_rows.hpp"
-#include "pg/shmem/gauges.hpp"
 #include "pg/boundary/guard.hpp"
+#include "pg/stats/count_functions.hpp"
+#include "pg/stats/gauges.hpp"
 
 namespace idem::pg {
 

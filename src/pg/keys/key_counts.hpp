@@ -1,5 +1,5 @@
 // The counts of finished keys behind idem_stats, per scope: COMPLETED,
-// FAILED_RETRYABLE and FAILED_FINAL (gauges, pg/shmem/gauges.hpp). The live
+// FAILED_RETRYABLE and FAILED_FINAL (gauges, pg/stats/gauges.hpp). The live
 // states are counted by the view itself through the live keys' index.
 #pragma once
 

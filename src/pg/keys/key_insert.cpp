@@ -3,21 +3,21 @@
 #include <algorithm>
 #include <cstring>
 
-#include "pg/boundary/extension_objects.hpp"
+#include "pg/access/extension_objects.hpp"
+#include "pg/access/row_access.hpp"
+#include "pg/access/spi.hpp"
+#include "pg/access/sql_row_writes.hpp"
 #include "pg/keys/key_row.hpp"
-#include "pg/boundary/row_access.hpp"
-#include "pg/boundary/spi.hpp"
-#include "pg/boundary/sql_row_writes.hpp"
 
 extern "C" {
 #include "access/skey.h"
 #include "access/table.h"
 #include "access/xact.h"
 #include "commands/sequence.h"
+#include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/rel.h"
-#include "tcop/utility.h"
 #include "utils/snapmgr.h"
 }
 

@@ -2,9 +2,9 @@
 
 #include <cstring>
 
-#include "pg/boundary/extension_objects.hpp"
-#include "pg/boundary/row_access.hpp"
-#include "pg/boundary/status_enum.hpp"
+#include "pg/access/extension_objects.hpp"
+#include "pg/access/row_access.hpp"
+#include "pg/access/status_enum.hpp"
 
 extern "C" {
 #include "utils/rel.h"

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <optional>
 
+#include "pg/boundary/postgres.hpp"
 #include "pg/keys/key_insert.hpp"
 #include "pg/keys/key_store.hpp"
-#include "pg/boundary/postgres.hpp"
 
 namespace idem::pg {
 

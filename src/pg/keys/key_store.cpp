@@ -1,12 +1,12 @@
 #include "pg/keys/key_store.hpp"
 
-#include "pg/boundary/extension_objects.hpp"
-#include "pg/keys/key_row.hpp"
+#include "pg/access/extension_objects.hpp"
+#include "pg/access/spi.hpp"
+#include "pg/access/status_enum.hpp"
 #include "pg/boundary/settings.hpp"
-#include "pg/boundary/spi.hpp"
-#include "pg/boundary/status_enum.hpp"
+#include "pg/keys/key_row.hpp"
 #include "pg/keys/transition_log.hpp"
-#include "pg/shmem/metrics.hpp"
+#include "pg/stats/metrics.hpp"
 
 extern "C" {
 #include "commands/sequence.h"

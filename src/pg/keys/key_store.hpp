@@ -1,6 +1,6 @@
 // Where idempotency.idempotency_keys is read and changed: every read and
 // transition of a key, done directly on the table and its primary key
-// (pg/boundary/row_access.hpp) with the semantics of the SQL statements
+// (pg/access/row_access.hpp) with the semantics of the SQL statements
 // they stand for. The columns and what each write puts in them are
 // pg/keys/key_row.hpp's; the insert of a new key is pg/keys/key_insert.hpp's.
 // No SPI connection is needed, except by the sweeps' batches at the end,
@@ -11,8 +11,8 @@
 #include <optional>
 
 #include "core/key_state.hpp"
+#include "pg/access/row_access.hpp"
 #include "pg/boundary/postgres.hpp"
-#include "pg/boundary/row_access.hpp"
 
 namespace idem::pg {
 

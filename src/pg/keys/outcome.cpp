@@ -1,6 +1,6 @@
 #include "pg/keys/outcome.hpp"
 
-#include "pg/boundary/status_enum.hpp"
+#include "pg/access/status_enum.hpp"
 
 namespace idem::pg {
 

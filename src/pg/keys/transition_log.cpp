@@ -1,7 +1,7 @@
 #include "pg/keys/transition_log.hpp"
 
-#include "pg/keys/key_counts.hpp"
 #include "pg/boundary/settings.hpp"
+#include "pg/keys/key_counts.hpp"
 
 extern "C" {
 #include "lib/stringinfo.h"

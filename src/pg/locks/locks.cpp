@@ -6,13 +6,13 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "pg/access/spi.hpp"
 #include "pg/boundary/args.hpp"
-#include "pg/shmem/due_table.hpp"
 #include "pg/boundary/guard.hpp"
-#include "pg/shmem/metrics.hpp"
 #include "pg/boundary/settings.hpp"
-#include "pg/boundary/spi.hpp"
-#include "pg/shmem/wakeup.hpp"
+#include "pg/runtime/due_table.hpp"
+#include "pg/stats/metrics.hpp"
+#include "pg/waiting/wakeup.hpp"
 
 namespace idem::pg {
 

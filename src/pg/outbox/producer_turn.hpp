@@ -5,7 +5,7 @@
 // enqueued for, acked or redrove only in the step before its commit, all in
 // one pass in turn order, and holds them only until the commit ends: two
 // such passes never wait for each other in a cycle, and no producer waits
-// for another's open transaction (pg/outbox/outbox_heads.hpp). Before 0.5.0, an
+// for another's open transaction (pg/outbox/heads.hpp). Before 0.5.0, an
 // enqueue of a keyed event takes its key's turn at once and holds it until
 // its transaction ends, so that within a key ids follow commit order.
 //

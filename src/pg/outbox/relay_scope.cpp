@@ -1,8 +1,8 @@
 #include "pg/outbox/relay_scope.hpp"
 
-#include "pg/boundary/extension_objects.hpp"
+#include "pg/access/extension_objects.hpp"
+#include "pg/access/spi.hpp"
 #include "pg/boundary/owner_scope.hpp"
-#include "pg/boundary/spi.hpp"
 
 extern "C" {
 #include "utils/acl.h"

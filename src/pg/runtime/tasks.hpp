@@ -1,0 +1,54 @@
+// One sweep of the housekeeping: expire leases, purge by retention.
+// Each task works in batches of idempotency.purge_batch rows that skip rows
+// an application transaction holds, so it never waits behind a claim.
+#pragma once
+
+#include <cstdint>
+
+#include "pg/runtime/due_table.hpp"
+
+namespace idem::pg {
+
+// Lease tasks run whenever a worker comes: they are what a lease end needs.
+// Retention tasks run when something has passed its retention, between two
+// of which the worker runs the lease tasks again when a lease has ended.
+enum class TaskKind { Lease, Retention };
+
+struct MaintenanceTask {
+    const char* name;
+    const char* table;   // the extension's table it works on
+    const char* column;  // a column of it the task needs (nullptr: none)
+    TaskKind kind;
+    // Changes at most `batch` rows; returns how many it changed. Needs SPI.
+    std::uint64_t (*run_batch)(int batch);
+};
+
+// Whether the installed version of the extension has the task's table (and
+// column): a
+// database not yet updated (ALTER EXTENSION ... UPDATE) to the library's
+// version skips the tasks of newer objects. Needs a transaction.
+bool task_applies(const MaintenanceTask& task);
+// The table the task works on, or InvalidOid when it does not apply.
+Oid task_table(const MaintenanceTask& task);
+
+// The tasks, in the order a sweep runs them; `count` receives their number.
+const MaintenanceTask* maintenance_tasks(int* count);
+
+// Planner settings a sweep runs with off: sequential and bitmap scans,
+// which read a whole table or index range however few rows are due.
+inline constexpr const char* kFullScans[] = {"enable_seqscan", "enable_bitmapscan"};
+
+// The next times something is due, read from the tables' indexes: the
+// earliest lease end (keys and outbox events) and the earliest retention
+// deadline (keys, delivered events, inbox rows, locks); kNever for none.
+// Needs SPI.
+void read_next_due(Micros* lease, Micros* retention);
+
+// A purge that removed at least this share of the rows the table's
+// statistics counted leaves them calling every row due: analyze it.
+inline constexpr double kAnalyzeShare = 0.1;
+// After a retention task's pass that purged `purged` rows: ANALYZE of its
+// table when that was a large share of it. Needs SPI; true when analyzed.
+bool analyze_after_purge(const MaintenanceTask& task, std::uint64_t purged);
+
+}  // namespace idem::pg
