@@ -21,10 +21,10 @@
 
 #include "core/validate.hpp"
 #include "pg/boundary/postgres.hpp"
+#include "pg/runtime/launcher.hpp"
 
 namespace idem::pg {
 
-inline constexpr int kNotifierSlots = 32;    // databases with a notifier at once
 inline constexpr int kNotifierTopics = 64;   // distinct topics waiting in one slot
 // The payload that stands for "events of any topic committed".
 inline constexpr const char* kAnyTopic = "*";
@@ -40,7 +40,7 @@ struct TopicList {
 bool notifier_table_available();
 
 // Called from _PG_init while preloading.
-// Its part of the shared memory (shared_state.cpp): size, lock, set-up
+// Its part of the shared memory (listed in module.cpp): size, lock, set-up
 // (under AddinShmemInitLock).
 Size notifier_table_size();
 void request_notifier_table_lock();

@@ -44,7 +44,7 @@ bool turn_unchanged(std::uint32_t turn, std::uint64_t seen);
 void turns_committed(const std::uint32_t* turns, int count);
 void turns_prepared(const std::uint32_t* turns, int count);
 
-// Its part of the shared memory (shared_state.cpp): size and set-up (under
+// Its part of the shared memory (listed in module.cpp): size and set-up (under
 // AddinShmemInitLock).
 Size producer_turn_size();
 void init_producer_turns();

@@ -41,7 +41,7 @@ void scan_found(const text* topic, const ScanStart& start, Micros first_ready);
 // Called from _PG_init: the transaction callbacks, and (while preloading)
 // the shared memory.
 void install_ready_floor_callbacks();
-// Its part of the shared memory (shared_state.cpp): size and set-up (under
+// Its part of the shared memory (listed in module.cpp): size and set-up (under
 // AddinShmemInitLock).
 Size ready_floor_size();
 void init_ready_floor();

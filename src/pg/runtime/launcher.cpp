@@ -24,7 +24,6 @@
 #include "pg/runtime/launcher.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/boundary/settings.hpp"
-#include "pg/outbox/notifier_table.hpp"
 #include "pg/runtime/due_table.hpp"
 
 extern "C" {
@@ -400,7 +399,7 @@ int notifiers_running() {
 long launch_wanted_notifiers(long sleep_ms) {
     if (sweep_waits_for_slot()) return sleep_ms;
     Oid wanted[kNotifierSlots];
-    wanted_notifiers(wanted);
+    kNotifierDemand.wanted(wanted);
     const TimestampTz now = GetCurrentTimestamp();
     int room = settings::max_notifiers - notifiers_running();
     for (int slot = 0; slot < kNotifierSlots && room > 0; ++slot) {
@@ -409,7 +408,7 @@ long launch_wanted_notifiers(long sleep_ms) {
         if (now < due)
             sleep_ms = std::min<long>(sleep_ms, static_cast<long>((due - now) / kMillisecond) + 1);
         else if (!database_exists(wanted[slot]))
-            forget_notifier_slot(slot, wanted[slot]);
+            kNotifierDemand.forget(slot, wanted[slot]);
         else if (start_notifier(slot, wanted[slot], now))
             --room;
     }
@@ -422,7 +421,7 @@ long sleep_ms_until(TimestampTz at, TimestampTz now) {
 }
 
 void launcher_loop() {
-    set_launcher_latch(MyLatch);
+    kNotifierDemand.set_launcher_latch(MyLatch);
     set_due_launcher_latch(MyLatch);
     TimestampTz next_scan = 0;
     for (;;) {

@@ -4,21 +4,9 @@
 #include <cstring>
 #include <initializer_list>
 
-#include "core/error.hpp"
 #include "pg/access/extension_objects.hpp"
 #include "pg/access/spi.hpp"
-#include "pg/access/status_enum.hpp"
-#include "pg/boundary/guard.hpp"
 #include "pg/boundary/settings.hpp"
-#include "pg/inbox/inbox.hpp"
-#include "pg/keys/key_store.hpp"
-#include "pg/locks/locks.hpp"
-#include "pg/outbox/store.hpp"
-#include "pg/runtime/due_table.hpp"
-#include "pg/runtime/shared_memory.hpp"
-#include "pg/stats/gauges.hpp"
-#include "pg/stats/metrics.hpp"
-#include "pg/stats/recount.hpp"
 
 extern "C" {
 #include "catalog/pg_class.h"
@@ -66,31 +54,6 @@ Statement kAnalyzeOutbox = {"ANALYZE @outbox@", 0, {}, nullptr};
 Statement kAnalyzeInbox = {"ANALYZE @inbox@", 0, {}, nullptr};
 Statement kAnalyzeLocks = {"ANALYZE @locks@", 0, {}, nullptr};
 
-std::uint64_t expire_outbox_leases(int batch) {
-    std::uint64_t dead = 0;
-    const std::uint64_t expired =
-        expire_event_leases(batch, settings::outbox_max_attempts, GetCurrentTimestamp(), &dead);
-    count_on_commit(Counter::OutboxRetried, expired - dead);
-    count_on_commit(Counter::OutboxDead, dead);
-    return expired;
-}
-
-std::uint64_t purge_outbox(int batch) {
-    return purge_delivered_events(
-        batch, GetCurrentTimestamp() - settings::seconds(settings::outbox_retention_s));
-}
-
-constexpr MaintenanceTask kTasks[] = {
-    {"expire_leases", "idempotency_keys", nullptr, TaskKind::Lease, expire_key_leases},
-    {"expire_disconnected", "idempotency_keys", nullptr, TaskKind::Lease, expire_disconnected_keys},
-    {"settle_leases", "idempotency_keys", "purge_at", TaskKind::Lease, settle_key_leases},
-    {"expire_outbox_leases", "outbox", nullptr, TaskKind::Lease, expire_outbox_leases},
-    {"purge_keys", "idempotency_keys", nullptr, TaskKind::Retention, purge_keys},
-    {"purge_outbox", "outbox", nullptr, TaskKind::Retention, purge_outbox},
-    {"purge_inbox", "inbox", nullptr, TaskKind::Retention, purge_inbox},
-    {"purge_locks", "locks", nullptr, TaskKind::Retention, purge_locks},
-};
-
 Micros earliest(std::initializer_list<std::optional<Micros>> times) {
     Micros first = kNever;
     for (const auto& time : times)
@@ -113,51 +76,6 @@ TaskTable table_of(const MaintenanceTask& task) {
     if (std::strcmp(task.table, "inbox") == 0) return {objects->inbox, &kAnalyzeInbox};
     if (std::strcmp(task.table, "locks") == 0) return {objects->locks, &kAnalyzeLocks};
     return {InvalidOid, nullptr};
-}
-
-// idem_maintenance(): every task until a batch comes back short.
-Datum maintenance_body(FunctionCallInfo fcinfo) {
-    InitMaterializedSRF(fcinfo, 0);
-    ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-    const int batch = settings::purge_batch;
-
-    connect_spi();
-    // As in the worker, the sweeps find rows through their indexes; the
-    // caller's setting is back when the function returns.
-    const int nest_level = NewGUCNestLevel();
-    for (const char* scan : kFullScans)
-        (void)set_config_option(scan, "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0,
-                                false);
-    // What the workers would do first when the counts are unknown.
-    (void)recount_if_unknown(true);
-    for (const MaintenanceTask& task : kTasks) {
-        if (!task_applies(task)) continue;
-        std::uint64_t total = 0;
-        for (;;) {
-            const std::uint64_t changed = task.run_batch(batch);
-            total += changed;
-            if (changed < static_cast<std::uint64_t>(batch)) break;
-            CHECK_FOR_INTERRUPTS();
-        }
-        Datum values[2] = {CStringGetTextDatum(task.name), Int64GetDatum(static_cast<int64>(total))};
-        bool nulls[2] = {false, false};
-        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-    }
-    AtEOXact_GUC(true, nest_level);
-    finish_spi();
-    return 0;
-}
-
-// idempotency.request_sweep(): a worker sweeps this database soon, whatever
-// the due times say (after rows were written behind the functions' back).
-Datum request_sweep_body(FunctionCallInfo) {
-    (void)require_shared_state("idempotency.request_sweep()");
-    // Rows written behind the functions are counted again, too.
-    forget_gauges(MyDatabaseId);
-    if (!request_sweep(MyDatabaseId))
-        throw Error("53000",
-                    "the launcher's table of databases is full (idempotency.max_databases)");
-    PG_RETURN_VOID();
 }
 
 }  // namespace
@@ -202,11 +120,8 @@ bool analyze_after_purge(const MaintenanceTask& task, std::uint64_t purged) {
 }
 
 const MaintenanceTask* maintenance_tasks(int* count) {
-    *count = static_cast<int>(sizeof kTasks / sizeof kTasks[0]);
-    return kTasks;
+    *count = kBackgroundWork.task_count;
+    return kBackgroundWork.tasks;
 }
 
 }  // namespace idem::pg
-
-IDEM_SQL_FUNCTION(idem_maintenance, idem::pg::maintenance_body)
-IDEM_SQL_FUNCTION(idem_request_sweep, idem::pg::request_sweep_body)

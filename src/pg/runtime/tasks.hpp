@@ -1,10 +1,14 @@
 // One sweep of the housekeeping: expire leases, purge by retention.
 // Each task works in batches of idempotency.purge_batch rows that skip rows
 // an application transaction holds, so it never waits behind a claim.
+// The tasks belong to the wings whose tables they work on; the module
+// lists them (module.cpp), and the worker (worker.cpp) and idem_maintenance()
+// (maintenance_functions.cpp) run them from that list.
 #pragma once
 
 #include <cstdint>
 
+#include "pg/boundary/postgres.hpp"
 #include "pg/runtime/due_table.hpp"
 
 namespace idem::pg {
@@ -22,6 +26,21 @@ struct MaintenanceTask {
     // Changes at most `batch` rows; returns how many it changed. Needs SPI.
     std::uint64_t (*run_batch)(int batch);
 };
+
+// What the module gives the housekeeping: the tasks, and the views' counts
+// (stats/recount.hpp), which the worker recounts between the lease and the
+// retention tasks when they are unknown.
+struct BackgroundWork {
+    const MaintenanceTask* tasks;  // in the order a sweep runs them
+    int task_count;
+    // Recounts when the counts are unknown (with `repair`, first gives the
+    // live keys written behind the functions the active_since they lack).
+    bool (*recount_if_unknown)(bool repair);
+    // A database's counts are forgotten: the next sweep recounts them.
+    void (*forget_counts)(Oid database);
+};
+// Defined by the module.
+extern const BackgroundWork kBackgroundWork;
 
 // Whether the installed version of the extension has the task's table (and
 // column): a

@@ -16,7 +16,6 @@
 #include "pg/runtime/database_yield.hpp"
 #include "pg/runtime/due_table.hpp"
 #include "pg/runtime/tasks.hpp"
-#include "pg/stats/recount.hpp"
 
 extern "C" {
 #include "commands/dbcommands.h"
@@ -195,7 +194,7 @@ void sweep() {
     if (!run_lease_tasks(&sweep)) return;
     // The views' counts, when unknown (after a start, an update, a request).
     if (!in_owner_transaction(sweep.owner, "idempotency: recount",
-                              [] { (void)recount_if_unknown(true); }))
+                              [] { (void)kBackgroundWork.recount_if_unknown(true); }))
         return;
     if ((taken.full || taken.retention <= start) && !run_retention_tasks(&sweep)) return;
     Micros lease = kNever;

@@ -70,7 +70,7 @@ Datum counts_rows(FunctionCallInfo fcinfo, GaugeFamily family, bool with_latest)
     const int columns = kGaugeValues + (with_latest ? 2 : 1);
     Rows rows{rsinfo, GaugeRow{nullptr, {}, 0}, columns, rsinfo->setDesc->natts > columns};
     connect_spi();
-    GaugeSource source = shared_state() == nullptr ? GaugeSource::Tables : counts_for_view();
+    GaugeSource source = !shared_memory_ready() ? GaugeSource::Tables : counts_for_view();
     // Kept when asked, they may have overflowed by the read: then counted.
     if (source == GaugeSource::Kept) source = read_gauges(family, add_gauge, &rows);
     if (source == GaugeSource::Kept) put_gauge(&rows, rows.totals);

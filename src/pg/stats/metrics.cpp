@@ -5,7 +5,7 @@
 
 #include "pg/boundary/arrays.hpp"
 #include "pg/boundary/guard.hpp"
-#include "pg/runtime/shared_memory.hpp"
+#include "pg/stats/counters.hpp"
 
 namespace idem::pg {
 
@@ -29,7 +29,7 @@ int level_index(int nest_level) { return std::clamp(nest_level - 1, 0, kLevels -
 
 void clear_level(int index) { std::memset(&pending[index], 0, sizeof(PendingCounts)); }
 
-void flush_pending(SharedState* shared) {
+void flush_pending(SharedCounters* shared) {
     for (int l = 0; l < levels_used; ++l) {
         const PendingCounts& level = pending[l];
         for (int i = 0; i < kCounterCount; ++i)
@@ -43,7 +43,7 @@ void on_transaction_end(XactEvent event, void*) {
     if (!anything_pending) return;
     if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT ||
         event == XACT_EVENT_PREPARE) {
-        if (SharedState* shared = shared_state()) flush_pending(shared);
+        if (SharedCounters* shared = shared_counters()) flush_pending(shared);
     } else if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT) {
         return;  // pre-commit events: not yet decided
     }
@@ -78,17 +78,17 @@ PendingCounts& current_level() {
 }  // namespace
 
 void count_answer(Counter counter, std::uint64_t n) {
-    if (SharedState* shared = shared_state())
+    if (SharedCounters* shared = shared_counters())
         pg_atomic_fetch_add_u64(&shared->counters[static_cast<int>(counter)], n);
 }
 
 void count_on_commit(Counter counter, std::uint64_t n) {
-    if (shared_state() == nullptr || n == 0) return;
+    if (shared_counters() == nullptr || n == 0) return;
     current_level().counters[static_cast<int>(counter)] += n;
 }
 
 void observe_processing_on_commit(Micros elapsed) {
-    if (shared_state() == nullptr) return;
+    if (shared_counters() == nullptr) return;
     // Kept in microseconds (shown in ms): truncating each time to whole ms
     // would drop up to 1 ms per complete from the sum, and would put a time
     // just over a bound (100.4 ms) into the bucket below it.
@@ -109,7 +109,7 @@ void install_metrics_callbacks() {
 namespace {
 
 Datum metrics_body(FunctionCallInfo fcinfo) {
-    SharedState* shared = require_shared_state("idem_metrics");
+    SharedCounters* shared = require_shared_counters("idem_metrics");
     TupleDesc desc = nullptr;
     if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE)
         elog(ERROR, "idempotency: idem_metrics must return a row");
@@ -134,7 +134,7 @@ Datum metrics_body(FunctionCallInfo fcinfo) {
 }
 
 Datum metrics_reset_body(FunctionCallInfo) {
-    SharedState* shared = require_shared_state("idem_metrics_reset");
+    SharedCounters* shared = require_shared_counters("idem_metrics_reset");
     for (auto& counter : shared->counters) pg_atomic_write_u64(&counter, 0);
     for (auto& bucket : shared->buckets) pg_atomic_write_u64(&bucket, 0);
     SpinLockAcquire(&shared->mutex);
