@@ -26,8 +26,8 @@
 #include "pg/stats/gauges.hpp"
 #include "pg/stats/metrics.hpp"
 #include "pg/stats/recount.hpp"
-#include "pg/waiting/wakeup.hpp"
 #include "pg/waiting/waiter_table.hpp"
+#include "pg/waiting/wakeup.hpp"
 
 extern "C" {
 IDEM_MODULE_MAGIC;

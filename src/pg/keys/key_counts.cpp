@@ -1,7 +1,5 @@
 #include "pg/keys/key_counts.hpp"
 
-#include "pg/boundary/guard.hpp"
-#include "pg/stats/count_functions.hpp"
 #include "pg/stats/gauges.hpp"
 
 namespace idem::pg {
@@ -19,11 +17,6 @@ int value_of(Status status) {
     return -1;
 }
 
-// idempotency.key_counts(): no row while the counts are unknown.
-Datum key_counts_body(FunctionCallInfo fcinfo) {
-    return counts_rows(fcinfo, GaugeFamily::Keys, false);
-}
-
 }  // namespace
 
 void count_key_transition(const text* scope, std::optional<Status> from, std::optional<Status> to) {
@@ -33,10 +26,3 @@ void count_key_transition(const text* scope, std::optional<Status> from, std::op
 }
 
 }  // namespace idem::pg
-
-// 0.6.0's key_counts(); 0.7.0's, with counted_by, has a symbol of its own,
-// which a library older than 0.7.0 lacks: an update or install run while
-// the server still has the old library preloaded fails at once, instead of
-// the old code filling a row of the new shape.
-IDEM_SQL_FUNCTION(idem_key_counts, idem::pg::key_counts_body)
-IDEM_SQL_FUNCTION(idem_key_counts_with_source, idem::pg::key_counts_body)

@@ -2,8 +2,6 @@
 
 
 #include "pg/access/spi.hpp"
-#include "pg/boundary/guard.hpp"
-#include "pg/stats/count_functions.hpp"
 #include "pg/stats/gauges.hpp"
 
 namespace idem::pg {
@@ -45,11 +43,6 @@ const text* topic_in(int column_number, std::uint64_t row) {
 Statement kHeldEvent = {"SELECT topic, attempts FROM @outbox@ WHERE id = $1", 1, {INT8OID},
                         nullptr};
 
-// idempotency.outbox_counts(): no row while the counts are unknown.
-Datum outbox_counts_body(FunctionCallInfo fcinfo) {
-    return counts_rows(fcinfo, GaugeFamily::Outbox, true);
-}
-
 }  // namespace
 
 void count_event_enqueued(const text* topic) { add(topic, kUndeliveredValue, 1); }
@@ -90,7 +83,3 @@ void count_expired_rows(int dead_column, int topic_column) {
 }
 
 }  // namespace idem::pg
-
-// As key_counts(): 0.7.0's outbox_counts() has a symbol of its own.
-IDEM_SQL_FUNCTION(idem_outbox_counts, idem::pg::outbox_counts_body)
-IDEM_SQL_FUNCTION(idem_outbox_counts_with_source, idem::pg::outbox_counts_body)

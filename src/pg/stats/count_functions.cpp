@@ -1,9 +1,17 @@
-#include "pg/stats/count_functions.hpp"
-
+// The rows of key_counts() and outbox_counts(), behind idem_stats and
+// outbox_lag: per name (a scope, a topic) its values (and its latest time
+// `with_latest`), then their totals in a row without a name; no row while
+// the counts are unknown. Read from the gauges (pg/stats/gauges.hpp) where
+// they are kept; counted from the table where they are not (the library
+// not preloaded, or a database whose names did not fit in shared memory).
+// From 0.7.0 each row also says which, in its last column counted_by:
+// 'commits' or 'scan'.
 #include <algorithm>
 
 #include "pg/access/spi.hpp"
+#include "pg/boundary/guard.hpp"
 #include "pg/runtime/shared_memory.hpp"
+#include "pg/stats/count_statements.hpp"
 #include "pg/stats/recount.hpp"
 
 extern "C" {
@@ -62,8 +70,6 @@ void put_counted(Rows* rows, GaugeFamily family) {
     }
 }
 
-}  // namespace
-
 Datum counts_rows(FunctionCallInfo fcinfo, GaugeFamily family, bool with_latest) {
     InitMaterializedSRF(fcinfo, 0);
     auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
@@ -79,4 +85,28 @@ Datum counts_rows(FunctionCallInfo fcinfo, GaugeFamily family, bool with_latest)
     return 0;
 }
 
+// idempotency.key_counts(): no row while the counts are unknown.
+Datum key_counts_body(FunctionCallInfo fcinfo) {
+    return counts_rows(fcinfo, GaugeFamily::Keys, false);
+}
+
+// idempotency.outbox_counts(): no row while the counts are unknown.
+Datum outbox_counts_body(FunctionCallInfo fcinfo) {
+    return counts_rows(fcinfo, GaugeFamily::Outbox, true);
+}
+
+}  // namespace
+
 }  // namespace idem::pg
+
+// 0.6.0's key_counts(); 0.7.0's, with counted_by, has a symbol of its own,
+// which a library older than 0.7.0 lacks: an update or install run while
+// the server still has the old library preloaded fails at once, instead of
+// the old code filling a row of the new shape.
+IDEM_SQL_FUNCTION(idem_key_counts, idem::pg::key_counts_body)
+IDEM_SQL_FUNCTION(idem_key_counts_with_source, idem::pg::key_counts_body)
+
+// As key_counts(): 0.7.0's outbox_counts() has a symbol of its own.
+IDEM_SQL_FUNCTION(idem_outbox_counts, idem::pg::outbox_counts_body)
+IDEM_SQL_FUNCTION(idem_outbox_counts_with_source, idem::pg::outbox_counts_body)
+

@@ -6,10 +6,9 @@
 #include "pg/access/extension_objects.hpp"
 #include "pg/access/spi.hpp"
 #include "pg/boundary/settings.hpp"
-#include "pg/keys/key_counts.hpp"
-#include "pg/outbox/counts.hpp"
 #include "pg/runtime/due_table.hpp"
 #include "pg/runtime/shared_memory.hpp"
+#include "pg/stats/count_statements.hpp"
 #include "pg/stats/gauges.hpp"
 
 extern "C" {
@@ -26,21 +25,6 @@ namespace {
 Statement kRepairActive = {
     "UPDATE @keys@ SET active_since = COALESCE(claimed_at, updated_at) "
     "WHERE active_since IS NULL AND status IN ('RECEIVED', 'PROCESSING')",
-    0, {}, nullptr};
-
-Statement kCountKeys = {
-    "SELECT scope, count(*) FILTER (WHERE status = 'COMPLETED'), "
-    "count(*) FILTER (WHERE status = 'FAILED_RETRYABLE'), "
-    "count(*) FILTER (WHERE status = 'FAILED_FINAL') "
-    "FROM @keys@ WHERE status IN ('COMPLETED', 'FAILED_RETRYABLE', 'FAILED_FINAL') "
-    "GROUP BY ROLLUP (scope)",
-    0, {}, nullptr};
-
-Statement kCountEvents = {
-    "SELECT topic, count(*) FILTER (WHERE state IN ('pending', 'in_flight')), "
-    "count(*) FILTER (WHERE state IN ('pending', 'in_flight') AND attempts > 0), "
-    "count(*) FILTER (WHERE state = 'dead'), max(delivered_at) "
-    "FROM @outbox@ GROUP BY ROLLUP (topic)",
     0, {}, nullptr};
 
 Statement kPreparedHere = {
@@ -63,10 +47,6 @@ void store_rows(GaugeFamily family, std::uint64_t rows, bool has_latest) {
 }
 
 }  // namespace
-
-Statement& count_statement(GaugeFamily family) {
-    return family == GaugeFamily::Keys ? kCountKeys : kCountEvents;
-}
 
 bool gauges_apply() {
     const ExtensionObjects* objects = installed_extension_objects();

@@ -6,7 +6,6 @@
 // Only from 0.6.0, whose views read the counts. Callers hold SPI.
 #pragma once
 
-#include "pg/access/spi.hpp"
 #include "pg/boundary/postgres.hpp"
 #include "pg/stats/gauges.hpp"
 
@@ -26,11 +25,5 @@ bool recount_if_unknown(bool repair);
 // they are unknown and the tables are small or no background worker would
 // do it, and asking for one otherwise (Unknown meanwhile, and on a standby).
 GaugeSource counts_for_view();
-
-// The counts of `family` from its table, per name, and (ROLLUP) their
-// totals in a row without a name: a recount keeps those with a name, and
-// pg/stats/count_functions.hpp returns them all when the counts are not kept.
-// Its columns are those of key_counts() and outbox_counts().
-Statement& count_statement(GaugeFamily family);
 
 }  // namespace idem::pg
