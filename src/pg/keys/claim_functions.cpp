@@ -135,8 +135,7 @@ bool last_claim_created_key = true;
 KeyInsertResult create_claimed(const ClaimArgs& args, OutcomeFields* out) {
     const Micros now = GetCurrentTimestamp();
     NewKey key{};
-    key.scope = args.id.scope;
-    key.key = args.id.key;
+    key.id = args.id;
     key.status = Status::Processing;
     key.fingerprint = args.request.fingerprint;
     key.has_fingerprint = args.request.has_fingerprint;
@@ -153,7 +152,7 @@ KeyInsertResult create_claimed(const ClaimArgs& args, OutcomeFields* out) {
     out->attempt = 1;
     count_on_commit(Counter::Claims);
     note_due_on_commit(DueKind::KeyLease, key.lease_until);
-    log_transition(args.id.scope, args.id.key, std::nullopt, Status::Processing, inserted.token, 1);
+    log_transition(args.id, std::nullopt, Status::Processing, inserted.token, 1);
     return inserted;
 }
 
@@ -247,7 +246,7 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
                 count_on_commit(Counter::Claims);
                 note_due_on_commit(DueKind::KeyLease, grant.lease_until);
                 if (decision.takeover) count_on_commit(Counter::LeaseExpirations);
-                log_transition(args.id.scope, args.id.key, stored.state.status, Status::Processing,
+                log_transition(args.id, stored.state.status, Status::Processing,
                                out->token, out->attempt,
                                decision.takeover ? "lease expired" : nullptr);
                 break;
@@ -261,7 +260,7 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
                 out->has_error = true;
                 out->error = CStringGetTextDatum("lease expired");
                 count_on_commit(Counter::LeaseExpirations);
-                log_transition(args.id.scope, args.id.key, Status::Processing, Status::FailedFinal,
+                log_transition(args.id, Status::Processing, Status::FailedFinal,
                                stored.state.token, stored.state.attempts,
                                "lease expired, attempts exhausted");
                 break;
@@ -274,8 +273,7 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
 
 Datum claim_body(FunctionCallInfo fcinfo) {
     ClaimArgs args;
-    args.id.key = name_arg(fcinfo, 0, "key");
-    args.id.scope = scope_arg(fcinfo, 3);
+    args.id = key_id_arg(fcinfo, 0, 3);
     args.request = request_arg(fcinfo, 1);
     args.lease = lease_arg(fcinfo, 2, "lease");
     const std::optional<Micros> wait = wait_arg(fcinfo, 4);
@@ -283,7 +281,7 @@ Datum claim_body(FunctionCallInfo fcinfo) {
 
     // A waiting claim sleeps until the holder's transaction commits a change
     // of the key (or its lease runs out, or the wait ends), then asks again.
-    const std::uint64_t channel = wake_channel(WaitTopic::Key, args.id.scope, args.id.key);
+    const std::uint64_t channel = key_wake_channel(args.id);
     OutcomeFields out;
     for (int round = 0;; ++round) {
         if (wait) prepare_to_wait(channel);
@@ -303,9 +301,7 @@ Datum claim_body(FunctionCallInfo fcinfo) {
 }
 
 Datum register_body(FunctionCallInfo fcinfo) {
-    KeyId id;
-    id.key = name_arg(fcinfo, 0, "key");
-    id.scope = scope_arg(fcinfo, 3);
+    const KeyId id = key_id_arg(fcinfo, 0, 3);
     const Request request = request_arg(fcinfo, 1);
     const text* job_ref = optional_name_arg(fcinfo, 2, "job_ref");
 
@@ -323,8 +319,7 @@ Datum register_body(FunctionCallInfo fcinfo) {
         }
         if (read_only_transaction()) raise_read_only("idem_register");
         NewKey key{};
-        key.scope = id.scope;
-        key.key = id.key;
+        key.id = id;
         key.status = Status::Received;
         key.fingerprint = request.fingerprint;
         key.has_fingerprint = request.has_fingerprint;
@@ -332,7 +327,7 @@ Datum register_body(FunctionCallInfo fcinfo) {
         key.job_ref = job_ref;
         const KeyInsertResult inserted = insert_key(key);
         if (inserted.outcome == KeyInsert::Inserted) {
-            log_transition(id.scope, id.key, std::nullopt, Status::Received, std::nullopt, 0);
+            log_transition(id, std::nullopt, Status::Received, std::nullopt, 0);
             out.outcome = Outcome::Registered;
             out.status = Status::Received;
             out.attempt = 0;
@@ -352,9 +347,7 @@ Datum register_body(FunctionCallInfo fcinfo) {
 }
 
 Datum get_body(FunctionCallInfo fcinfo) {
-    KeyId id;
-    id.key = name_arg(fcinfo, 0, "key");
-    id.scope = scope_arg(fcinfo, 1);
+    const KeyId id = key_id_arg(fcinfo, 0, 1);
     Datum row = 0;
     const bool found = key_row(id, &row);
     if (!found) PG_RETURN_NULL();

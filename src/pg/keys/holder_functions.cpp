@@ -113,15 +113,8 @@ FenceVerdict after_change(Change change, HolderCall call, const KeyId& id, std::
     return check_as_holder(call, id, token, stored, row);
 }
 
-KeyId key_id(FunctionCallInfo fcinfo, int key_arg, int scope_arg_index) {
-    KeyId id;
-    id.key = name_arg(fcinfo, key_arg, "key");
-    id.scope = scope_arg(fcinfo, scope_arg_index);
-    return id;
-}
-
 Datum complete_body(FunctionCallInfo fcinfo) {
-    const KeyId id = key_id(fcinfo, 0, 3);
+    const KeyId id = key_id_arg(fcinfo, 0, 3);
     const std::int64_t token = token_arg(fcinfo, 1);
     const Datum result = optional_jsonb_arg(fcinfo, 2, "result");
     const bool has_result = !PG_ARGISNULL(2);
@@ -152,8 +145,8 @@ Datum complete_body(FunctionCallInfo fcinfo) {
             observe_processing_on_commit(now - *stored.claimed_at);
             note_completion(id.scope, now - *stored.claimed_at);
         }
-        wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
-        log_transition(id.scope, id.key, stored.state.status, Status::Completed, token,
+        wake_on_commit(key_wake_channel(id));
+        log_transition(id, stored.state.status, Status::Completed, token,
                        stored.state.attempts);
         stored.result = result;
         stored.has_result = has_result;
@@ -172,7 +165,7 @@ Datum complete_body(FunctionCallInfo fcinfo) {
 }
 
 Datum fail_body(FunctionCallInfo fcinfo) {
-    const KeyId id = key_id(fcinfo, 0, 5);
+    const KeyId id = key_id_arg(fcinfo, 0, 5);
     const std::int64_t token = token_arg(fcinfo, 1);
     const text* error = value_text_arg(fcinfo, 2, "error");
     if (PG_ARGISNULL(3)) throw_null_argument("retryable");
@@ -206,8 +199,8 @@ Datum fail_body(FunctionCallInfo fcinfo) {
     if (expires_at) note_due_on_commit(DueKind::Retention, *expires_at);
     const bool final = decision.next == Status::FailedFinal;
     count_on_commit(final ? Counter::FailuresFinal : Counter::FailuresRetryable);
-    wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
-    log_transition(id.scope, id.key, stored.state.status, decision.next, token,
+    wake_on_commit(key_wake_channel(id));
+    log_transition(id, stored.state.status, decision.next, token,
                    stored.state.attempts,
                    !retryable ? "not retryable" : final ? "attempts exhausted" : "retryable");
 
@@ -215,7 +208,7 @@ Datum fail_body(FunctionCallInfo fcinfo) {
 }
 
 Datum heartbeat_body(FunctionCallInfo fcinfo) {
-    const KeyId id = key_id(fcinfo, 0, 3);
+    const KeyId id = key_id_arg(fcinfo, 0, 3);
     const std::int64_t token = token_arg(fcinfo, 1);
     const Micros extend = lease_arg(fcinfo, 2, "extend");
 
@@ -235,7 +228,7 @@ Datum heartbeat_body(FunctionCallInfo fcinfo) {
 }
 
 Datum release_body(FunctionCallInfo fcinfo) {
-    const KeyId id = key_id(fcinfo, 0, 2);
+    const KeyId id = key_id_arg(fcinfo, 0, 2);
     const std::int64_t token = token_arg(fcinfo, 1);
 
     StoredKey stored;
@@ -248,8 +241,8 @@ Datum release_body(FunctionCallInfo fcinfo) {
         case ReleaseAction::Delete: (void)delete_key(&row); break;
     }
     close_key(&row);
-    wake_on_commit(wake_channel(WaitTopic::Key, id.scope, id.key));
-    log_transition(id.scope, id.key, stored.state.status,
+    wake_on_commit(key_wake_channel(id));
+    log_transition(id, stored.state.status,
                    action == ReleaseAction::BackToReceived ? std::optional<Status>(Status::Received)
                                                            : std::nullopt,
                    token, stored.state.attempts - 1, "released");
@@ -257,7 +250,7 @@ Datum release_body(FunctionCallInfo fcinfo) {
 }
 
 Datum assert_owner_body(FunctionCallInfo fcinfo) {
-    const KeyId id = key_id(fcinfo, 0, 2);
+    const KeyId id = key_id_arg(fcinfo, 0, 2);
     const std::int64_t token = token_arg(fcinfo, 1);
 
     StoredKey stored;

@@ -32,14 +32,14 @@ namespace {
 KeyInsert probe(Relation table, Relation primary_key, const NewKey& key, TransactionId* busy) {
     SnapshotData dirty;
     InitDirtySnapshot(dirty);
-    ScanKeyData scan_keys[2];
-    const Datum values[2] = {PointerGetDatum(key.scope), PointerGetDatum(key.key)};
-    for (int i = 0; i < 2; ++i)
+    ScanKeyData scan_keys[kKeyIdColumns];
+    const KeyIdValues values = key_id_values(key.id);
+    for (int i = 0; i < kKeyIdColumns; ++i)
         ScanKeyEntryInitialize(&scan_keys[i], 0, static_cast<AttrNumber>(i + 1),
                                BTEqualStrategyNumber, InvalidOid, primary_key->rd_indcollation[i],
-                               F_TEXTEQ, values[i]);
-    IndexScanDesc scan = begin_index_scan(table, primary_key, &dirty, 2);
-    index_rescan(scan, scan_keys, 2, nullptr, 0);
+                               F_TEXTEQ, values.values[i]);
+    IndexScanDesc scan = begin_index_scan(table, primary_key, &dirty, kKeyIdColumns);
+    index_rescan(scan, scan_keys, kKeyIdColumns, nullptr, 0);
     TupleTableSlot* slot = table_slot_create(table, nullptr);
     KeyInsert found = KeyInsert::Inserted;
     if (index_getnext_slot(scan, ForwardScanDirection, slot)) {
@@ -67,13 +67,13 @@ bool same_text(TupleTableSlot* row, AttrNumber column, const text* wanted) {
 // insert (or, were that key taken, probe and insert again forever).
 void refuse_changed_key(TupleTableSlot* row, const KeyColumns& at, const NewKey& key,
                         Relation table) {
-    if (same_text(row, at.scope, key.scope) && same_text(row, at.key, key.key)) return;
+    if (same_text(row, at.scope, key.id.scope) && same_text(row, at.key, key.id.key)) return;
     ereport(ERROR,
             (errcode(ERRCODE_TRIGGERED_DATA_CHANGE_VIOLATION),
              errmsg("a trigger on table \"%s\" changed the scope or key of a new key",
                     RelationGetRelationName(table)),
-             errdetail("The call is for key \"%s\" of scope \"%s\".", text_to_cstring(key.key),
-                       text_to_cstring(key.scope)),
+             errdetail("The call is for key \"%s\" of scope \"%s\".", text_to_cstring(key.id.key),
+                       text_to_cstring(key.id.scope)),
              errhint("A BEFORE INSERT trigger on the keys table must leave scope and key as "
                      "they are.")));
 }

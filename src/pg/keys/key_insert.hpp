@@ -15,12 +15,12 @@
 
 #include "core/status.hpp"
 #include "pg/boundary/postgres.hpp"
+#include "pg/keys/key_id.hpp"
 
 namespace idem::pg {
 
 struct NewKey {
-    const text* scope;
-    const text* key;
+    KeyId id;
     Status status;  // Processing (a claim) or Received (a register)
     Datum fingerprint;
     bool has_fingerprint;

@@ -144,8 +144,8 @@ void read_stored_key(TupleTableSlot* row, const KeyColumns& at, Oid status_type,
 void write_new_key(KeyWrite* write, const NewKey& key, std::int64_t token) {
     const KeyColumns& at = *write->at;
     const bool claim = key.status == Status::Processing;
-    put(write, at.scope, PointerGetDatum(key.scope));
-    put(write, at.key, PointerGetDatum(key.key));
+    put(write, at.scope, PointerGetDatum(key.id.scope));
+    put(write, at.key, PointerGetDatum(key.id.key));
     put_status(write, key.status);
     if (key.has_fingerprint) put(write, at.fingerprint, key.fingerprint);
     put(write, at.created_at, TimestampTzGetDatum(key.now));

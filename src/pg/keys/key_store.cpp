@@ -23,14 +23,6 @@ Statement kAwaitLockers = {"SELECT 1 FROM @keys@ WHERE scope = $1 AND key = $2 F
                            {TEXTOID, TEXTOID},
                            nullptr};
 
-// The primary key's values of a key: (scope, key).
-struct KeyValues {
-    Datum values[2];
-};
-KeyValues key_values(const KeyId& id) {
-    return KeyValues{{PointerGetDatum(id.scope), PointerGetDatum(id.key)}};
-}
-
 const KeyColumns& columns_of(const KeyRow* key) { return key_columns(key->table.heap); }
 
 // A change of the key's row, written from a copy of it.
@@ -51,7 +43,7 @@ Change apply(KeyRow* key, const KeyWrite& write) {
 bool read_key(const KeyId& id, StoredKey* out) {
     const ExtensionObjects& objects = extension_objects();
     OpenTable table = open_to_read(objects.keys);
-    const KeyValues key = key_values(id);
+    const KeyIdValues key = key_id_values(id);
     const bool found = find_row(&table, key.values, RowLock::None);
     if (found) read_stored_key(table.found, key_columns(table.heap), objects.status_type, out);
     close_table(&table);
@@ -60,7 +52,7 @@ bool read_key(const KeyId& id, StoredKey* out) {
 
 bool key_row(const KeyId& id, Datum* row) {
     OpenTable table = open_to_read(extension_objects().keys);
-    const KeyValues key = key_values(id);
+    const KeyIdValues key = key_id_values(id);
     const bool found = find_row(&table, key.values, RowLock::None);
     if (found) *row = found_row_datum(&table);
     close_table(&table);
@@ -70,7 +62,7 @@ bool key_row(const KeyId& id, Datum* row) {
 bool find_key_to_change(const KeyId& id, StoredKey* out, KeyRow* row) {
     const ExtensionObjects& objects = extension_objects();
     row->table = open_to_write(objects.keys);
-    const KeyValues key = key_values(id);
+    const KeyIdValues key = key_id_values(id);
     if (!find_row(&row->table, key.values, RowLock::None)) return false;
     read_stored_key(row->table.found, columns_of(row), objects.status_type, out);
     return true;
@@ -79,7 +71,7 @@ bool find_key_to_change(const KeyId& id, StoredKey* out, KeyRow* row) {
 bool lock_key(const KeyId& id, bool skip_if_held, StoredKey* out, KeyRow* row) {
     const ExtensionObjects& objects = extension_objects();
     row->table = open_to_write(objects.keys);
-    const KeyValues key = key_values(id);
+    const KeyIdValues key = key_id_values(id);
     if (!find_row(&row->table, key.values,
                   skip_if_held ? RowLock::ForUpdateIfFree : RowLock::ForUpdate))
         return false;
@@ -227,6 +219,13 @@ Statement kSettleLeases = {
 Statement kPurgeKeys = {PURGE_KEYS " RETURNING scope, key, status, token, attempts", 2,
                         {TIMESTAMPTZOID, INT4OID}, nullptr};
 
+// The key of row `row` of a sweep's result, whose first columns are the
+// key's identity (scope, key).
+KeyId returned_key_id(std::uint64_t row) {
+    bool isnull = false;
+    return KeyId{DatumGetTextPP(column(1, &isnull, row)), DatumGetTextPP(column(2, &isnull, row))};
+}
+
 std::uint64_t expire(Statement& statement, int batch, const char* reason) {
     Params params;
     params.add_timestamp(GetCurrentTimestamp()).add_int4(batch).add_int4(settings::max_attempts);
@@ -239,8 +238,8 @@ std::uint64_t expire(Statement& statement, int batch, const char* reason) {
     for (std::uint64_t row = 0; row < expired; ++row) {
         bool isnull = false;
         const bool final = DatumGetBool(column(5, &isnull, row));
-        log_transition(DatumGetTextPP(column(1, &isnull, row)), DatumGetTextPP(column(2, &isnull, row)),
-                       Status::Processing, final ? Status::FailedFinal : Status::FailedRetryable,
+        log_transition(returned_key_id(row), Status::Processing,
+                       final ? Status::FailedFinal : Status::FailedRetryable,
                        column_int8(3, row), DatumGetInt32(column(4, &isnull, row)), reason);
     }
     return expired;
@@ -267,9 +266,8 @@ std::uint64_t purge_keys(int batch) {
         bool isnull = false;
         const Status from =
             status_from_datum(SPI_gettypeid(SPI_tuptable->tupdesc, 3), column(3, &isnull, row));
-        log_transition(DatumGetTextPP(column(1, &isnull, row)), DatumGetTextPP(column(2, &isnull, row)),
-                       from, std::nullopt, column_int8(4, row), DatumGetInt32(column(5, &isnull, row)),
-                       "retention");
+        log_transition(returned_key_id(row), from, std::nullopt, column_int8(4, row),
+                       DatumGetInt32(column(5, &isnull, row)), "retention");
     }
     return purged;
 }

@@ -13,13 +13,9 @@
 #include "core/key_state.hpp"
 #include "pg/access/row_access.hpp"
 #include "pg/boundary/postgres.hpp"
+#include "pg/keys/key_id.hpp"
 
 namespace idem::pg {
-
-struct KeyId {
-    text* scope;
-    text* key;
-};
 
 // A stored key: its state for the decisions, and the values outcomes report
 // (copied into the caller's memory).

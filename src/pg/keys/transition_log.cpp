@@ -33,16 +33,16 @@ void append_field(StringInfo line, const char* name, const char* value) {
 
 }  // namespace
 
-void log_transition(const text* scope, const text* key, std::optional<Status> from,
+void log_transition(const KeyId& id, std::optional<Status> from,
                     std::optional<Status> to, std::optional<std::int64_t> token,
                     std::int32_t attempt, const char* reason) {
-    count_key_transition(scope, from, to);
+    count_key_transition(id.scope, from, to);
     if (!settings::log_transitions) return;
     StringInfoData line;
     initStringInfo(&line);
     appendStringInfoString(&line, "idempotency transition:");
-    append_field(&line, "scope", text_to_cstring(scope));
-    append_field(&line, "key", text_to_cstring(key));
+    append_field(&line, "scope", text_to_cstring(id.scope));
+    append_field(&line, "key", text_to_cstring(id.key));
     append_field(&line, "from", from ? status_label(*from) : "none");
     append_field(&line, "to", to ? status_label(*to) : "deleted");
     if (token)

@@ -10,11 +10,12 @@
 
 #include "core/status.hpp"
 #include "pg/boundary/postgres.hpp"
+#include "pg/keys/key_id.hpp"
 
 namespace idem::pg {
 
 // `from` is nullptr for a key that did not exist; `to` nullptr for a deletion.
-void log_transition(const text* scope, const text* key, std::optional<Status> from,
+void log_transition(const KeyId& id, std::optional<Status> from,
                     std::optional<Status> to, std::optional<std::int64_t> token,
                     std::int32_t attempt, const char* reason = nullptr);
 

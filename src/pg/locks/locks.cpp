@@ -77,7 +77,7 @@ Datum lock_body(FunctionCallInfo fcinfo) {
 
     // A waiting caller sleeps until the holder's unlock commits, its lock
     // expires, or the wait ends.
-    const std::uint64_t channel = wake_channel(WaitTopic::Lock, resource);
+    const std::uint64_t channel = wake_channel(WaitTopic::Lock, {resource});
     connect_spi();
     std::optional<std::int64_t> token;
     for (int round = 0;; ++round) {
@@ -122,7 +122,7 @@ Datum unlock_body(FunctionCallInfo fcinfo) {
     connect_spi();
     const bool released = execute(kUnlock, params) > 0;
     finish_spi();
-    if (released) wake_on_commit(wake_channel(WaitTopic::Lock, resource));
+    if (released) wake_on_commit(wake_channel(WaitTopic::Lock, {resource}));
     PG_RETURN_BOOL(released);
 }
 

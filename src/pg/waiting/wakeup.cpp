@@ -73,9 +73,9 @@ std::uint64_t hash_text(const text* value, std::uint64_t seed) {
 
 }  // namespace
 
-std::uint64_t wake_channel(WaitTopic topic, const text* first, const text* second) {
-    const std::uint64_t hash =
-        hash_text(second, hash_text(first, static_cast<std::uint64_t>(topic)));
+std::uint64_t wake_channel(WaitTopic topic, std::initializer_list<const text*> names) {
+    std::uint64_t hash = static_cast<std::uint64_t>(topic);
+    for (const text* name : names) hash = hash_text(name, hash);
     return hash == 0 ? 1 : hash;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/time.hpp"
 #include "pg/boundary/postgres.hpp"
@@ -17,9 +18,9 @@ namespace idem::pg {
 
 enum class WaitTopic : std::uint32_t { Key = 1, Lock = 2 };
 
-// The wake-up channel of a key (scope, key) or a lock (resource): a hash of
-// what is waited for, never 0.
-std::uint64_t wake_channel(WaitTopic topic, const text* first, const text* second = nullptr);
+// The wake-up channel of what is waited for, named by the texts that
+// identify it (a key's identity, a lock's resource): their hash, never 0.
+std::uint64_t wake_channel(WaitTopic topic, std::initializer_list<const text*> names);
 
 // Before checking whether it must wait, a waiter announces itself, so that a
 // commit between its check and its sleep still wakes it.
