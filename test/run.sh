@@ -115,7 +115,7 @@ run_tap() {
 # IDEM_HARNESSES: the harnesses to run, relative to the tree (default all).
 run_harnesses() {
     local script
-    for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/matrix/versions_agree.sh \
+    for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
         test/relay/brokers.sh test/chaos/run.sh test/differential/run.sh test/clients/*.sh \
         test/monitoring/*.sh examples/run-all.sh}); do

@@ -28,6 +28,8 @@
 // abort. Memory comes from the caller's context.
 #pragma once
 
+#include <type_traits>
+
 #include "pg/boundary/postgres.hpp"
 
 namespace idem::pg {
@@ -39,7 +41,8 @@ struct WriteStatement {
 };
 
 // A table opened for one operation: its writes of each kind (insert,
-// update, delete) are one statement for the triggers.
+// update, delete) are one statement for the triggers. Trivially
+// destructible: an error may leave it open, and the abort releases it.
 struct OpenTable {
     Relation heap;
     Relation index;         // the index rows are found by
@@ -61,6 +64,7 @@ struct OpenTable {
     bool via_sql;
     bool sql_written[3];
 };
+static_assert(std::is_trivially_destructible_v<OpenTable>);
 
 // Opens `table` and `index` (the table's primary key when `index` is
 // InvalidOid) to read, or to write with its indexes.
@@ -111,11 +115,6 @@ inline void set_null(TupleTableSlot* row, AttrNumber column) {
     if (column == 0) return;
     row->tts_values[column - 1] = 0;
     row->tts_isnull[column - 1] = true;
-}
-// The column's value in `row` (nullptr for NULL or a column not there).
-inline const Datum* column_value(TupleTableSlot* row, AttrNumber column) {
-    if (column == 0 || row->tts_isnull[column - 1]) return nullptr;
-    return &row->tts_values[column - 1];
 }
 
 // The statement a table's writes of one kind make (insert, update or

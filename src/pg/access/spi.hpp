@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "pg/boundary/postgres.hpp"
 
@@ -63,6 +64,7 @@ struct Params {
         return add(IntervalPGetDatum(interval));
     }
 };
+static_assert(std::is_trivially_destructible_v<Params>);
 
 // Runs the statement (planning it on first use); returns SPI_processed.
 std::uint64_t execute(Statement& statement, const Params& params, long limit = 0);

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "pg/boundary/owner_scope.hpp"
@@ -21,6 +22,7 @@ struct CaughtError {
         strlcpy(message, text, sizeof message);
     }
 };
+static_assert(std::is_trivially_destructible_v<CaughtError>);
 
 // Runs `run`; on a C++ exception fills `caught` and returns true. A
 // PostgreSQL error raised inside `run` passes through untouched: nothing here

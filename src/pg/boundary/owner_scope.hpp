@@ -15,6 +15,8 @@
 // back, as the worker's superuser.
 #pragma once
 
+#include <type_traits>
+
 #include "pg/boundary/postgres.hpp"
 
 namespace idem::pg {
@@ -28,6 +30,7 @@ struct OwnerScope {
     int guc_level;       // PostgreSQL 17+: the GUC nest level of the pinned path
     Oid saved_caller;    // the calling role of an enclosing scope
 };
+static_assert(std::is_trivially_destructible_v<OwnerScope>);
 
 OwnerScope enter_owner_scope(FunctionCallInfo fcinfo);
 // The same for work done on a function's behalf after it returned (at

@@ -6,15 +6,18 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "pg/boundary/postgres.hpp"
 
 namespace idem::pg {
 
+// Trivially destructible: it lives across calls that may raise an error.
 struct KeyId {
     text* scope;
     text* key;
 };
+static_assert(std::is_trivially_destructible_v<KeyId>);
 
 // The primary key's values of a key, in its column order.
 inline constexpr int kKeyIdColumns = 2;

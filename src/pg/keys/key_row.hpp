@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "pg/boundary/postgres.hpp"
 #include "pg/keys/key_insert.hpp"
@@ -38,6 +39,7 @@ struct KeyWrite {
     AttrNumber set[32];
     int count;
 };
+static_assert(std::is_trivially_destructible_v<KeyWrite>);
 
 // The row of a new key (a claim's, under `token`, or a register's).
 void write_new_key(KeyWrite* write, const NewKey& key, std::int64_t token);

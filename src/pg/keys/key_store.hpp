@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "core/key_state.hpp"
 #include "pg/access/row_access.hpp"
@@ -45,6 +46,7 @@ bool key_row(const KeyId& id, Datum* row);
 struct KeyRow {
     OpenTable table;
 };
+static_assert(std::is_trivially_destructible_v<KeyRow>);
 // Finds the key to change it, as UPDATE ... WHERE finds the row (no lock
 // yet): false when it does not exist. `row` must be closed either way.
 bool find_key_to_change(const KeyId& id, StoredKey* out, KeyRow* row);

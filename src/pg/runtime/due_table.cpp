@@ -260,17 +260,6 @@ bool request_sweep(Oid database) {
     return true;
 }
 
-int due_slots_used(int* capacity) {
-    *capacity = table != nullptr ? table->capacity : 0;
-    if (table == nullptr) return 0;
-    int used = 0;
-    LWLockAcquire(table->lock, LW_SHARED);
-    for (int i = 0; i < table->capacity; ++i)
-        if (table->entries[i].database != InvalidOid) ++used;
-    LWLockRelease(table->lock);
-    return used;
-}
-
 DueTaken take_due(int slot, Oid database, Micros now) {
     DueEntry* entry = entry_of(slot, database);
     if (entry == nullptr) return DueTaken{now, now, true};

@@ -92,8 +92,6 @@ void want_sweep(int slot, Oid database);
 // The same for a session (idempotency.request_sweep()), waking the
 // launcher; false when there is no due table (not preloaded) or no room.
 bool request_sweep(Oid database);
-// Entries in use and the table's size.
-int due_slots_used(int* capacity);
 
 // --- a worker ------------------------------------------------------------------
 // What a worker took at its start.
