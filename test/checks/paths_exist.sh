@@ -2,13 +2,15 @@
 # Every path a comment under src/ or a doc (docs/, README.md) names exists:
 # a moved or deleted file leaves no pointer behind. A path in a comment is
 # read from the repository's root, from src/, from src/pg/ or from the
-# commenting file's folder; a path in a doc from the root, src/ or src/pg/.
+# commenting file's folder, and a bare file name (key_row.cpp) must be a
+# file under src/; a path in a doc is read from the root, src/ or src/pg/.
 set -u
 cd "$(dirname "$0")/../.."
 exec python3 - <<'PY'
 import os, re, subprocess, sys
 
 PATH_RE = re.compile(r'(?<![\w./-])((?:[a-z_][\w-]*/)+[\w.+-]*\.(?:hpp|cpp|h|c|sql|sh|md|py|pl|go|json|conf))\b')
+BARE_RE = re.compile(r'(?<![\w./-])([a-z_]\w*\.(?:hpp|cpp))\b')
 COMMENT_RE = re.compile(r'//(.*)$|^\s*(?:/\*|\*)(.*)$|^\s*#(?!include|pragma|if|endif|else|elif|define|undef|error)(.*)$')
 
 def files(*specs):
@@ -27,6 +29,7 @@ def exists(path, bases):
     return any(os.path.exists(os.path.join(base, path)) for base in bases)
 
 missing = []
+source_names = {os.path.basename(f) for f in files('src')}
 for name in files('src'):
     if not name.endswith(('.cpp', '.hpp', '.h', '.c')):
         continue
@@ -39,6 +42,9 @@ for name in files('src'):
             for path in PATH_RE.findall(text):
                 if not exists(path, ['.', 'src', 'src/pg', os.path.dirname(name)]):
                     missing.append(f'{name}:{number}: {path}')
+            for bare in BARE_RE.findall(text):
+                if bare not in source_names:
+                    missing.append(f'{name}:{number}: {bare}')
 for name in ['README.md'] + [f for f in files('docs') if f.endswith('.md')]:
     if not os.path.exists(name):
         continue

@@ -838,7 +838,7 @@ class Sequence:
                                f"ready_at = ready_at - interval '2h'")
             # A session's claims start their scan of the ready queue near
             # where its last claim found the first ready event (a mark kept
-            # per backend, outbox_ready_floor.hpp); ready_at moved back by
+            # per backend, outbox/ready_floor.hpp); ready_at moved back by
             # the owner's SQL is below it. A new session has no mark.
             db.app.close()
             db.app = psycopg.connect(db.conninfo(), autocommit=True, options=db.OPTIONS)

@@ -38,7 +38,7 @@ extern "C" {
 // others are locked by row version, SKIP LOCKED, oldest first and no more
 // than the batch still needs, each checked again once locked (still ready
 // and due), and handed out. The claim itself is written at
-// commit (outbox_held.hpp).
+// commit (held.hpp).
 //
 // With runs (idempotency.outbox_run_length above 1), once the claim has
 // all the heads it can get, the room its batch has left goes to the

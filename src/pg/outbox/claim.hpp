@@ -29,8 +29,8 @@ struct HandedOutEvent {
 // 0.5.0).
 using HandedOut = void (*)(const HandedOutEvent& event, void* context);
 
-// Hands out up to request.batch due events (see outbox_claim.cpp for the
-// rules and how they are found, and outbox_claim_walk.cpp before 0.5.0);
+// Hands out up to request.batch due events (see claim.cpp for the
+// rules and how they are found, and claim_walk.cpp before 0.5.0);
 // returns how many.
 std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut sink,
                            void* context);

@@ -36,7 +36,7 @@ extern "C" {
 // transaction (another relay's claim, a nack), are then locked by row
 // version, SKIP LOCKED, in id order and no more than the batch still needs,
 // and handed out in the same statement; the lock is all a claim takes until
-// its transaction commits (outbox_held.hpp). Events this transaction holds
+// its transaction commits (held.hpp). Events this transaction holds
 // from an earlier claim count as in flight. Only the ones that ever failed
 // are checked for a later event of their pair in flight (after a redrive).
 // Windows grow until the batch is full or the queue ends, so thousands of
@@ -85,7 +85,7 @@ Statement kWalkLive = {
 // flight, or held by this transaction ($5): an event pending since it
 // committed has blocked every later event of its pair all along, as
 // producers take turns (producer_turn.hpp). The claim itself is written at
-// commit (outbox_held.hpp). The last column: whether the event was in
+// commit (held.hpp). The last column: whether the event was in
 // flight with an expired lease.
 Statement kHandOut = {
     "SELECT o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts + 1,"
@@ -141,7 +141,7 @@ bool is_candidate(OutboxKeySet keys, Holders* holders, std::uint64_t row) {
 
 // Hands out up to `wanted` of the candidates (row versions) with kHandOut,
 // passes them to `sink`, records the claims to write at commit
-// (outbox_held.hpp); returns how many, and in *last the greatest id handed
+// (held.hpp); returns how many, and in *last the greatest id handed
 // out.
 std::uint64_t hand_out(const ClaimRequest& request, Micros now, Datum* versions, int count,
                        int wanted, HandedOut sink, void* context, Datum* last) {

@@ -1,6 +1,6 @@
 // Where the transactional outbox is changed: every statement that reads or
-// changes idempotency.outbox, except the claim's (outbox_claim.hpp), and
-// the writes done directly on the table instead (outbox_rows.hpp). Callers
+// changes idempotency.outbox, except the claim's (claim.hpp), and
+// the writes done directly on the table instead (rows.hpp). Callers
 // hold an SPI connection, except for those direct writes: insert_event, the
 // acks and write_claims.
 #pragma once
@@ -32,7 +32,7 @@ std::int64_t insert_event(const NewEvent& event, Micros now, bool* inserted);
 // after an attempt; returns how many.
 std::uint64_t ack_events(const Datum* ids, int count, Micros now);
 
-// Events this transaction claims and has not yet written (outbox_held.hpp):
+// Events this transaction claims and has not yet written (held.hpp):
 // parallel arrays, one element per event.
 struct ClaimedEvents {
     const Datum* ids;           // bigint
