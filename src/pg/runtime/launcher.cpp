@@ -21,10 +21,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "pg/runtime/launcher.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/boundary/settings.hpp"
 #include "pg/runtime/due_table.hpp"
+#include "pg/runtime/launcher.hpp"
 
 extern "C" {
 #include "access/heapam.h"
