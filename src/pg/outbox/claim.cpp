@@ -43,7 +43,7 @@ extern "C" {
 // With runs (idempotency.outbox_run_length above 1), once the claim has
 // all the heads it can get, the room its batch has left goes to the
 // events waiting behind them, head by head in the order handed out
-// (pg/outbox/outbox_rows.hpp): a claim over many keys hands out as many
+// (pg/outbox/rows.hpp): a claim over many keys hands out as many
 // keys as it can, so that a relay delivers them side by side, and one over
 // few keys with long backlogs fills its batch with their runs.
 //
@@ -140,7 +140,7 @@ int hand_out(const ClaimRequest& request, Micros now, const ItemPointerData* tid
 }
 
 // The runs of the claim's keyed heads in the room its batch has left
-// (pg/outbox/outbox_rows.hpp); returns how many. Heads come first: a
+// (pg/outbox/rows.hpp); returns how many. Heads come first: a
 // claim hands out as many keys as it can, and runs fill what is left.
 int hand_out_runs(const ClaimRequest& request, Micros now, const Heads& heads, int room,
                   HandedOut sink, void* context) {
