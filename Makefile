@@ -52,7 +52,7 @@ endif
 # Its NATS JetStream and RabbitMQ sinks need libnats-dev and librabbitmq-dev;
 # without them it is built without that sink, and says so.
 RELAY = build/relay/idem-relay
-RELAY_OBJS = $(patsubst src/relay/%.cpp,build/relay/%.o,$(sort $(wildcard src/relay/*.cpp)))
+RELAY_OBJS = $(patsubst src/relay/%.cpp,build/relay/%.o,$(sort $(wildcard src/relay/*.cpp src/relay/*/*.cpp)))
 RELAY_NATS := $(shell pkg-config --exists libnats 2>/dev/null && echo yes)
 RELAY_AMQP := $(shell pkg-config --exists librabbitmq 2>/dev/null && echo yes)
 RELAY_CPPFLAGS = -Isrc -I$(shell $(PG_CONFIG) --includedir 2>/dev/null) \

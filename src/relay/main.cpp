@@ -11,19 +11,19 @@
 
 #include <curl/curl.h>
 
-#include "relay/database.hpp"
-#include "relay/exit_status.hpp"
-#include "relay/lanes.hpp"
-#include "relay/log.hpp"
-#include "relay/metrics_server.hpp"
+#include "relay/db/database.hpp"
+#include "relay/loop/exit_status.hpp"
+#include "relay/loop/lanes.hpp"
+#include "relay/observe/log.hpp"
+#include "relay/observe/metrics_server.hpp"
 #include "relay/options.hpp"
-#include "relay/progress.hpp"
-#include "relay/relay.hpp"
-#include "relay/signals.hpp"
-#include "relay/sink.hpp"
-#include "relay/stats.hpp"
+#include "relay/observe/progress.hpp"
+#include "relay/loop/relay.hpp"
+#include "relay/loop/signals.hpp"
+#include "relay/sinks/sink.hpp"
+#include "relay/observe/stats.hpp"
 #include "relay/wake.hpp"
-#include "relay/worker_pool.hpp"
+#include "relay/loop/worker_pool.hpp"
 
 namespace {
 
@@ -41,7 +41,7 @@ std::string joined(const std::vector<std::string>& items) {
     return out.empty() ? "every topic" : out;
 }
 
-// One lane (lanes.hpp): its options (a share of --max-in-flight-bytes), wake
+// One lane (loop/lanes.hpp): its options (a share of --max-in-flight-bytes), wake
 // pipe, connection, delivery threads and loop.
 struct Lane {
     explicit Lane(const idem::relay::Options& whole) : options(whole), db(options) {

@@ -1,7 +1,7 @@
 // nats:// and amqp:// sink URLs, and the subjects topics become.
 #include <gtest/gtest.h>
 
-#include "relay/broker_address.hpp"
+#include "relay/sinks/broker_address.hpp"
 
 using namespace idem::relay;
 

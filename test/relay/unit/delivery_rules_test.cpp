@@ -3,12 +3,12 @@
 // sends, and what it writes to its log.
 #include <gtest/gtest.h>
 
-#include "relay/claim_sizer.hpp"
-#include "relay/http_headers.hpp"
-#include "relay/log.hpp"
+#include "relay/loop/claim_sizer.hpp"
+#include "relay/sinks/http_headers.hpp"
+#include "relay/observe/log.hpp"
 #include "relay/redact.hpp"
-#include "relay/retry_delay.hpp"
-#include "relay/sink_check.hpp"
+#include "relay/db/retry_delay.hpp"
+#include "relay/loop/sink_check.hpp"
 
 using namespace idem::relay;
 

@@ -2,10 +2,10 @@
 // HTTP statuses and Retry-After, reconnect backoff.
 #include <gtest/gtest.h>
 
-#include "relay/database.hpp"
-#include "relay/http_outcome.hpp"
+#include "relay/db/database.hpp"
+#include "relay/sinks/http_outcome.hpp"
 #include "relay/json.hpp"
-#include "relay/stdout_sink.hpp"
+#include "relay/sinks/stdout_sink.hpp"
 
 using namespace idem::relay;
 

@@ -1,0 +1,548 @@
+#include "relay/db/database.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include <libpq-fe.h>
+
+#include "relay/observe/log.hpp"
+
+namespace idem::relay {
+
+namespace {
+
+constexpr const char* kChannel = "idempotency_outbox";
+
+// Every name schema-qualified; every value a parameter.
+constexpr const char* kCheckSql =
+    "SELECT e.extname IS NOT NULL, "
+    "       e.extname IS NOT NULL AND pg_catalog.has_schema_privilege('idempotency', 'USAGE'), "
+    "       CURRENT_USER::pg_catalog.text, "
+    "       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
+    "                 ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
+    "                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
+    "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_release'), "
+    // Runs of a key per claim (idempotency.outbox_run_length) came with
+    // 0.7.0, as outbox_counts did.
+    "       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
+    "                 ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
+    "                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
+    "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_counts') "
+    "  FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_extension e "
+    "    ON e.extname OPERATOR(pg_catalog.=) 'idempotency'";
+// The claimed events in the order the claim handed them out (a key's run
+// in its key's order); the payload and headers of those past the byte
+// budget ($5, and the first event anyway when $6) are not sent: the relay
+// releases them at once.
+constexpr const char* kClaimSql =
+    "SELECT s.id, s.topic, s.key, CASE WHEN s.fits THEN s.p END, CASE WHEN s.fits THEN s.h END, "
+    "       s.dedup_key, s.attempt, s.enqueued, s.fits "
+    "FROM (SELECT c.*, "
+    "             pg_catalog.sum(c.bytes) OVER (ORDER BY c.n) OPERATOR(pg_catalog.<=) $5::pg_catalog.int8 "
+    "             OR (c.n OPERATOR(pg_catalog.=) 1 AND $6::pg_catalog.bool) AS fits "
+    "      FROM (SELECT d.n, d.id, d.topic, d.key, d.p, d.h, d.dedup_key, d.attempt, d.enqueued, "
+    "                   pg_catalog.octet_length(d.p) OPERATOR(pg_catalog.+) "
+    "                   COALESCE(pg_catalog.octet_length(d.h), 0) AS bytes "
+    "            FROM (SELECT o.ordinality AS n, o.id, o.topic, o.key, "
+    "                         o.payload::pg_catalog.text AS p, "
+    "                         o.headers::pg_catalog.text AS h, o.dedup_key, o.attempt, "
+    "                         pg_catalog.date_part('epoch', o.enqueued_at) AS enqueued "
+    "                  FROM idempotency.outbox_claim($1::pg_catalog.text, $2::pg_catalog.int4, "
+    "                       $3::pg_catalog.interval, $4::pg_catalog.text[]) WITH ORDINALITY o "
+    "                  OFFSET 0) d) c) s "
+    "ORDER BY s.n";
+constexpr const char* kAckSql = "SELECT idempotency.outbox_ack($1::pg_catalog.int8[])";
+constexpr const char* kNackSql =
+    "SELECT idempotency.outbox_nack($1::pg_catalog.int8, $2::pg_catalog.text, "
+    "$3::pg_catalog.bool, $4::pg_catalog.interval)::pg_catalog.text";
+constexpr const char* kReleaseSql =
+    "SELECT idempotency.outbox_release($1::pg_catalog.int8[], $2::pg_catalog.text)";
+// In milliseconds; absent until the extension's library is loaded in the session.
+constexpr const char* kRetrySettingsSql =
+    "SELECT s.name, s.setting FROM pg_catalog.pg_settings s WHERE s.name OPERATOR(pg_catalog.=) "
+    "ANY ('{idempotency.retry_base_delay,idempotency.retry_max_delay}'::pg_catalog.text[])";
+constexpr const char* kLagSql =
+    "SELECT COALESCE(pg_catalog.max(pg_catalog.date_part('epoch', l.lag)), 0) "
+    "FROM idempotency.outbox_lag l "
+    "WHERE $1::pg_catalog.text[] IS NULL OR l.topic OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])";
+
+std::string array_literal(const std::vector<std::string>& items) {
+    std::string out = "{";
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        if (i > 0) out += ',';
+        out += '"';
+        for (const char c : items[i]) {
+            if (c == '"' || c == '\\') out += '\\';
+            out += c;
+        }
+        out += '"';
+    }
+    out += '}';
+    return out;
+}
+
+std::string id_array(const std::vector<std::int64_t>& ids) {
+    std::string literal = "{";
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i > 0) literal += ',';
+        literal += std::to_string(ids[i]);
+    }
+    literal += '}';
+    return literal;
+}
+
+std::string one_line(const char* message) {
+    std::string text = message != nullptr ? message : "";
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    for (char& c : text)
+        if (c == '\n' || c == '\t') c = ' ';
+    return text;
+}
+
+void on_notice(void*, const char* message) {
+    log_info("database: %s", one_line(message).c_str());
+}
+
+bool starts_with(const char* text, const char* prefix) {
+    return text != nullptr && strncmp(text, prefix, strlen(prefix)) == 0;
+}
+
+}  // namespace
+
+Millis Backoff::next() {
+    const long long base = std::min<long long>(5000, 100LL << std::min(attempt_, 6));
+    ++attempt_;
+    std::uniform_real_distribution<double> jitter(0.8, 1.2);
+    return Millis(static_cast<long long>(static_cast<double>(base) * jitter(random_)));
+}
+
+Database::Database(const Options& options) : options_(options) {
+    if (!options.topics.empty()) topics_literal_ = array_literal(options.topics);
+    lease_text_ = std::to_string(options.lease.count()) + " milliseconds";
+}
+
+Database::~Database() { disconnect(); }
+
+void Database::disconnect() {
+    if (conn_ != nullptr) PQfinish(conn_);
+    conn_ = nullptr;
+}
+
+int Database::socket() const { return conn_ != nullptr ? PQsocket(conn_) : -1; }
+
+DbStatus Database::connect(std::string* error) {
+    disconnect();
+    // Defaults first: the DSN (expanded from dbname) overrides them; the
+    // client encoding comes last because the sinks write UTF-8.
+    const char* keywords[] = {"connect_timeout", "fallback_application_name", "keepalives",
+                              "keepalives_idle", "keepalives_interval", "keepalives_count",
+                              "dbname", "client_encoding", nullptr};
+    const char* values[] = {"10", "idem-relay", "1", "30", "10", "3",
+                            options_.dsn.c_str(), "UTF8", nullptr};
+    pg_conn* conn = PQconnectdbParams(keywords, values, 1);
+    if (conn == nullptr) {
+        *error = "out of memory";
+        return DbStatus::Lost;
+    }
+    if (PQstatus(conn) != CONNECTION_OK) {
+        *error = one_line(PQerrorMessage(conn));
+        PQfinish(conn);
+        return DbStatus::Lost;
+    }
+    conn_ = conn;
+    notified_ = false;
+    // Server notices (such as "terminating connection due to immediate
+    // shutdown") go through our log, one line each.
+    PQsetNoticeProcessor(conn_, on_notice, nullptr);
+    // A connection that is not fully set up is not kept.
+    auto setup_failed = [this](DbStatus failed) {
+        disconnect();
+        return failed == DbStatus::Fatal ? DbStatus::Fatal : DbStatus::Lost;
+    };
+
+    DbStatus status = DbStatus::Ok;
+    PGresult* check = PQexec(conn_, kCheckSql);
+    if (PQresultStatus(check) != PGRES_TUPLES_OK)
+        return setup_failed(failure(check, "checking the extension", error));
+    const bool installed = PQntuples(check) == 1 && strcmp(PQgetvalue(check, 0, 0), "t") == 0;
+    const bool usage = installed && strcmp(PQgetvalue(check, 0, 1), "t") == 0;
+    const std::string role = PQntuples(check) == 1 ? PQgetvalue(check, 0, 2) : "";
+    can_release_ = PQntuples(check) == 1 && strcmp(PQgetvalue(check, 0, 3), "t") == 0;
+    const bool can_run = PQntuples(check) == 1 && strcmp(PQgetvalue(check, 0, 4), "t") == 0;
+    PQclear(check);
+    if (!installed || !usage) {
+        *error = !installed ? "the idempotency extension is not installed in this database "
+                              "(CREATE EXTENSION idempotency)"
+                            : "role " + role + " may not use schema idempotency (GRANT USAGE ON "
+                              "SCHEMA idempotency TO " + role + ")";
+        disconnect();
+        return DbStatus::Fatal;
+    }
+    if (!exec_setup("LISTEN idempotency_outbox", error, &status)) return setup_failed(status);
+    // A claim's transaction stays open while its events are delivered; one
+    // left idle longer than a lease (a relay frozen) is ended by the server,
+    // which gives its events back as a lease would.
+    const std::string idle = "SET idle_in_transaction_session_timeout = " +
+                             std::to_string(options_.lease.count());
+    if (!exec_setup(idle.c_str(), error, &status)) return setup_failed(status);
+    if (can_run && options_.run_length > 1) {
+        const std::string run = "SET idempotency.outbox_run_length = " +
+                                std::to_string(options_.run_length);
+        if (!exec_setup(run.c_str(), error, &status)) return setup_failed(status);
+    }
+    struct Prepared {
+        const char* name;
+        const char* sql;
+    };
+    for (const Prepared& p : {Prepared{"idem_relay_claim", kClaimSql},
+                              Prepared{"idem_relay_ack", kAckSql},
+                              Prepared{"idem_relay_nack", kNackSql},
+                              Prepared{"idem_relay_release", can_release_ ? kReleaseSql : nullptr}}) {
+        if (p.sql == nullptr) continue;
+        PGresult* result = PQprepare(conn_, p.name, p.sql, 0, nullptr);
+        if (PQresultStatus(result) != PGRES_COMMAND_OK)
+            return setup_failed(failure(result, "preparing", error));
+        PQclear(result);
+    }
+    // Events committed before the LISTEN took effect are found by the first claim.
+    notified_ = true;
+    settings_read_ = false;
+    return DbStatus::Ok;
+}
+
+bool Database::exec_setup(const char* sql, std::string* error, DbStatus* status) {
+    PGresult* result = PQexec(conn_, sql);
+    if (PQresultStatus(result) == PGRES_COMMAND_OK) {
+        PQclear(result);
+        return true;
+    }
+    *status = failure(result, sql, error);
+    return false;
+}
+
+DbStatus Database::failure(PGresult* result, const char* what, std::string* error) {
+    // Copied: the result is freed below.
+    const char* field = result != nullptr ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
+    const std::string state_text = field != nullptr ? field : "";
+    const char* sqlstate = field != nullptr ? state_text.c_str() : nullptr;
+    last_sqlstate_ = state_text;
+    const char* primary =
+        result != nullptr ? PQresultErrorField(result, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
+    std::string message = primary != nullptr ? one_line(primary)
+                          : result != nullptr ? one_line(PQresultErrorMessage(result))
+                                              : "";
+    if (message.empty() && conn_ != nullptr) message = one_line(PQerrorMessage(conn_));
+    *error = std::string(what) + ": " + message;
+    if (sqlstate != nullptr) *error += std::string(" (SQLSTATE ") + sqlstate + ")";
+    if (result != nullptr) PQclear(result);
+
+    DbStatus status;
+    if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK || sqlstate == nullptr ||
+        starts_with(sqlstate, "08") || starts_with(sqlstate, "57P") ||
+        strcmp(sqlstate, "25006") == 0)  // read-only: a standby; reconnecting may find the primary
+        status = DbStatus::Lost;
+    else if (starts_with(sqlstate, "53") || starts_with(sqlstate, "58") ||
+             strcmp(sqlstate, "40001") == 0 || strcmp(sqlstate, "40P01") == 0 ||
+             strcmp(sqlstate, "55P03") == 0 || strcmp(sqlstate, "57014") == 0)
+        status = DbStatus::Transient;
+    else
+        status = DbStatus::Fatal;
+    if (status == DbStatus::Lost) disconnect();
+    return status;
+}
+
+void Database::collect_notifications() {
+    if (conn_ == nullptr) return;
+    while (PGnotify* notify = PQnotifies(conn_)) {
+        if (strcmp(notify->relname, kChannel) == 0) {
+            ++notifications_;
+            const char* topic = notify->extra != nullptr ? notify->extra : "";
+            // "*": events of topics the notifier could not name one by one.
+            if (options_.topics.empty() || strcmp(topic, "*") == 0 ||
+                std::find(options_.topics.begin(), options_.topics.end(), topic) !=
+                    options_.topics.end())
+                notified_ = true;
+        }
+        PQfreemem(notify);
+    }
+}
+
+bool Database::consume_input() {
+    if (conn_ == nullptr) return false;
+    if (PQconsumeInput(conn_) == 0 || PQstatus(conn_) != CONNECTION_OK) {
+        disconnect();
+        return false;
+    }
+    collect_notifications();
+    return true;
+}
+
+bool Database::take_notified() {
+    const bool notified = notified_;
+    notified_ = false;
+    return notified;
+}
+
+DbStatus Database::claim(int count, std::int64_t bytes_left, bool first_anyway,
+                         std::vector<Event>* events, std::string* error) {
+    events->clear();
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const std::string batch = std::to_string(count);
+    const std::string budget = std::to_string(bytes_left);
+    const char* params[6] = {options_.relay.c_str(), batch.c_str(), lease_text_.c_str(),
+                             topics_literal_.empty() ? nullptr : topics_literal_.c_str(),
+                             budget.c_str(), first_anyway ? "true" : "false"};
+    const Clock::time_point lease_until = Clock::now() + options_.lease;
+    PGresult* result = PQexecPrepared(conn_, "idem_relay_claim", 6, params, nullptr, nullptr, 0);
+    collect_notifications();
+    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_claim", error);
+    read_events(result, lease_until, events);
+    PQclear(result);
+    // The extension's library is loaded in this session now: its settings show.
+    if (!settings_read_) read_retry_settings();
+    return DbStatus::Ok;
+}
+
+void Database::read_events(PGresult* result, Clock::time_point lease_until,
+                           std::vector<Event>* events) {
+    const int rows = PQntuples(result);
+    events->reserve(events->size() + static_cast<std::size_t>(rows));
+    for (int row = 0; row < rows; ++row) {
+        Event event;
+        event.id = strtoll(PQgetvalue(result, row, 0), nullptr, 10);
+        event.topic = PQgetvalue(result, row, 1);
+        if (!PQgetisnull(result, row, 2)) event.key = std::string(PQgetvalue(result, row, 2));
+        event.payload = PQgetvalue(result, row, 3);
+        if (!PQgetisnull(result, row, 4)) event.headers = std::string(PQgetvalue(result, row, 4));
+        if (!PQgetisnull(result, row, 5)) event.dedup_key = std::string(PQgetvalue(result, row, 5));
+        event.attempt = atoi(PQgetvalue(result, row, 6));
+        event.enqueued_at = strtod(PQgetvalue(result, row, 7), nullptr);
+        event.fits = strcmp(PQgetvalue(result, row, 8), "t") == 0;
+        event.lease_until = lease_until;
+        events->push_back(std::move(event));
+    }
+}
+
+bool Database::in_transaction() const {
+    return conn_ != nullptr && PQtransactionStatus(conn_) != PQTRANS_IDLE;
+}
+
+void Database::queued(int sent) {
+    if (sent == 0) send_failed_ = true;
+}
+
+void Database::send_claim(const ClaimArgs& args) {
+    const std::string batch = std::to_string(args.count);
+    const std::string budget = std::to_string(args.bytes_left);
+    const char* params[6] = {options_.relay.c_str(), batch.c_str(), lease_text_.c_str(),
+                             topics_literal_.empty() ? nullptr : topics_literal_.c_str(),
+                             budget.c_str(), args.first_anyway ? "true" : "false"};
+    // libpq copies the parameters into its buffer here.
+    queued(PQsendQueryPrepared(conn_, "idem_relay_claim", 6, params, nullptr, nullptr, 0));
+}
+
+DbStatus Database::rollback_now(std::string* error) {
+    PGresult* result = PQexec(conn_, "ROLLBACK");
+    if (PQresultStatus(result) != PGRES_COMMAND_OK) return failure(result, "ROLLBACK", error);
+    PQclear(result);
+    return DbStatus::Ok;
+}
+
+DbStatus Database::begin_claim(const ClaimArgs& args, std::vector<Event>* events,
+                               std::string* error) {
+    return commit_round(Settlement{}, nullptr, &args, events, error);
+}
+
+// One pipeline: [settlement, COMMIT] when a transaction is open, then
+// [BEGIN, claim] when next is given; one sync, the results read in order.
+// The first failure decides; statements after it until the sync are
+// skipped by the server, and a transaction left failed is rolled back.
+DbStatus Database::commit_round(const Settlement& settlement, SettleResult* result,
+                                const ClaimArgs* next, std::vector<Event>* events,
+                                std::string* error) {
+    if (events != nullptr) events->clear();
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const bool committing = in_transaction();
+    enum class Step { Ack, Nack, Release, Commit, Begin, Claim };
+    std::vector<Step> steps;
+    if (PQenterPipelineMode(conn_) == 0) return failure(nullptr, "pipeline", error);
+    send_failed_ = false;
+    if (committing) {
+        if (!settlement.acks.empty()) {
+            const std::string literal = id_array(settlement.acks);
+            const char* params[1] = {literal.c_str()};
+            queued(PQsendQueryPrepared(conn_, "idem_relay_ack", 1, params, nullptr, nullptr, 0));
+            steps.push_back(Step::Ack);
+        }
+        for (const NackRequest& nack : settlement.nacks) {
+            const std::string id_text = std::to_string(nack.id);
+            const std::string retry_text =
+                nack.retry_in_ms ? std::to_string(*nack.retry_in_ms) + " milliseconds" : std::string();
+            const char* params[4] = {id_text.c_str(), nack.message.c_str(),
+                                     nack.retryable ? "true" : "false",
+                                     nack.retry_in_ms ? retry_text.c_str() : nullptr};
+            queued(PQsendQueryPrepared(conn_, "idem_relay_nack", 4, params, nullptr, nullptr, 0));
+            steps.push_back(Step::Nack);
+        }
+        if (!settlement.releases.empty() && can_release_) {
+            const std::string literal = id_array(settlement.releases);
+            const char* params[2] = {literal.c_str(), options_.relay.c_str()};
+            queued(PQsendQueryPrepared(conn_, "idem_relay_release", 2, params, nullptr, nullptr, 0));
+            steps.push_back(Step::Release);
+        }
+        queued(PQsendQueryParams(conn_, "COMMIT", 0, nullptr, nullptr, nullptr, nullptr, 0));
+        steps.push_back(Step::Commit);
+    }
+    Clock::time_point lease_until{};
+    if (next != nullptr) {
+        queued(PQsendQueryParams(conn_, "BEGIN", 0, nullptr, nullptr, nullptr, nullptr, 0));
+        steps.push_back(Step::Begin);
+        lease_until = Clock::now() + options_.lease;
+        send_claim(*next);
+        steps.push_back(Step::Claim);
+    }
+    if (send_failed_ || PQpipelineSync(conn_) == 0) {
+        disconnect();
+        *error = "cannot send to the database";
+        return DbStatus::Lost;
+    }
+
+    static const char* const kWhat[] = {"outbox_ack", "outbox_nack", "outbox_release",
+                                        "COMMIT", "BEGIN", "outbox_claim"};
+    PGresult* first_error = nullptr;
+    const char* failed_what = nullptr;
+    bool broken = false;
+    for (const Step step : steps) {
+        PGresult* r = PQgetResult(conn_);
+        if (r == nullptr) {
+            broken = true;
+            break;
+        }
+        // The end of this statement's results.
+        while (PGresult* extra = PQgetResult(conn_)) PQclear(extra);
+        const ExecStatusType status = PQresultStatus(r);
+        const bool ok = status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK;
+        if (!ok) {
+            if (first_error == nullptr && status != PGRES_PIPELINE_ABORTED) {
+                first_error = r;
+                failed_what = kWhat[static_cast<int>(step)];
+            } else {
+                PQclear(r);
+            }
+            continue;
+        }
+        if (first_error == nullptr) {
+            switch (step) {
+                case Step::Ack: result->acked = strtoll(PQgetvalue(r, 0, 0), nullptr, 10); break;
+                case Step::Nack: result->nack_states.emplace_back(PQgetvalue(r, 0, 0)); break;
+                case Step::Release:
+                    result->released = strtoll(PQgetvalue(r, 0, 0), nullptr, 10);
+                    break;
+                case Step::Claim: read_events(r, lease_until, events); break;
+                case Step::Commit:
+                case Step::Begin: break;
+            }
+        }
+        PQclear(r);
+    }
+    if (!broken) {
+        // The sync's own result.
+        PGresult* sync = PQgetResult(conn_);
+        broken = sync == nullptr || PQresultStatus(sync) != PGRES_PIPELINE_SYNC;
+        if (sync != nullptr) PQclear(sync);
+    }
+    if (broken || PQexitPipelineMode(conn_) == 0) {
+        if (first_error != nullptr) PQclear(first_error);
+        disconnect();
+        *error = "the database connection broke during a round trip";
+        return DbStatus::Lost;
+    }
+    collect_notifications();
+    if (first_error != nullptr) {
+        if (events != nullptr) events->clear();
+        const DbStatus status = failure(first_error, failed_what, error);
+        std::string ignored;
+        if (conn_ != nullptr && in_transaction()) (void)rollback_now(&ignored);
+        return status;
+    }
+    if (next != nullptr && events->empty()) {
+        // Nothing claimed: no transaction is kept open for nothing (it would
+        // also hold back our notifications).
+        const DbStatus status = rollback_now(error);
+        if (status != DbStatus::Ok) return status;
+    }
+    if (next != nullptr && !settings_read_) read_retry_settings();
+    return DbStatus::Ok;
+}
+
+void Database::read_retry_settings() {
+    PGresult* result = PQexec(conn_, kRetrySettingsSql);
+    if (PQresultStatus(result) == PGRES_TUPLES_OK) {
+        for (int row = 0; row < PQntuples(result); ++row) {
+            const Millis value(strtoll(PQgetvalue(result, row, 1), nullptr, 10));
+            if (strcmp(PQgetvalue(result, row, 0), "idempotency.retry_base_delay") == 0)
+                retry_settings_.base = value;
+            else
+                retry_settings_.max = value;
+        }
+        settings_read_ = PQntuples(result) == 2;
+    }
+    PQclear(result);
+}
+
+DbStatus Database::release(const std::vector<std::int64_t>& ids, std::int64_t* changed,
+                           std::string* error) {
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const std::string literal = id_array(ids);
+    const char* params[2] = {literal.c_str(), options_.relay.c_str()};
+    PGresult* result = PQexecPrepared(conn_, "idem_relay_release", 2, params, nullptr, nullptr, 0);
+    collect_notifications();
+    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_release", error);
+    *changed = strtoll(PQgetvalue(result, 0, 0), nullptr, 10);
+    PQclear(result);
+    return DbStatus::Ok;
+}
+
+DbStatus Database::ack(const std::vector<std::int64_t>& ids, std::int64_t* changed,
+                       std::string* error) {
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const std::string literal = id_array(ids);
+    const char* params[1] = {literal.c_str()};
+    PGresult* result = PQexecPrepared(conn_, "idem_relay_ack", 1, params, nullptr, nullptr, 0);
+    collect_notifications();
+    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_ack", error);
+    *changed = strtoll(PQgetvalue(result, 0, 0), nullptr, 10);
+    PQclear(result);
+    return DbStatus::Ok;
+}
+
+DbStatus Database::nack(std::int64_t id, const std::string& message, bool retryable,
+                        const std::optional<std::int64_t>& retry_in_ms, std::string* state,
+                        std::string* error) {
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const std::string id_text = std::to_string(id);
+    const std::string retry_text =
+        retry_in_ms ? std::to_string(*retry_in_ms) + " milliseconds" : std::string();
+    const char* params[4] = {id_text.c_str(), message.c_str(), retryable ? "true" : "false",
+                             retry_in_ms ? retry_text.c_str() : nullptr};
+    PGresult* result = PQexecPrepared(conn_, "idem_relay_nack", 4, params, nullptr, nullptr, 0);
+    collect_notifications();
+    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_nack", error);
+    *state = PQgetvalue(result, 0, 0);
+    PQclear(result);
+    return DbStatus::Ok;
+}
+
+DbStatus Database::outbox_lag(double* seconds, std::string* error) {
+    if (conn_ == nullptr) return DbStatus::Lost;
+    const char* params[1] = {topics_literal_.empty() ? nullptr : topics_literal_.c_str()};
+    PGresult* result = PQexecParams(conn_, kLagSql, 1, nullptr, params, nullptr, nullptr, 0);
+    collect_notifications();
+    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_lag", error);
+    *seconds = strtod(PQgetvalue(result, 0, 0), nullptr);
+    PQclear(result);
+    return DbStatus::Ok;
+}
+
+}  // namespace idem::relay

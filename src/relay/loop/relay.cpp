@@ -1,0 +1,758 @@
+#include "relay/loop/relay.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <poll.h>
+#include <sys/time.h>
+
+#include "relay/loop/exit_status.hpp"
+#include "relay/observe/log.hpp"
+#include "relay/db/retry_delay.hpp"
+#include "relay/loop/signals.hpp"
+
+namespace idem::relay {
+
+namespace {
+
+// While deliveries run, look at their results at least this often.
+constexpr auto kBusyWake = std::chrono::milliseconds(10);
+// A claim's transaction stays open while its events are delivered, so that
+// their acks and nacks commit with the claim and each event is written once;
+// when deliveries take longer than this, the claim is committed as it is
+// (the events in flight with their lease) and the rest settled later.
+constexpr auto kOpenClaimLimit = std::chrono::milliseconds(500);
+// After a transient database error (deadlock, statement cancelled, ...).
+constexpr auto kTransientRetry = std::chrono::milliseconds(200);
+// The lag gauge's refresh when there are no progress lines.
+constexpr Millis kLagRefresh{10000};
+// --once gives up when the database stays away this long.
+constexpr auto kOnceReconnectLimit = std::chrono::seconds(30);
+// After a stop, how long the outcomes of the last deliveries may wait for an
+// unreachable database, beyond --http-timeout (the longest delivery).
+constexpr auto kStopGrace = std::chrono::seconds(5);
+
+double wall_seconds() {
+    struct timeval now;
+    gettimeofday(&now, nullptr);
+    return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_usec) / 1e6;
+}
+
+long long millis(Clock::duration d) {
+    return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+}
+
+}  // namespace
+
+Relay::Relay(const Options& options, Database& db, WorkerPool& pool, SinkTarget& target,
+             Stats& stats, const WakePipe& wake, LaneGroup& lanes, ProgressLine* progress)
+    : options_(options),
+      db_(db),
+      pool_(pool),
+      target_(target),
+      stats_(stats),
+      wake_(wake),
+      lanes_(lanes),
+      progress_(progress),
+      sizer_(options, target.max_delivery_time()) {}
+
+int Relay::run() {
+    const Clock::time_point start = Clock::now();
+    next_poll_ = start;
+    next_progress_ = start + tick_interval();
+    for (;;) {
+        Clock::time_point now = Clock::now();
+        on_signals(now);
+        const std::string sink_error = target_.fatal_error();
+        if (!sink_error.empty() && exit_code_ == 0) fail(sink_error);
+        take_results();
+
+        if (!db_.connected() && now >= reconnect_at_) reconnect(now);
+        if (!held_.empty()) settle_held(now);
+        if (db_.connected() && now >= retry_db_at_) {
+            if (open_txn_ != 0) {
+                if (open_claim_ready(now)) commit_open_claim(now);
+            } else {
+                flush_acks(now);
+                if (db_.connected()) flush_nacks(now);
+                if (db_.connected()) flush_releases(now);
+                if (db_.connected() && !stopping_) claim(now);
+            }
+        }
+        now = Clock::now();
+        if (tick_interval().count() > 0 && now >= next_progress_) progress(now);
+
+        if (stopping_ && in_flight_ == 0 && flushed() && open_txn_ == 0) break;
+        if (options_.once && once_done_ && in_flight_ == 0 && flushed()) break;
+        const bool only_unwritten = in_flight_ == static_cast<std::int64_t>(unwritten());
+        if (!db_.connected() && !flushed()) {
+            // Outcomes we cannot write: give up only when told to hurry, or
+            // when waiting longer is pointless.
+            const bool hurry = abandoned_ || (stopping_ && now - stop_at_ > options_.http_timeout +
+                                                                                 kStopGrace);
+            if (hurry && only_unwritten) {
+                log_error("%zu delivered event(s) could not be acked, %zu failure(s) not "
+                          "recorded and %zu event(s) not released: the database is unreachable; "
+                          "they will be delivered again when their lease runs out",
+                          to_ack_.size(), to_nack_.size() + held_.size(), to_release_.size());
+                exit_code_ = kExitFailure;
+                break;
+            }
+        }
+        if (!db_.connected() && options_.once && now - lost_since_ > kOnceReconnectLimit &&
+            only_unwritten) {
+            log_error("the database stayed unreachable for %lld s; giving up (--once)",
+                      static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(
+                                                 kOnceReconnectLimit).count()));
+            exit_code_ = kExitFailure;
+            break;
+        }
+        if (!db_.connected() && exit_code_ != 0 && in_flight_ == 0 && flushed()) break;
+        wait(now);
+    }
+    pool_.stop();
+    return exit_code_;
+}
+
+int final_status(const Options& options, const Stats& stats, int code, bool stopped) {
+    if (code != 0 || !options.once || stopped) return code;
+    if (stats.not_attempted.load() > 0) {
+        log_error("%llu due event(s) were not attempted and are left to their lease (the "
+                  "extension has no outbox_release, or it failed): not everything due was "
+                  "delivered",
+                  static_cast<unsigned long long>(stats.not_attempted.load()));
+        return kExitFailure;
+    }
+    if (stats.dead.load() > 0) {
+        log_error("%llu event(s) went dead in this run (see idempotency.outbox_dead_letters)",
+                  static_cast<unsigned long long>(stats.dead.load()));
+        return kExitDeadLetters;
+    }
+    return kExitOk;
+}
+
+void Relay::fail(const std::string& error) {
+    log_error("%s", error.c_str());
+    exit_code_ = kExitFailure;
+    stats_.healthy = false;
+    stop_delivering();
+    lanes_.fail();
+}
+
+// No more claims, and the events not started yet go back to pending: what
+// is left is bounded by the deliveries in progress (--http-timeout).
+void Relay::stop_delivering() {
+    if (!stopping_) {
+        stopping_ = true;
+        stop_at_ = Clock::now();
+    }
+    pool_.abandon_queued();
+}
+
+void Relay::on_signals(Clock::time_point now) {
+    const int requests = stop_requests();
+    if (requests >= 1 && !stopping_) {
+        log_info("stopping: no more claims; finishing the deliveries in progress (at most %lld "
+                 "ms), releasing the %lld other event(s) in flight",
+                 static_cast<long long>(options_.http_timeout.count()),
+                 static_cast<long long>(in_flight_));
+        stop_delivering();
+        stop_at_ = now;
+    }
+    // Another lane failed (and said why): this one drains as on a stop.
+    if (lanes_.failed() && !stopping_) stop_delivering();
+    if (requests >= 2 && !abandoned_) {
+        abandoned_ = true;
+        target_.abort();
+        log_info("stopping now: the deliveries in progress are cut short");
+    }
+}
+
+void Relay::resolved(const Delivery& delivery) {
+    in_flight_ -= 1;
+    in_flight_bytes_ -= delivery.event.bytes();
+    stats_.in_flight -= 1;
+    stats_.in_flight_bytes -= delivery.event.bytes();
+}
+
+void Relay::count_notifications() {
+    stats_.notifications += db_.notifications() - notifications_counted_;
+    notifications_counted_ = db_.notifications();
+}
+
+void Relay::take_results() {
+    for (Delivery& delivery : pool_.take_results()) judge(std::move(delivery));
+}
+
+// Where an outcome goes; final failures wait while the sink check cannot
+// tell a misconfigured sink from undeliverable events.
+void Relay::judge(Delivery&& delivery) {
+    if (void_txns_.count(delivery.event.txn) != 0) {
+        // Its claim was rolled back: the event is pending again, not ours.
+        resolved(delivery);
+        if (--void_out_ == 0) void_txns_.clear();
+        return;
+    }
+    if (open_txn_ != 0 && delivery.event.txn == open_txn_) --open_out_;
+    if (delivery.outcome.verdict == Verdict::Skip) {
+        ++stats_.skipped;
+        to_release_.push_back(std::move(delivery));
+        return;
+    }
+    sizer_.delivered(delivery.seconds);
+    const SinkCheck::State before = check_.state();
+    const SinkCheck::State after = check_.observe(delivery.event.id, delivery.outcome);
+    switch (delivery.outcome.verdict) {
+        case Verdict::Ack: to_ack_.push_back(std::move(delivery)); break;
+        case Verdict::Retry: to_nack_.push_back(std::move(delivery)); break;
+        case Verdict::Dead:
+            if (after == SinkCheck::State::Undecided) {
+                if (held_.empty()) held_until_ = delivery.event.lease_until - options_.lease / 2;
+                held_until_ = std::min(held_until_, delivery.event.lease_until - options_.lease / 2);
+                held_.push_back(std::move(delivery));
+            } else if (after == SinkCheck::State::Misconfigured) {
+                to_release_.push_back(std::move(delivery));
+            } else {
+                to_nack_.push_back(std::move(delivery));
+            }
+            break;
+        case Verdict::Skip: break;
+    }
+    if (before != after) decided(after);
+}
+
+void Relay::decided(SinkCheck::State state) {
+    if (state == SinkCheck::State::Working) {
+        for (Delivery& d : held_) to_nack_.push_back(std::move(d));
+        held_.clear();
+    } else if (state == SinkCheck::State::Misconfigured) {
+        for (Delivery& d : held_) to_release_.push_back(std::move(d));
+        held_.clear();
+        fail("the sink answered " + check_.reason() + " to each of the first " +
+             std::to_string(check_.failed_events()) +
+             " events delivered: it looks misconfigured (check --sink); stopping, the events "
+             "stay pending");
+    }
+}
+
+// Final failures the sink check holds back: released (pending again, no
+// attempt counted) when their lease is half gone or the relay stops, so
+// that another delivery may decide; with --once, when nothing else can be
+// tried, they decide themselves.
+void Relay::settle_held(Clock::time_point now) {
+    if (options_.once && !stopping_ && nothing_claimed_ &&
+        in_flight_ == static_cast<std::int64_t>(held_.size())) {
+        decided(check_.conclude());
+        return;
+    }
+    if (!stopping_ && now < held_until_) return;
+    for (Delivery& d : held_) to_release_.push_back(std::move(d));
+    held_.clear();
+}
+
+// A lost connection or a transient error: counted, and the call is tried
+// again later (after reconnecting, or shortly). True when it was one of them.
+bool Relay::database_unavailable(DbStatus status, const std::string& error,
+                                 Clock::time_point now) {
+    if (status != DbStatus::Lost && status != DbStatus::Transient) return false;
+    ++stats_.db_errors;
+    if (status == DbStatus::Lost) {
+        connection_lost(error, now);
+    } else {
+        log_warning("%s; trying again", error.c_str());
+        retry_db_at_ = now + kTransientRetry;
+    }
+    return true;
+}
+
+void Relay::connection_lost(const std::string& error, Clock::time_point now) {
+    log_warning("database connection lost: %s; reconnecting", error.c_str());
+    if (open_txn_ != 0) void_open_claim("the connection was lost");
+    if (!counted_down_) ++stats_.lanes_down;
+    counted_down_ = true;
+    lost_since_ = now;
+    backoff_.reset();
+    reconnect_attempts_ = 0;
+    reconnect_at_ = now + backoff_.next();
+}
+
+void Relay::reconnect(Clock::time_point now) {
+    std::string error;
+    ++reconnect_attempts_;
+    const DbStatus status = db_.connect(&error);
+    if (status == DbStatus::Ok) {
+        log_info("reconnected to the database (after %d attempt(s), %lld ms)", reconnect_attempts_,
+                 millis(now - lost_since_));
+        ++stats_.reconnects;
+        if (counted_down_) --stats_.lanes_down;
+        counted_down_ = false;
+        backoff_.reset();
+        due_ = true;
+        return;
+    }
+    ++stats_.db_errors;
+    const Millis delay = backoff_.next();
+    reconnect_at_ = now + delay;
+    if (status == DbStatus::Fatal) {
+        fail(error);
+        return;
+    }
+    log_warning("cannot reconnect to the database (attempt %d): %s; next try in %lld ms",
+                reconnect_attempts_, error.c_str(), static_cast<long long>(delay.count()));
+}
+
+void Relay::flush_acks(Clock::time_point now) {
+    if (to_ack_.empty()) return;
+    std::vector<std::int64_t> ids;
+    ids.reserve(to_ack_.size());
+    for (const Delivery& d : to_ack_) ids.push_back(d.event.id);
+    std::int64_t changed = 0;
+    std::string error;
+    const DbStatus status = db_.ack(ids, &changed, &error);
+    if (database_unavailable(status, error, now)) return;
+    if (status == DbStatus::Fatal) {
+        ++stats_.db_errors;
+        fail(error + "; " + std::to_string(ids.size()) +
+             " delivered event(s) not acked (they will be delivered again when their lease runs "
+             "out); stopping");
+        for (const Delivery& d : to_ack_) resolved(d);
+    } else {
+        acked(to_ack_);
+    }
+    to_ack_.clear();
+}
+
+// Acked events: counted, their delays observed, resolved.
+void Relay::acked(const std::vector<Delivery>& deliveries) {
+    bool keyed = false;
+    const double wall = wall_seconds();
+    for (const Delivery& d : deliveries) {
+        keyed = keyed || d.event.key.has_value();
+        if (d.outcome.duplicate) ++stats_.duplicates;
+        const double delay = wall - d.event.enqueued_at;
+        stats_.delay_seconds.observe(delay);
+        stats_.observe_delay_max(delay);
+        resolved(d);
+    }
+    lanes_.delivered(deliveries);
+    stats_.delivered += deliveries.size();
+    // The next event of an acked key may be due now.
+    if (keyed) due_ = true;
+}
+
+void Relay::flush_nacks(Clock::time_point now) {
+    std::size_t done = 0;
+    for (; done < to_nack_.size(); ++done) {
+        const Delivery& d = to_nack_[done];
+        const Event& event = d.event;
+        if (now >= event.lease_until) {
+            // Its lease ran out while the database was away: the event is
+            // someone else's again (or will be); the lease's expiry counts the attempt.
+            log_warning("event %lld (topic %s): failure not recorded, its lease ran out: %s",
+                        static_cast<long long>(event.id), event.topic.c_str(),
+                        d.outcome.error.c_str());
+            continue;
+        }
+        std::string state, error;
+        std::optional<std::int64_t> retry_in;
+        const NackRequest request = nack_request(d, &retry_in);
+        const DbStatus status = db_.nack(event.id, request.message, request.retryable, retry_in,
+                                         &state, &error);
+        if (database_unavailable(status, error, now)) break;
+        if (status == DbStatus::Fatal) {
+            ++stats_.db_errors;
+            if (db_.last_sqlstate() == "IK002") {  // removed from the outbox meanwhile
+                log_warning("event %lld: %s", static_cast<long long>(event.id), error.c_str());
+                continue;
+            }
+            fail("event " + std::to_string(event.id) + ": " + error +
+                 "; its failure is not recorded; stopping");
+            done = to_nack_.size();
+            break;
+        }
+        nacked(d, state, retry_in);
+    }
+    for (std::size_t i = 0; i < done; ++i) resolved(to_nack_[i]);
+    to_nack_.erase(to_nack_.begin(), to_nack_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+NackRequest Relay::nack_request(const Delivery& d, std::optional<std::int64_t>* retry_in) const {
+    NackRequest request;
+    request.id = d.event.id;
+    // Errors are stored: keep them short.
+    request.message = d.outcome.error.substr(0, 1000);
+    request.retryable = d.outcome.verdict == Verdict::Retry;
+    *retry_in = retry_in_ms(d.outcome.retry_in, d.event.attempt, db_.retry_settings());
+    request.retry_in_ms = *retry_in;
+    return request;
+}
+
+// A nack written: the event's state after it, counted and logged.
+void Relay::nacked(const Delivery& d, const std::string& state,
+                   const std::optional<std::int64_t>& retry_in) {
+    const Event& event = d.event;
+    const std::string what = "event " + std::to_string(event.id) + " (topic " + event.topic +
+                             (event.key ? ", key " + *event.key : std::string()) + ")";
+    if (state == "dead") {
+        ++stats_.dead;
+        lanes_.retry_waits(event.id, false);
+        log_warning("%s is dead after attempt %d: %s", what.c_str(), event.attempt,
+                    d.outcome.error.c_str());
+    } else if (state == "pending") {
+        ++stats_.retried;
+        lanes_.retry_waits(event.id, true);
+        if (retry_in)
+            log_info("%s attempt %d failed, retry in %lld ms: %s", what.c_str(), event.attempt,
+                     static_cast<long long>(*retry_in), d.outcome.error.c_str());
+        else
+            log_info("%s attempt %d failed, will be retried: %s", what.c_str(), event.attempt,
+                     d.outcome.error.c_str());
+    }
+}
+
+void Relay::flush_releases(Clock::time_point now) {
+    if (to_release_.empty()) return;
+    std::vector<std::int64_t> ids;
+    ids.reserve(to_release_.size());
+    // An event whose lease ran out meanwhile may be claimed again already
+    // (by this relay too): the lease's expiry has given it back.
+    for (const Delivery& d : to_release_)
+        if (now < d.event.lease_until) ids.push_back(d.event.id);
+    if (ids.empty()) {
+        for (const Delivery& d : to_release_) resolved(d);
+        to_release_.clear();
+        return;
+    }
+    if (db_.can_release() && release_works_) {
+        std::int64_t changed = 0;
+        std::string error;
+        const DbStatus status = db_.release(ids, &changed, &error);
+        if (database_unavailable(status, error, now)) return;
+        if (status == DbStatus::Ok) {
+            stats_.released += static_cast<std::uint64_t>(changed);
+            log_info("%zu event(s) not attempted released back to pending (%s)", ids.size(),
+                     to_release_.front().outcome.error.c_str());
+            due_ = true;  // they are due again
+        } else {
+            ++stats_.db_errors;
+            release_works_ = false;
+            log_warning("%s; events not attempted are left to their lease from now on",
+                        error.c_str());
+        }
+    }
+    if (!db_.can_release() || !release_works_) {
+        if (stats_.not_attempted.load() == 0 && !db_.can_release())
+            log_warning("this extension has no outbox_release (older than 0.4.0): events not "
+                        "attempted are left to their lease, which counts an attempt");
+        stats_.not_attempted += ids.size();
+    }
+    for (const Delivery& d : to_release_) resolved(d);
+    to_release_.clear();
+}
+
+// Not while deliveries of a rolled-back claim still run: their events are
+// pending again, and another claim could hand out the next event of a key
+// before the late delivery ends.
+bool Relay::may_claim() const { return !stopping_ && void_out_ == 0 && claim_size() > 0; }
+
+// While the sink check is undecided, no more events are out than it needs.
+int Relay::claim_size() const {
+    int want = sizer_.want(in_flight_, in_flight_bytes_);
+    if (check_.state() == SinkCheck::State::Undecided) {
+        const std::int64_t judging = in_flight_ - static_cast<std::int64_t>(held_.size());
+        want = static_cast<int>(std::clamp<std::int64_t>(check_.still_to_try() - judging, 0, want));
+    }
+    return want;
+}
+
+void Relay::claim(Clock::time_point now) {
+    if (db_.take_notified()) due_ = true;
+    if (!may_claim()) return;
+    const int want = claim_size();
+    if (options_.once && in_flight_ == 0 && flushed()) due_ = true;
+    if (!due_ && now < next_poll_) return;
+    const bool all_resolved = in_flight_ == 0 && flushed();
+    std::vector<Event> events;
+    std::string error;
+    ClaimArgs args;
+    args.count = want;
+    args.bytes_left = options_.max_in_flight_bytes - in_flight_bytes_;
+    args.first_anyway = in_flight_ == 0;
+    const DbStatus status = db_.begin_claim(args, &events, &error);
+    ++stats_.claims;
+    count_notifications();
+    if (database_unavailable(status, error, now)) return;
+    if (status == DbStatus::Fatal) {
+        ++stats_.db_errors;
+        fail(error);
+        return;
+    }
+    take_claimed(std::move(events), want, all_resolved, now);
+}
+
+// The events a claim handed out: to the delivery threads, or (past
+// --max-in-flight-bytes, fetched without their payload) back. They belong
+// to the transaction now open.
+void Relay::take_claimed(std::vector<Event>&& events, int want, bool all_resolved,
+                         Clock::time_point now) {
+    const int got = static_cast<int>(events.size());
+    due_ = got == want;  // a full batch: there is probably more
+    nothing_claimed_ = got == 0;
+    next_poll_ = now + options_.poll_interval;
+    if (options_.once && got == 0 && all_resolved) once_done_ = true;
+    if (got == 0) return;
+    open_txn_ = next_txn_++;
+    open_since_ = now;
+    open_out_ = 0;
+    stats_.claimed += events.size();
+    std::vector<Event> deliver;
+    deliver.reserve(events.size());
+    std::int64_t claimed_bytes = 0;
+    for (Event& event : events) {
+        ++in_flight_;
+        in_flight_bytes_ += event.bytes();
+        claimed_bytes += event.bytes();
+        event.txn = open_txn_;
+        if (event.fits) {
+            deliver.push_back(std::move(event));
+        } else {
+            // Past --max-in-flight-bytes: fetched without its payload, given back.
+            ++stats_.skipped;
+            Delivery skipped;
+            skipped.event = std::move(event);
+            skipped.outcome = Outcome::skip("it does not fit in --max-in-flight-bytes now");
+            to_release_.push_back(std::move(skipped));
+        }
+    }
+    for (const Event& event : deliver) sizer_.claimed(event.bytes());
+    open_out_ = static_cast<std::int64_t>(deliver.size());
+    stats_.in_flight += got;
+    stats_.in_flight_bytes += claimed_bytes;
+    if (!deliver.empty()) pool_.submit(std::move(deliver));
+}
+
+// Commit when every event of the claim has its outcome, or when waiting
+// longer would hold its rows (and a lost connection would lose its
+// deliveries' outcomes) for too long.
+bool Relay::open_claim_ready(Clock::time_point now) const {
+    return open_out_ == 0 || now - open_since_ >= std::min<Clock::duration>(kOpenClaimLimit,
+                                                                            options_.lease / 4);
+}
+
+// One round trip: the open claim's acks, nacks and releases (and the acks
+// and releases of earlier claims), COMMIT, and the next claim in a new
+// transaction. Failures that the sink check holds back and events still
+// being delivered are left out: the COMMIT writes them as claimed (in
+// flight, under their lease), and they are settled later on their own.
+void Relay::commit_open_claim(Clock::time_point now) {
+    Settlement settlement;
+    std::vector<Delivery> acks, nacks, releases;
+    std::vector<std::optional<std::int64_t>> retry_ins;
+    for (Delivery& d : to_ack_) {
+        settlement.acks.push_back(d.event.id);
+        acks.push_back(std::move(d));
+    }
+    to_ack_.clear();
+    std::vector<Delivery> later_nacks;
+    for (Delivery& d : to_nack_) {
+        if (d.event.txn == open_txn_) {
+            std::optional<std::int64_t> retry_in;
+            settlement.nacks.push_back(nack_request(d, &retry_in));
+            retry_ins.push_back(retry_in);
+            nacks.push_back(std::move(d));
+        } else {
+            later_nacks.push_back(std::move(d));
+        }
+    }
+    to_nack_.swap(later_nacks);
+    std::vector<Delivery> later_releases;
+    const bool can_release = db_.can_release() && release_works_;
+    for (Delivery& d : to_release_) {
+        const bool ours = d.event.txn == open_txn_ || now < d.event.lease_until;
+        if (can_release && ours) {
+            settlement.releases.push_back(d.event.id);
+            releases.push_back(std::move(d));
+        } else {
+            later_releases.push_back(std::move(d));
+        }
+    }
+    to_release_.swap(later_releases);
+
+    // The next claim goes in the same round trip unless failures of earlier
+    // claims wait to be written on their own (a nack may fail alone).
+    const bool all_resolved = in_flight_ == static_cast<std::int64_t>(acks.size() + nacks.size() +
+                                                                      releases.size()) &&
+                              flushed();
+    if (db_.take_notified()) due_ = true;
+    const bool claim_next = may_claim() && to_nack_.empty() && to_release_.empty() &&
+                            (due_ || now >= next_poll_ || (options_.once && all_resolved));
+    ClaimArgs args;
+    if (claim_next) {
+        std::int64_t settled_bytes = 0;
+        for (const auto* group : {&acks, &nacks, &releases})
+            for (const Delivery& d : *group) settled_bytes += d.event.bytes();
+        const std::int64_t left = in_flight_ - static_cast<std::int64_t>(acks.size() + nacks.size() +
+                                                                       releases.size());
+        args.count = sizer_.want(left, in_flight_bytes_ - settled_bytes);
+        if (check_.state() == SinkCheck::State::Undecided)
+            args.count = std::min<int>(args.count, std::max(0, check_.still_to_try() -
+                                                                   static_cast<int>(left)));
+        args.bytes_left = options_.max_in_flight_bytes - (in_flight_bytes_ - settled_bytes);
+        args.first_anyway = left == 0;
+    }
+    const bool with_claim = claim_next && args.count > 0;
+    SettleResult result;
+    std::vector<Event> events;
+    std::string error;
+    const DbStatus status =
+        db_.commit_round(settlement, &result, with_claim ? &args : nullptr, &events, &error);
+    if (with_claim) ++stats_.claims;
+    count_notifications();
+    if (status != DbStatus::Ok) {
+        // Earlier claims' outcomes are still to write; the open claim's
+        // events are pending again.
+        for (Delivery& d : acks)
+            if (d.event.txn != open_txn_) to_ack_.push_back(std::move(d));
+        for (Delivery& d : releases)
+            if (d.event.txn != open_txn_) to_release_.push_back(std::move(d));
+        const std::size_t lost = std::count_if(acks.begin(), acks.end(), [this](const Delivery& d) {
+            return d.event.txn == open_txn_;
+        });
+        for (const Delivery& d : acks)
+            if (d.event.txn == open_txn_) resolved(d);
+        for (const Delivery& d : nacks) resolved(d);
+        for (const Delivery& d : releases)
+            if (d.event.txn == open_txn_) resolved(d);
+        void_open_claim(error);
+        if (database_unavailable(status, error, now)) return;
+        ++stats_.db_errors;
+        fail(error + "; " + std::to_string(lost) +
+             " delivered event(s) not acked: their claim did not commit, they are pending again "
+             "and will be delivered again; stopping");
+        return;
+    }
+    acked(acks);
+    for (std::size_t i = 0; i < nacks.size(); ++i)
+        nacked(nacks[i], i < result.nack_states.size() ? result.nack_states[i] : "", retry_ins[i]);
+    for (const Delivery& d : nacks) resolved(d);
+    if (!releases.empty()) {
+        stats_.released += static_cast<std::uint64_t>(result.released);
+        log_info("%zu event(s) not attempted released back to pending (%s)", releases.size(),
+                 releases.front().outcome.error.c_str());
+        for (const Delivery& d : releases) resolved(d);
+        due_ = true;
+    }
+    // Events still out or held now stand as committed claims.
+    open_txn_ = 0;
+    open_out_ = 0;
+    if (with_claim) take_claimed(std::move(events), args.count, all_resolved, now);
+}
+
+// The open transaction did not commit: its events are pending again. What
+// is known of them is dropped, and deliveries of them still running are
+// dropped when they end.
+void Relay::void_open_claim(const std::string& why) {
+    const std::uint64_t txn = open_txn_;
+    std::size_t delivered = 0;
+    auto drop = [this, txn, &delivered](std::vector<Delivery>& list, bool count) {
+        std::vector<Delivery> kept;
+        for (Delivery& d : list) {
+            if (d.event.txn == txn) {
+                if (count) ++delivered;
+                resolved(d);
+            } else {
+                kept.push_back(std::move(d));
+            }
+        }
+        list.swap(kept);
+    };
+    drop(to_ack_, true);
+    drop(to_nack_, false);
+    drop(to_release_, false);
+    drop(held_, false);
+    if (open_out_ > 0) {
+        void_txns_.insert(txn);
+        void_out_ += open_out_;
+    }
+    open_txn_ = 0;
+    open_out_ = 0;
+    if (delivered > 0)
+        log_warning("%zu delivered event(s) not acked: their claim's transaction did not commit "
+                    "(%s); they are pending again and will be delivered again",
+                    delivered, why.c_str());
+}
+
+Millis Relay::tick_interval() const {
+    if (progress_ == nullptr) return Millis(0);  // another lane reports
+    // Without progress lines the lag gauge of the metrics is still refreshed.
+    if (options_.progress_interval.count() > 0) return options_.progress_interval;
+    return options_.metrics ? kLagRefresh : Millis(0);
+}
+
+// The reporting lane's tick: the outbox lag read (for the metrics too), and
+// the progress line when there are progress lines.
+void Relay::progress(Clock::time_point now) {
+    if (lag_enabled_ && db_.connected() && open_txn_ == 0) {
+        double seconds = 0;
+        std::string error;
+        const DbStatus status = db_.outbox_lag(&seconds, &error);
+        if (status == DbStatus::Ok) {
+            stats_.lag_seconds = seconds;
+            stats_.lag_known = true;
+        } else if (status == DbStatus::Lost) {
+            connection_lost(error, now);
+        } else if (status == DbStatus::Fatal) {
+            lag_enabled_ = false;
+            stats_.lag_known = false;
+            log_info("outbox lag not shown: %s (grant pg_monitor to the relay's role to see it)",
+                     error.c_str());
+        }
+    }
+    if (options_.progress_interval.count() > 0) progress_->print(stats_, now, false);
+    next_progress_ = now + tick_interval();
+}
+
+void Relay::wait(Clock::time_point now) {
+    // A notification that came in with the answer to a query (claim, ack,
+    // nack) is already read: the socket will not wake us for it.
+    if (db_.take_notified()) due_ = true;
+    Clock::time_point until = now + std::chrono::seconds(3600);
+    auto before = [&until](Clock::time_point t) { until = std::min(until, t); };
+    if (db_.connected() && open_txn_ != 0) {
+        if (open_out_ == 0) before(retry_db_at_);
+        before(open_since_ + std::min<Clock::duration>(kOpenClaimLimit, options_.lease / 4));
+    } else if (db_.connected()) {
+        if (!flushed()) before(retry_db_at_);
+        if (may_claim()) {
+            if (due_ || (options_.once && in_flight_ == 0 && flushed())) before(retry_db_at_);
+            before(next_poll_);
+        }
+    } else {
+        before(reconnect_at_);
+    }
+    // Deliveries running (held final failures wait for their own time).
+    if (in_flight_ > static_cast<std::int64_t>(held_.size())) before(now + kBusyWake);
+    if (!held_.empty()) before(held_until_);
+    if (tick_interval().count() > 0) before(next_progress_);
+    if (stopping_) before(now + std::chrono::milliseconds(100));
+
+    const long long timeout = std::max<long long>(0, millis(until - now));
+    pollfd fds[2] = {{wake_.fd(), POLLIN, 0}, {db_.socket(), POLLIN, 0}};
+    const nfds_t count = db_.connected() ? 2 : 1;
+    const int ready = poll(fds, count, static_cast<int>(std::min<long long>(timeout, 3600000)));
+    if (ready < 0 && errno != EINTR) log_warning("poll failed: %s", strerror(errno));
+    if (ready <= 0) return;
+    if (fds[0].revents != 0) wake_.drain();
+    if (count == 2 && fds[1].revents != 0) {
+        if (!db_.consume_input()) {
+            ++stats_.db_errors;
+            connection_lost("the server closed the connection", Clock::now());
+        } else if (db_.take_notified()) {
+            due_ = true;
+        }
+        count_notifications();
+    }
+}
+
+}  // namespace idem::relay

@@ -1,0 +1,133 @@
+// The delivery loop of one lane (lanes.hpp), on the one thread that uses
+// its connection: claim due events,
+// hand them to the delivery threads, ack, nack or release their outcomes,
+// wake on LISTEN or the poll timer, reconnect when the database goes away,
+// drain on SIGTERM/SIGINT, stop after one pass with --once, and stop with a
+// failure when the sink looks misconfigured or an ack cannot be written.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "relay/loop/claim_sizer.hpp"
+#include "relay/db/database.hpp"
+#include "relay/event.hpp"
+#include "relay/loop/lanes.hpp"
+#include "relay/options.hpp"
+#include "relay/observe/progress.hpp"
+#include "relay/sinks/sink.hpp"
+#include "relay/loop/sink_check.hpp"
+#include "relay/observe/stats.hpp"
+#include "relay/wake.hpp"
+#include "relay/loop/worker_pool.hpp"
+
+namespace idem::relay {
+
+class Relay {
+public:
+    // progress: the lane that prints the progress lines and reads the
+    // outbox lag (one of them), else nullptr.
+    Relay(const Options& options, Database& db, WorkerPool& pool, SinkTarget& target,
+          Stats& stats, const WakePipe& wake, LaneGroup& lanes, ProgressLine* progress);
+
+    // Runs until stopped; returns kExitFailure when this lane failed, else
+    // kExitOk (final_status judges the whole run).
+    int run();
+
+private:
+    void on_signals(Clock::time_point now);
+    void take_results();
+    void reconnect(Clock::time_point now);
+    bool database_unavailable(DbStatus status, const std::string& error, Clock::time_point now);
+    void connection_lost(const std::string& error, Clock::time_point now);
+    void judge(Delivery&& delivery);
+    void decided(SinkCheck::State state);
+    void settle_held(Clock::time_point now);
+    void flush_acks(Clock::time_point now);
+    void flush_nacks(Clock::time_point now);
+    void flush_releases(Clock::time_point now);
+    void claim(Clock::time_point now);
+    bool open_claim_ready(Clock::time_point now) const;
+    void commit_open_claim(Clock::time_point now);
+    void take_claimed(std::vector<Event>&& events, int want, bool all_resolved,
+                      Clock::time_point now);
+    void void_open_claim(const std::string& why);
+    void acked(const std::vector<Delivery>& deliveries);
+    void nacked(const Delivery& delivery, const std::string& state,
+                const std::optional<std::int64_t>& retry_in);
+    NackRequest nack_request(const Delivery& delivery,
+                             std::optional<std::int64_t>* retry_in) const;
+    bool may_claim() const;
+    int claim_size() const;
+    void progress(Clock::time_point now);
+    Millis tick_interval() const;
+    void fail(const std::string& error);
+    void stop_delivering();
+    void resolved(const Delivery& delivery);
+    void wait(Clock::time_point now);
+    void count_notifications();
+    bool flushed() const {
+        return to_ack_.empty() && to_nack_.empty() && to_release_.empty() && held_.empty();
+    }
+    std::size_t unwritten() const {
+        return to_ack_.size() + to_nack_.size() + to_release_.size() + held_.size();
+    }
+
+    const Options& options_;
+    Database& db_;
+    WorkerPool& pool_;
+    SinkTarget& target_;
+    Stats& stats_;
+    const WakePipe& wake_;
+    LaneGroup& lanes_;
+    ProgressLine* progress_;
+
+    std::int64_t in_flight_ = 0;        // claimed and not yet acked, nacked or released
+    std::int64_t in_flight_bytes_ = 0;  // their payloads and headers
+    std::vector<Delivery> to_ack_;      // delivered, ack not yet written
+    std::vector<Delivery> to_nack_;     // failed, nack not yet written
+    std::vector<Delivery> to_release_;  // not attempted (or not judged): back to pending
+    std::vector<Delivery> held_;        // final failures while the sink check is undecided
+    Clock::time_point held_until_{};    // when held_ must be settled anyway
+    SinkCheck check_;
+    ClaimSizer sizer_;
+    std::uint64_t notifications_counted_ = 0;
+    bool counted_down_ = false;         // in stats_.lanes_down
+    bool release_works_ = true;
+    bool nothing_claimed_ = false;      // the last claim found nothing
+    bool due_ = true;                  // claim as soon as there is room
+    bool once_done_ = false;
+    Clock::time_point next_poll_{};
+    Clock::time_point retry_db_at_{};  // after a transient error
+    Clock::time_point reconnect_at_{};
+    Clock::time_point lost_since_{};
+    Backoff backoff_;
+    int reconnect_attempts_ = 0;
+
+    // The claim of the open transaction: its events are written once, at
+    // the COMMIT that carries their acks and nacks (see relay.cpp).
+    std::uint64_t next_txn_ = 1;
+    std::uint64_t open_txn_ = 0;                 // 0: no transaction open
+    Clock::time_point open_since_{};
+    std::int64_t open_out_ = 0;                  // its events still being delivered
+    std::unordered_set<std::uint64_t> void_txns_;  // rolled back: late outcomes are dropped
+    std::int64_t void_out_ = 0;                  // their events still being delivered
+
+    bool stopping_ = false;
+    bool abandoned_ = false;
+    Clock::time_point stop_at_{};
+    int exit_code_ = 0;
+
+    bool lag_enabled_ = true;
+    Clock::time_point next_progress_{};
+};
+
+// The exit status of a run (exit_status.hpp), once every lane has ended:
+// code is the first lane failure (kExitOk if none), stopped whether a
+// signal or a failure stopped it. Logs why --once did not finish cleanly.
+int final_status(const Options& options, const Stats& stats, int code, bool stopped);
+
+}  // namespace idem::relay

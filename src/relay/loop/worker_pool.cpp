@@ -1,0 +1,187 @@
+#include "relay/loop/worker_pool.hpp"
+
+#include <algorithm>
+
+namespace idem::relay {
+
+namespace {
+
+// Results are handed back in groups so that one outbox_ack covers many of
+// them: the database thread is woken when the queue runs dry, when many
+// results wait, or every 2 ms.
+constexpr std::size_t kWakeAfterResults = 64;
+constexpr auto kWakeInterval = std::chrono::milliseconds(2);
+
+// An event's key for ordering: (topic, key), or empty without a key.
+std::string order_key(const Event& event) {
+    if (!event.key) return {};
+    std::string both = event.topic;
+    both.push_back('\0');
+    both += *event.key;
+    return both;
+}
+
+}  // namespace
+
+bool WorkerPool::any_startable() const {
+    for (const Event& event : queue_)
+        if (!event.key || busy_keys_.count(order_key(event)) == 0) return true;
+    return false;
+}
+
+void WorkerPool::take_startable(std::size_t count, std::vector<Delivery>* taken) {
+    std::deque<Event> kept;
+    for (Event& event : queue_) {
+        const std::string key = order_key(event);
+        if (taken->size() < count && (key.empty() || busy_keys_.insert(key).second)) {
+            taken->emplace_back();
+            taken->back().event = std::move(event);
+        } else {
+            kept.push_back(std::move(event));
+        }
+    }
+    queue_.swap(kept);
+}
+
+void WorkerPool::finish(std::vector<Delivery>* taken) {
+    for (Delivery& delivery : *taken) {
+        const std::string key = order_key(delivery.event);
+        if (key.empty()) continue;
+        busy_keys_.erase(key);
+        if (delivery.outcome.verdict == Verdict::Ack) continue;
+        // The rest of its run waits behind it in the outbox: not tried.
+        std::deque<Event> kept;
+        for (Event& event : queue_) {
+            if (order_key(event) != key) {
+                kept.push_back(std::move(event));
+                continue;
+            }
+            Delivery stopped;
+            stopped.event = std::move(event);
+            stopped.outcome = Outcome::skip("an earlier event of its key was not delivered");
+            results_.push_back(std::move(stopped));
+        }
+        queue_.swap(kept);
+    }
+    for (Delivery& delivery : *taken) results_.push_back(std::move(delivery));
+}
+
+WorkerPool::WorkerPool(SinkTarget& target, int threads, const WakePipe& wake, Stats& stats)
+    : target_(target), wake_(wake), stats_(stats),
+      threads_count_(static_cast<std::size_t>(std::max(1, threads))) {
+    threads_.reserve(static_cast<std::size_t>(threads));
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+}
+
+WorkerPool::~WorkerPool() { stop(); }
+
+void WorkerPool::submit(std::vector<Event>&& events) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (Event& event : events) queue_.push_back(std::move(event));
+    }
+    work_ready_.notify_all();
+}
+
+std::vector<Delivery> WorkerPool::take_results() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Delivery> taken;
+    taken.swap(results_);
+    return taken;
+}
+
+void WorkerPool::abandon_queued() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        abandon_ = true;
+    }
+    work_ready_.notify_all();
+}
+
+void WorkerPool::stop() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stopping_ = true;
+    }
+    work_ready_.notify_all();
+    for (std::thread& thread : threads_)
+        if (thread.joinable()) thread.join();
+    threads_.clear();
+}
+
+// Takes up to the sink's group size of the queued events at a time, shared
+// out among the threads so that none idles while another holds many.
+void WorkerPool::run() {
+    std::unique_ptr<Sink> sink = target_.open();
+    const Millis longest = target_.max_delivery_time();
+    const std::size_t group_size = std::max<std::size_t>(1, target_.group_size());
+    const std::size_t threads = threads_count_;
+    std::vector<Delivery> taken;
+    std::vector<const Event*> group;
+    std::vector<std::size_t> slots;
+    std::vector<Outcome> outcomes;
+    for (;;) {
+        bool abandon;
+        taken.clear();
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            work_ready_.wait(lock, [this] { return stopping_ || any_startable(); });
+            if (!any_startable()) {
+                if (queue_.empty()) return;
+                // Stopping: the events left wait for their keys' deliveries.
+                work_ready_.wait(lock, [this] { return queue_.empty() || any_startable(); });
+                if (queue_.empty()) return;
+            }
+            const std::size_t share = (queue_.size() + threads - 1) / threads;
+            const std::size_t count = std::min(group_size, std::max<std::size_t>(1, share));
+            take_startable(count, &taken);
+            abandon = abandon_;
+        }
+        const Clock::time_point start = Clock::now();
+        group.clear();
+        slots.clear();
+        for (std::size_t i = 0; i < taken.size(); ++i) {
+            Delivery& delivery = taken[i];
+            if (abandon) {
+                delivery.outcome = Outcome::skip("the relay is stopping");
+            } else if (start + longest >= delivery.event.lease_until) {
+                // Delivering now could outlive the lease and race another relay.
+                delivery.outcome = Outcome::skip("its lease would run out during the delivery");
+            } else {
+                group.push_back(&delivery.event);
+                slots.push_back(i);
+            }
+        }
+        if (!group.empty()) {
+            if (group.size() == 1) {
+                outcomes.assign(1, sink->deliver(*group.front()));
+            } else {
+                sink->deliver_group(group, &outcomes);
+            }
+            const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+            // Each event's share of the group's time: what one delivery costs.
+            const double share = seconds / static_cast<double>(group.size());
+            for (std::size_t j = 0; j < slots.size(); ++j) {
+                Delivery& delivery = taken[slots[j]];
+                delivery.outcome = j < outcomes.size() ? std::move(outcomes[j])
+                                                       : Outcome::retry("the sink gave no outcome");
+                delivery.seconds = share;
+                stats_.delivery_seconds.observe(seconds);
+            }
+        }
+        bool wake;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            finish(&taken);
+            const Clock::time_point now = Clock::now();
+            wake = queue_.empty() || results_.size() >= kWakeAfterResults ||
+                   now - last_wake_ >= kWakeInterval;
+            if (wake) last_wake_ = now;
+        }
+        // Keys freed: events of theirs may start on another thread.
+        work_ready_.notify_all();
+        if (wake) wake_.notify();
+    }
+}
+
+}  // namespace idem::relay

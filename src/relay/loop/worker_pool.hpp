@@ -1,0 +1,68 @@
+// The delivery threads (--parallel): each owns one Sink and takes claimed
+// events from a queue, one at a time or in groups (SinkTarget::group_size); results go back to the database thread, which is
+// woken through the wake pipe. No libpq here.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "relay/event.hpp"
+#include "relay/sinks/sink.hpp"
+#include "relay/observe/stats.hpp"
+#include "relay/wake.hpp"
+
+namespace idem::relay {
+
+class WorkerPool {
+public:
+    WorkerPool(SinkTarget& target, int threads, const WakePipe& wake, Stats& stats);
+    ~WorkerPool();
+    WorkerPool(const WorkerPool&) = delete;
+    WorkerPool& operator=(const WorkerPool&) = delete;
+
+    // Events of one claim, in its order. Events of different keys go out
+    // concurrently in any order; those of one (topic, key) (a run) one
+    // after the other, in the order given, and the first that is not
+    // delivered (any outcome but Ack) stops the rest of its key, which come
+    // back as Skip without being tried.
+    void submit(std::vector<Event>&& events);
+    // Deliveries finished since the last call.
+    std::vector<Delivery> take_results();
+    // Events not started yet come back as Skip instead of being delivered.
+    void abandon_queued();
+    // Waits for the threads to finish what they are delivering, then joins.
+    void stop();
+
+private:
+    void run();
+    // Under mutex_: moves up to `count` queued events that may start now
+    // into `taken` (one per key, none of a key being delivered), the others
+    // keep their places; whether any may start.
+    void take_startable(std::size_t count, std::vector<Delivery>* taken);
+    bool any_startable() const;
+    // Under mutex_: the deliveries `taken` finished; a key whose event was
+    // not delivered has the rest of its run skipped.
+    void finish(std::vector<Delivery>* taken);
+
+    SinkTarget& target_;
+    const WakePipe& wake_;
+    Stats& stats_;
+    std::mutex mutex_;
+    std::condition_variable work_ready_;
+    std::deque<Event> queue_;
+    // The (topic, key) of each keyed event being delivered.
+    std::unordered_set<std::string> busy_keys_;
+    std::vector<Delivery> results_;
+    bool stopping_ = false;
+    bool abandon_ = false;
+    std::size_t threads_count_;
+    Clock::time_point last_wake_{};
+    std::vector<std::thread> threads_;
+};
+
+}  // namespace idem::relay

@@ -1,0 +1,486 @@
+#include "relay/sinks/amqp_sink.hpp"
+
+#include "relay/sinks/broker_address.hpp"
+#include "relay/redact.hpp"
+
+#ifdef IDEM_RELAY_AMQP
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <strings.h>
+#include <sys/time.h>
+#include <unordered_map>
+
+// rabbitmq-c 0.12 moved its headers (the old names warn).
+#if __has_include(<rabbitmq-c/amqp.h>)
+#include <rabbitmq-c/amqp.h>
+#include <rabbitmq-c/ssl_socket.h>
+#include <rabbitmq-c/tcp_socket.h>
+#else
+#include <amqp.h>
+#include <amqp_ssl_socket.h>
+#include <amqp_tcp_socket.h>
+#endif
+
+#include "relay/sinks/broker_headers.hpp"
+#include "relay/observe/log.hpp"
+#include "relay/sinks/sink_fault.hpp"
+#include "relay/sinks/socket_deadline.hpp"
+
+namespace idem::relay {
+
+namespace {
+
+constexpr amqp_channel_t kChannel = 1;
+constexpr int kDeliveryModePersistent = 2;
+constexpr const char* kOutboxIdHeader = "X-Outbox-Id";
+
+// CC and BCC route a message to more queues (sender-selected
+// distribution): an event's own headers may not set them.
+bool amqp_reserved(std::string_view name) {
+    return (name.size() == 2 && strncasecmp(name.data(), "cc", 2) == 0) ||
+           (name.size() == 3 && strncasecmp(name.data(), "bcc", 3) == 0);
+}
+
+amqp_bytes_t bytes_of(const std::string& text) {
+    amqp_bytes_t bytes;
+    bytes.len = text.size();
+    bytes.bytes = const_cast<char*>(text.data());
+    return bytes;
+}
+
+std::string text_of(amqp_bytes_t bytes) {
+    return std::string(static_cast<const char*>(bytes.bytes), bytes.len);
+}
+
+timeval timeval_of(Clock::duration d) {
+    const long long us =
+        std::max<long long>(0, std::chrono::duration_cast<std::chrono::microseconds>(d).count());
+    timeval tv;
+    tv.tv_sec = static_cast<time_t>(us / 1000000);
+    tv.tv_usec = static_cast<suseconds_t>(us % 1000000);
+    return tv;
+}
+
+std::string reply_text(const amqp_rpc_reply_t& reply) {
+    switch (reply.reply_type) {
+        case AMQP_RESPONSE_NORMAL: return "ok";
+        case AMQP_RESPONSE_NONE: return "no answer";
+        case AMQP_RESPONSE_LIBRARY_EXCEPTION: return amqp_error_string2(reply.library_error);
+        case AMQP_RESPONSE_SERVER_EXCEPTION:
+            if (reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+                const auto* close = static_cast<amqp_connection_close_t*>(reply.reply.decoded);
+                return "connection closed: " + std::to_string(close->reply_code) + " " +
+                       text_of(close->reply_text);
+            }
+            if (reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+                const auto* close = static_cast<amqp_channel_close_t*>(reply.reply.decoded);
+                return "channel closed: " + std::to_string(close->reply_code) + " " +
+                       text_of(close->reply_text);
+            }
+            return "server error";
+    }
+    return "unknown";
+}
+
+// The X-Outbox-Id of a message the broker returned.
+bool outbox_id(const amqp_basic_properties_t& properties, std::int64_t* id) {
+    if ((properties._flags & AMQP_BASIC_HEADERS_FLAG) == 0) return false;
+    for (int i = 0; i < properties.headers.num_entries; ++i) {
+        const amqp_table_entry_t& entry = properties.headers.entries[i];
+        if (text_of(entry.key) == kOutboxIdHeader && entry.value.kind == AMQP_FIELD_KIND_I64) {
+            *id = entry.value.value.i64;
+            return true;
+        }
+    }
+    return false;
+}
+
+class AmqpSink : public GroupSink {
+public:
+    AmqpSink(const AmqpAddress& address, const Options& options, const std::atomic<bool>& aborted,
+             SinkFault& fault)
+        : address_(address), timeout_(options.http_timeout),
+          connect_timeout_(options.connect_timeout), options_(options), aborted_(aborted),
+          fault_(fault), watchdog_(aborted) {}
+
+    ~AmqpSink() override { disconnect(true); }
+
+    void deliver_group(const std::vector<const Event*>& events,
+                       std::vector<Outcome>* outcomes) override {
+        const Clock::time_point deadline = Clock::now() + timeout_;
+        outcomes->assign(events.size(), Outcome::retry("not published"));
+        std::string error;
+        if (fault_.is_set() || (conn_ == nullptr && !connect(&error))) {
+            // A refused configuration charges no attempt: the relay stops.
+            for (Outcome& outcome : *outcomes)
+                outcome = fault_.is_set() ? Outcome::skip(fault_.reason()) : Outcome::retry(error);
+            return;
+        }
+        // Delivery tags count the channel's publishes from 1.
+        by_tag_.clear();
+        by_id_.clear();
+        returned_.clear();
+        // A publish blocks while the broker does not read (a memory or disk
+        // alarm blocks publishing connections): the watchdog cuts it at the
+        // group's deadline, well before the events' leases end.
+        watchdog_.arm(amqp_get_sockfd(conn_), deadline);
+        for (std::size_t i = 0; i < events.size(); ++i) {
+            if (!publish(*events[i])) {
+                error = Clock::now() >= deadline
+                            ? "AMQP publish: not sent within " + std::to_string(timeout_.count()) +
+                                  " ms (is the connection blocked by a broker alarm?)"
+                        : aborted_.load() ? std::string("the relay is stopping now")
+                                          : std::string("AMQP publish: connection lost");
+                for (std::size_t j = i; j < events.size(); ++j) (*outcomes)[j] = Outcome::retry(error);
+                disconnect(false);
+                break;
+            }
+            by_tag_[next_tag_++] = i;
+            by_id_[events[i]->id] = i;
+        }
+        if (conn_ != nullptr) await(deadline, outcomes);
+        if (watchdog_.disarm() && conn_ != nullptr) disconnect(false);
+        // Whatever is not confirmed now never will be on this channel.
+        for (const auto& [tag, slot] : by_tag_) (*outcomes)[slot] = Outcome::retry(unconfirmed_);
+        by_tag_.clear();
+    }
+
+private:
+    bool connect(std::string* error) {
+        conn_ = amqp_new_connection();
+        amqp_socket_t* socket = conn_ == nullptr  ? nullptr
+                                : address_.tls    ? amqp_ssl_socket_new(conn_)
+                                                  : amqp_tcp_socket_new(conn_);
+        const std::string where = "RabbitMQ at " + address_.host + ":" + std::to_string(address_.port);
+        if (socket == nullptr) {
+            *error = "cannot create a socket for " + where;
+            disconnect(true);
+            return false;
+        }
+        if (address_.tls) {
+            // The CA given (a private one), else the system's.
+            const std::string ca =
+                options_.ca_file.empty() ? "/etc/ssl/certs/ca-certificates.crt" : options_.ca_file;
+            int tls_status = amqp_ssl_socket_set_cacert(socket, ca.c_str());
+            if (tls_status == AMQP_STATUS_OK && !options_.client_cert.empty())
+                tls_status = amqp_ssl_socket_set_key(
+                    socket, options_.client_cert.c_str(),
+                    (options_.client_key.empty() ? options_.client_cert : options_.client_key).c_str());
+            if (tls_status != AMQP_STATUS_OK) {
+                fault_.set("RabbitMQ TLS: cannot use --ca-file, --client-cert or --client-key: " +
+                           std::string(amqp_error_string2(tls_status)));
+                *error = fault_.reason();
+                disconnect(false);
+                return false;
+            }
+        }
+        timeval connect_tv = timeval_of(connect_timeout_);
+        const int status = amqp_socket_open_noblock(socket, address_.host.c_str(), address_.port,
+                                                    &connect_tv);
+        if (status != AMQP_STATUS_OK) {
+            *error = "cannot connect to " + where + ": " + amqp_error_string2(status);
+            if (status == AMQP_STATUS_SSL_PEER_VERIFY_FAILED ||
+                status == AMQP_STATUS_SSL_HOSTNAME_VERIFY_FAILED)
+                fault_.set("RabbitMQ TLS: " + *error +
+                           " (the broker's certificate is not trusted: give its CA with --ca-file)");
+            disconnect(false);
+            return false;
+        }
+        timeval rpc_tv = timeval_of(timeout_);
+        amqp_set_rpc_timeout(conn_, &rpc_tv);
+        amqp_set_handshake_timeout(conn_, &connect_tv);
+        amqp_rpc_reply_t reply =
+            amqp_login(conn_, address_.vhost.c_str(), 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
+                       address_.user.c_str(), address_.password.c_str());
+        if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+            *error = "cannot log in to " + where + " (vhost " + address_.vhost + "): " + reply_text(reply);
+            // The broker answered and refused the user, the password or the
+            // vhost (it closes the connection on any of them): no retry
+            // would change that.
+            if (login_refused(reply))
+                fault_.set("RabbitMQ refused the relay's login: " + *error +
+                           " (check the user, password and vhost of --sink)");
+            disconnect(false);
+            return false;
+        }
+        amqp_channel_open(conn_, kChannel);
+        reply = amqp_get_rpc_reply(conn_);
+        if (reply.reply_type == AMQP_RESPONSE_NORMAL) {
+            amqp_confirm_select(conn_, kChannel);
+            reply = amqp_get_rpc_reply(conn_);
+        }
+        if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+            *error = "cannot open a confirmed channel on " + where + ": " + reply_text(reply);
+            disconnect(false);
+            return false;
+        }
+        // The exchange must exist (a passive declare changes nothing): a
+        // publish to a missing one closes the channel, for every event.
+        if (!address_.exchange.empty()) {
+            amqp_exchange_declare(conn_, kChannel, bytes_of(address_.exchange), amqp_empty_bytes,
+                                  1 /* passive */, 0, 0, 0, amqp_empty_table);
+            reply = amqp_get_rpc_reply(conn_);
+            if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+                *error = "exchange '" + address_.exchange + "' on " + where + " (vhost " +
+                         address_.vhost + "): " + reply_text(reply);
+                if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+                    reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+                    static_cast<amqp_channel_close_t*>(reply.reply.decoded)->reply_code ==
+                        AMQP_NOT_FOUND)
+                    fault_.set("RabbitMQ has no " + *error +
+                               " (declare it, or check ?exchange= of --sink)");
+                disconnect(false);
+                return false;
+            }
+        }
+        next_tag_ = 1;
+        return true;
+    }
+
+    // A login the broker answered with a refusal: a connection.close
+    // (ACCESS_REFUSED, NOT_ALLOWED for a vhost) or, where the broker just
+    // closes the socket after the handshake, the connection closed.
+    static bool login_refused(const amqp_rpc_reply_t& reply) {
+        if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION)
+            return reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD;
+        return reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+               (reply.library_error == AMQP_STATUS_CONNECTION_CLOSED ||
+                reply.library_error == AMQP_STATUS_SOCKET_CLOSED);
+    }
+
+    // polite: say goodbye to the broker first (when the connection still works).
+    void disconnect(bool polite) {
+        if (conn_ == nullptr) {
+            watchdog_.disarm();
+            return;
+        }
+        if (polite) {
+            // Even a goodbye blocks on a connection the broker stopped reading.
+            watchdog_.arm(amqp_get_sockfd(conn_), Clock::now() + connect_timeout_);
+            amqp_channel_close(conn_, kChannel, AMQP_REPLY_SUCCESS);
+            amqp_connection_close(conn_, AMQP_REPLY_SUCCESS);
+        }
+        // Before the socket is closed: the watchdog never touches a closed fd.
+        watchdog_.disarm();
+        amqp_destroy_connection(conn_);
+        conn_ = nullptr;
+    }
+
+    bool publish(const Event& event) {
+        std::string content_type;
+        const HeaderList own = event_headers(event, amqp_reserved, &content_type);
+        const std::string key = idempotency_key(event);
+        std::vector<amqp_table_entry_t> entries;
+        entries.reserve(own.size() + 5);
+        auto add_text = [&entries](const std::string& name, const std::string& value) {
+            amqp_table_entry_t entry;
+            entry.key = bytes_of(name);
+            entry.value.kind = AMQP_FIELD_KIND_UTF8;
+            entry.value.value.bytes = bytes_of(value);
+            entries.push_back(entry);
+        };
+        auto add_number = [&entries](const char* name, std::int64_t value) {
+            amqp_table_entry_t entry;
+            entry.key = amqp_cstring_bytes(name);
+            entry.value.kind = AMQP_FIELD_KIND_I64;
+            entry.value.value.i64 = value;
+            entries.push_back(entry);
+        };
+        for (const auto& [name, value] : own)
+            if (name.size() <= 255) add_text(name, value);
+        // The relay's own, with the id and attempt as numbers; the topic and
+        // key as they are (AMQP strings carry any bytes).
+        add_number(kOutboxIdHeader, event.id);
+        add_text(topic_name_, event.topic);
+        if (event.key) add_text(key_name_, *event.key);
+        add_number("X-Outbox-Attempt", event.attempt);
+
+        amqp_basic_properties_t properties;
+        memset(&properties, 0, sizeof properties);
+        properties._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
+                            AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_TIMESTAMP_FLAG;
+        properties.content_type = bytes_of(content_type);
+        properties.delivery_mode = kDeliveryModePersistent;
+        properties.timestamp = static_cast<uint64_t>(event.enqueued_at);
+        if (key.size() <= 255) {
+            properties._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+            properties.message_id = bytes_of(key);
+        }
+        properties.headers.num_entries = static_cast<int>(entries.size());
+        properties.headers.entries = entries.data();
+        const int status =
+            amqp_basic_publish(conn_, kChannel, bytes_of(address_.exchange), bytes_of(event.topic),
+                               1 /* mandatory */, 0, &properties, bytes_of(event.payload));
+        return status == AMQP_STATUS_OK;
+    }
+
+    // Reads the broker's answers until every publish is confirmed, the
+    // deadline passes or the relay is told to hurry.
+    void await(Clock::time_point deadline, std::vector<Outcome>* outcomes) {
+        unconfirmed_ = "no confirm within " + std::to_string(timeout_.count()) + " ms";
+        while (!by_tag_.empty()) {
+            if (aborted_.load()) {
+                unconfirmed_ = "the relay is stopping now";
+                return;
+            }
+            const Clock::time_point now = Clock::now();
+            if (now >= deadline) return;
+            // Short waits, so that a stop is noticed.
+            timeval tv = timeval_of(std::min<Clock::duration>(deadline - now,
+                                                              std::chrono::milliseconds(50)));
+            amqp_maybe_release_buffers(conn_);
+            amqp_frame_t frame;
+            const int status = amqp_simple_wait_frame_noblock(conn_, &frame, &tv);
+            if (status == AMQP_STATUS_TIMEOUT) continue;
+            if (status != AMQP_STATUS_OK) {
+                // The watchdog cut it at the deadline: the broker took the
+                // publishes but neither read nor confirmed them in time.
+                if (Clock::now() < deadline && !aborted_.load())
+                    unconfirmed_ = std::string("AMQP connection lost: ") + amqp_error_string2(status);
+                else if (aborted_.load())
+                    unconfirmed_ = "the relay is stopping now";
+                else
+                    unconfirmed_ += " (is the connection blocked by a broker alarm?)";
+                disconnect(false);
+                return;
+            }
+            if (frame.frame_type != AMQP_FRAME_METHOD) continue;
+            switch (frame.payload.method.id) {
+                case AMQP_BASIC_ACK_METHOD: {
+                    const auto* ack = static_cast<amqp_basic_ack_t*>(frame.payload.method.decoded);
+                    settle(ack->delivery_tag, ack->multiple != 0, true, outcomes);
+                    break;
+                }
+                case AMQP_BASIC_NACK_METHOD: {
+                    const auto* nack = static_cast<amqp_basic_nack_t*>(frame.payload.method.decoded);
+                    settle(nack->delivery_tag, nack->multiple != 0, false, outcomes);
+                    break;
+                }
+                case AMQP_BASIC_RETURN_METHOD:
+                    if (!read_return(frame, outcomes)) return;
+                    break;
+                case AMQP_CHANNEL_CLOSE_METHOD:
+                case AMQP_CONNECTION_CLOSE_METHOD: {
+                    amqp_rpc_reply_t reply;
+                    reply.reply_type = AMQP_RESPONSE_SERVER_EXCEPTION;
+                    reply.reply = frame.payload.method;
+                    unconfirmed_ = "RabbitMQ " + reply_text(reply);
+                    // A channel closed on an error (a missing exchange) is not
+                    // reopened here: the next group starts on a new connection.
+                    disconnect(false);
+                    return;
+                }
+                default: break;
+            }
+        }
+    }
+
+    // A mandatory message no queue took comes back (basic.return) before
+    // its confirm: remember it, its confirm then does not count as delivered.
+    bool read_return(const amqp_frame_t& frame, std::vector<Outcome>*) {
+        const auto* back = static_cast<amqp_basic_return_t*>(frame.payload.method.decoded);
+        std::string why = "unroutable: RabbitMQ returned it (" + std::to_string(back->reply_code) +
+                          " " + text_of(back->reply_text) + "): no queue is bound to exchange '" +
+                          text_of(back->exchange) + "' for routing key '" +
+                          text_of(back->routing_key) + "'";
+        amqp_message_t message;
+        const amqp_rpc_reply_t reply = amqp_read_message(conn_, frame.channel, &message, 0);
+        if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+            unconfirmed_ = "AMQP connection lost: " + reply_text(reply);
+            disconnect(false);
+            return false;
+        }
+        std::int64_t id = 0;
+        if (outbox_id(message.properties, &id)) {
+            const auto found = by_id_.find(id);
+            if (found != by_id_.end()) returned_[found->second] = std::move(why);
+        }
+        amqp_destroy_message(&message);
+        return true;
+    }
+
+    void settle(std::uint64_t tag, bool multiple, bool acked, std::vector<Outcome>* outcomes) {
+        for (auto it = by_tag_.begin(); it != by_tag_.end();) {
+            if (it->first == tag || (multiple && it->first < tag)) {
+                const std::size_t slot = it->second;
+                const auto back = returned_.find(slot);
+                if (back != returned_.end()) (*outcomes)[slot] = Outcome::retry(back->second);
+                else if (acked) (*outcomes)[slot] = Outcome::ack();
+                else (*outcomes)[slot] = Outcome::retry("RabbitMQ nacked the message");
+                it = by_tag_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+
+    AmqpAddress address_;
+    Millis timeout_;
+    Millis connect_timeout_;
+    const Options& options_;
+    const std::atomic<bool>& aborted_;
+    SinkFault& fault_;
+    SocketDeadline watchdog_;
+    amqp_connection_state_t conn_ = nullptr;
+    std::uint64_t next_tag_ = 1;
+    std::unordered_map<std::uint64_t, std::size_t> by_tag_;     // published, not yet confirmed
+    std::unordered_map<std::int64_t, std::size_t> by_id_;       // event id: slot in the group
+    std::unordered_map<std::size_t, std::string> returned_;     // slot: why it came back
+    std::string unconfirmed_;
+    const std::string topic_name_ = "X-Outbox-Topic";
+    const std::string key_name_ = "X-Outbox-Key";
+};
+
+class AmqpTarget : public SinkTarget {
+public:
+    AmqpTarget(AmqpAddress address, const Options& options, std::string shown)
+        : address_(std::move(address)), options_(options), timeout_(options.http_timeout),
+          shown_(std::move(shown)) {}
+
+    std::unique_ptr<Sink> open() override {
+        return std::make_unique<AmqpSink>(address_, options_, aborted_, fault_);
+    }
+    std::string fatal_error() const override { return fault_.reason(); }
+    Millis max_delivery_time() const override { return timeout_; }
+    std::size_t group_size() const override { return 10000; }
+    void abort() override { aborted_ = true; }
+    std::string describe() const override {
+        return "RabbitMQ at " + shown_ + " (exchange '" + address_.exchange +
+               "', routing key <topic>)";
+    }
+
+private:
+    AmqpAddress address_;
+    Options options_;
+    Millis timeout_;
+    std::string shown_;
+    std::atomic<bool> aborted_{false};
+    SinkFault fault_;
+};
+
+}  // namespace
+
+std::unique_ptr<SinkTarget> make_amqp_target(const Options& options, std::string* error) {
+    AmqpAddress address;
+    if (!parse_amqp_url(options.sink, &address, error)) {
+        *error = "--sink '" + redact_url(options.sink) + "': " + *error;
+        return nullptr;
+    }
+    return std::make_unique<AmqpTarget>(std::move(address), options, redact_url(options.sink));
+}
+
+}  // namespace idem::relay
+
+#else
+
+namespace idem::relay {
+
+std::unique_ptr<SinkTarget> make_amqp_target(const Options& options, std::string* error) {
+    return sink_not_built(options, "RabbitMQ", "librabbitmq-dev", error);
+}
+
+}  // namespace idem::relay
+
+#endif
