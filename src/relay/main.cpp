@@ -20,7 +20,7 @@
 #include "relay/observe/progress.hpp"
 #include "relay/loop/relay.hpp"
 #include "relay/loop/signals.hpp"
-#include "relay/sinks/sink.hpp"
+#include "relay/sinks/factory.hpp"
 #include "relay/observe/stats.hpp"
 #include "relay/wake.hpp"
 #include "relay/loop/worker_pool.hpp"

@@ -1,5 +1,6 @@
 // Sinks: where events go. A SinkTarget is the configured destination; it
 // opens one Sink per delivery thread (a Sink is used by one thread only).
+// The one that --sink names is made in factory.hpp.
 #pragma once
 
 #include <cstddef>
@@ -57,8 +58,5 @@ public:
 // naming the Debian package to build it with.
 std::unique_ptr<SinkTarget> sink_not_built(const Options& options, const char* what,
                                            const char* package, std::string* error);
-
-// The target for --sink; nullptr with *error set when it is not usable.
-std::unique_ptr<SinkTarget> make_sink_target(const Options& options, std::string* error);
 
 }  // namespace idem::relay
