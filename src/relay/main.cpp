@@ -13,6 +13,7 @@
 
 #include "relay/db/database.hpp"
 #include "relay/loop/exit_status.hpp"
+#include "relay/loop/final_status.hpp"
 #include "relay/loop/lanes.hpp"
 #include "relay/observe/log.hpp"
 #include "relay/observe/metrics_server.hpp"

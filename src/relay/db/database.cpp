@@ -110,13 +110,6 @@ bool starts_with(const char* text, const char* prefix) {
 
 }  // namespace
 
-Millis Backoff::next() {
-    const long long base = std::min<long long>(5000, 100LL << std::min(attempt_, 6));
-    ++attempt_;
-    std::uniform_real_distribution<double> jitter(0.8, 1.2);
-    return Millis(static_cast<long long>(static_cast<double>(base) * jitter(random_)));
-}
-
 Database::Database(const Options& options) : options_(options) {
     if (!options.topics.empty()) topics_literal_ = array_literal(options.topics);
     lease_text_ = std::to_string(options.lease.count()) + " milliseconds";

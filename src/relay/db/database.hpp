@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -25,18 +24,6 @@ enum class DbStatus {
     Transient,  // failed, connection still fine: try again later
     Lost,       // the connection is gone (closed by this call): reconnect
     Fatal,      // a failure that retrying will not fix (no extension, no privilege, bad lease)
-};
-
-// Reconnect delays: 100 ms doubling to 5 s, with jitter.
-class Backoff {
-public:
-    Millis next();
-    void reset() { attempt_ = 0; }
-    int attempts() const { return attempt_; }
-
-private:
-    int attempt_ = 0;
-    std::minstd_rand random_{std::random_device{}()};
 };
 
 // What one claim asks for (outbox_claim with --relay, --lease, --topics).

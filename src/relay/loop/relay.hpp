@@ -14,6 +14,7 @@
 
 #include "relay/loop/claim_sizer.hpp"
 #include "relay/db/database.hpp"
+#include "relay/loop/reconnect_backoff.hpp"
 #include "relay/event.hpp"
 #include "relay/loop/lanes.hpp"
 #include "relay/options.hpp"
@@ -124,10 +125,5 @@ private:
     bool lag_enabled_ = true;
     Clock::time_point next_progress_{};
 };
-
-// The exit status of a run (exit_status.hpp), once every lane has ended:
-// code is the first lane failure (kExitOk if none), stopped whether a
-// signal or a failure stopped it. Logs why --once did not finish cleanly.
-int final_status(const Options& options, const Stats& stats, int code, bool stopped);
 
 }  // namespace idem::relay

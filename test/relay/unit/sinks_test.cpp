@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "relay/db/database.hpp"
+#include "relay/loop/reconnect_backoff.hpp"
 #include "relay/sinks/http_outcome.hpp"
 #include "relay/json.hpp"
 #include "relay/sinks/stdout_sink.hpp"
@@ -96,7 +97,7 @@ TEST(RelayHttp, PrintableErrorText) {
     EXPECT_EQ(printable("abcdef", 3), "abc...");
 }
 
-TEST(RelayDatabase, BackoffDoublesToFiveSeconds) {
+TEST(RelayReconnectBackoff, DoublesToFiveSeconds) {
     Backoff b;
     const Millis first = b.next();
     EXPECT_GE(first.count(), 80);
