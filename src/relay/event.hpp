@@ -21,8 +21,9 @@ struct Event {
     int attempt = 0;
     double enqueued_at = 0;              // seconds since the epoch
     Clock::time_point lease_until;       // when our claim runs out (local clock)
-    bool fits = true;                    // within --max-in-flight-bytes (else payload and
-                                         // headers were not fetched: release it)
+    std::int64_t claimed_bytes = 0;      // payload and headers as the claim measured them
+    bool sent = true;                    // payload and headers fetched (not past the claim's
+                                         // byte budget)
     std::uint64_t txn = 0;               // the relay's number of the claim's transaction
 
     std::int64_t bytes() const {

@@ -6,106 +6,16 @@
 
 #include <libpq-fe.h>
 
+#include "relay/db/pg_text.hpp"
+#include "relay/db/statements.hpp"
 #include "relay/observe/log.hpp"
 
 namespace idem::relay {
 
 namespace {
 
-constexpr const char* kChannel = "idempotency_outbox";
-
-// Every name schema-qualified; every value a parameter.
-constexpr const char* kCheckSql =
-    "SELECT e.extname IS NOT NULL, "
-    "       e.extname IS NOT NULL AND pg_catalog.has_schema_privilege('idempotency', 'USAGE'), "
-    "       CURRENT_USER::pg_catalog.text, "
-    "       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
-    "                 ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
-    "                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
-    "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_release'), "
-    // Runs of a key per claim (idempotency.outbox_run_length) came with
-    // 0.7.0, as outbox_counts did.
-    "       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
-    "                 ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
-    "                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
-    "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_counts') "
-    "  FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_extension e "
-    "    ON e.extname OPERATOR(pg_catalog.=) 'idempotency'";
-// The claimed events in the order the claim handed them out (a key's run
-// in its key's order); the payload and headers of those past the byte
-// budget ($5, and the first event anyway when $6) are not sent: the relay
-// releases them at once.
-constexpr const char* kClaimSql =
-    "SELECT s.id, s.topic, s.key, CASE WHEN s.fits THEN s.p END, CASE WHEN s.fits THEN s.h END, "
-    "       s.dedup_key, s.attempt, s.enqueued, s.fits "
-    "FROM (SELECT c.*, "
-    "             pg_catalog.sum(c.bytes) OVER (ORDER BY c.n) OPERATOR(pg_catalog.<=) $5::pg_catalog.int8 "
-    "             OR (c.n OPERATOR(pg_catalog.=) 1 AND $6::pg_catalog.bool) AS fits "
-    "      FROM (SELECT d.n, d.id, d.topic, d.key, d.p, d.h, d.dedup_key, d.attempt, d.enqueued, "
-    "                   pg_catalog.octet_length(d.p) OPERATOR(pg_catalog.+) "
-    "                   COALESCE(pg_catalog.octet_length(d.h), 0) AS bytes "
-    "            FROM (SELECT o.ordinality AS n, o.id, o.topic, o.key, "
-    "                         o.payload::pg_catalog.text AS p, "
-    "                         o.headers::pg_catalog.text AS h, o.dedup_key, o.attempt, "
-    "                         pg_catalog.date_part('epoch', o.enqueued_at) AS enqueued "
-    "                  FROM idempotency.outbox_claim($1::pg_catalog.text, $2::pg_catalog.int4, "
-    "                       $3::pg_catalog.interval, $4::pg_catalog.text[]) WITH ORDINALITY o "
-    "                  OFFSET 0) d) c) s "
-    "ORDER BY s.n";
-constexpr const char* kAckSql = "SELECT idempotency.outbox_ack($1::pg_catalog.int8[])";
-constexpr const char* kNackSql =
-    "SELECT idempotency.outbox_nack($1::pg_catalog.int8, $2::pg_catalog.text, "
-    "$3::pg_catalog.bool, $4::pg_catalog.interval)::pg_catalog.text";
-constexpr const char* kReleaseSql =
-    "SELECT idempotency.outbox_release($1::pg_catalog.int8[], $2::pg_catalog.text)";
-// In milliseconds; absent until the extension's library is loaded in the session.
-constexpr const char* kRetrySettingsSql =
-    "SELECT s.name, s.setting FROM pg_catalog.pg_settings s WHERE s.name OPERATOR(pg_catalog.=) "
-    "ANY ('{idempotency.retry_base_delay,idempotency.retry_max_delay}'::pg_catalog.text[])";
-constexpr const char* kLagSql =
-    "SELECT COALESCE(pg_catalog.max(pg_catalog.date_part('epoch', l.lag)), 0) "
-    "FROM idempotency.outbox_lag l "
-    "WHERE $1::pg_catalog.text[] IS NULL OR l.topic OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])";
-
-std::string array_literal(const std::vector<std::string>& items) {
-    std::string out = "{";
-    for (std::size_t i = 0; i < items.size(); ++i) {
-        if (i > 0) out += ',';
-        out += '"';
-        for (const char c : items[i]) {
-            if (c == '"' || c == '\\') out += '\\';
-            out += c;
-        }
-        out += '"';
-    }
-    out += '}';
-    return out;
-}
-
-std::string id_array(const std::vector<std::int64_t>& ids) {
-    std::string literal = "{";
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        if (i > 0) literal += ',';
-        literal += std::to_string(ids[i]);
-    }
-    literal += '}';
-    return literal;
-}
-
-std::string one_line(const char* message) {
-    std::string text = message != nullptr ? message : "";
-    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-    for (char& c : text)
-        if (c == '\n' || c == '\t') c = ' ';
-    return text;
-}
-
 void on_notice(void*, const char* message) {
     log_info("database: %s", one_line(message).c_str());
-}
-
-bool starts_with(const char* text, const char* prefix) {
-    return text != nullptr && strncmp(text, prefix, strlen(prefix)) == 0;
 }
 
 }  // namespace
@@ -230,17 +140,8 @@ DbStatus Database::failure(PGresult* result, const char* what, std::string* erro
     if (sqlstate != nullptr) *error += std::string(" (SQLSTATE ") + sqlstate + ")";
     if (result != nullptr) PQclear(result);
 
-    DbStatus status;
-    if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK || sqlstate == nullptr ||
-        starts_with(sqlstate, "08") || starts_with(sqlstate, "57P") ||
-        strcmp(sqlstate, "25006") == 0)  // read-only: a standby; reconnecting may find the primary
-        status = DbStatus::Lost;
-    else if (starts_with(sqlstate, "53") || starts_with(sqlstate, "58") ||
-             strcmp(sqlstate, "40001") == 0 || strcmp(sqlstate, "40P01") == 0 ||
-             strcmp(sqlstate, "55P03") == 0 || strcmp(sqlstate, "57014") == 0)
-        status = DbStatus::Transient;
-    else
-        status = DbStatus::Fatal;
+    const bool connection_ok = conn_ != nullptr && PQstatus(conn_) == CONNECTION_OK;
+    const DbStatus status = classify_failure(sqlstate, connection_ok);
     if (status == DbStatus::Lost) disconnect();
     return status;
 }
@@ -277,26 +178,6 @@ bool Database::take_notified() {
     return notified;
 }
 
-DbStatus Database::claim(int count, std::int64_t bytes_left, bool first_anyway,
-                         std::vector<Event>* events, std::string* error) {
-    events->clear();
-    if (conn_ == nullptr) return DbStatus::Lost;
-    const std::string batch = std::to_string(count);
-    const std::string budget = std::to_string(bytes_left);
-    const char* params[6] = {options_.relay.c_str(), batch.c_str(), lease_text_.c_str(),
-                             topics_literal_.empty() ? nullptr : topics_literal_.c_str(),
-                             budget.c_str(), first_anyway ? "true" : "false"};
-    const Clock::time_point lease_until = Clock::now() + options_.lease;
-    PGresult* result = PQexecPrepared(conn_, "idem_relay_claim", 6, params, nullptr, nullptr, 0);
-    collect_notifications();
-    if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_claim", error);
-    read_events(result, lease_until, events);
-    PQclear(result);
-    // The extension's library is loaded in this session now: its settings show.
-    if (!settings_read_) read_retry_settings();
-    return DbStatus::Ok;
-}
-
 void Database::read_events(PGresult* result, Clock::time_point lease_until,
                            std::vector<Event>* events) {
     const int rows = PQntuples(result);
@@ -311,7 +192,8 @@ void Database::read_events(PGresult* result, Clock::time_point lease_until,
         if (!PQgetisnull(result, row, 5)) event.dedup_key = std::string(PQgetvalue(result, row, 5));
         event.attempt = atoi(PQgetvalue(result, row, 6));
         event.enqueued_at = strtod(PQgetvalue(result, row, 7), nullptr);
-        event.fits = strcmp(PQgetvalue(result, row, 8), "t") == 0;
+        event.claimed_bytes = strtoll(PQgetvalue(result, row, 8), nullptr, 10);
+        event.sent = strcmp(PQgetvalue(result, row, 9), "t") == 0;
         event.lease_until = lease_until;
         events->push_back(std::move(event));
     }
@@ -357,115 +239,129 @@ DbStatus Database::commit_round(const Settlement& settlement, SettleResult* resu
     if (events != nullptr) events->clear();
     if (conn_ == nullptr) return DbStatus::Lost;
     const bool committing = in_transaction();
-    enum class Step { Ack, Nack, Release, Commit, Begin, Claim };
-    std::vector<Step> steps;
     if (PQenterPipelineMode(conn_) == 0) return failure(nullptr, "pipeline", error);
     send_failed_ = false;
-    if (committing) {
-        if (!settlement.acks.empty()) {
-            const std::string literal = id_array(settlement.acks);
-            const char* params[1] = {literal.c_str()};
-            queued(PQsendQueryPrepared(conn_, "idem_relay_ack", 1, params, nullptr, nullptr, 0));
-            steps.push_back(Step::Ack);
-        }
-        for (const NackRequest& nack : settlement.nacks) {
-            const std::string id_text = std::to_string(nack.id);
-            const std::string retry_text =
-                nack.retry_in_ms ? std::to_string(*nack.retry_in_ms) + " milliseconds" : std::string();
-            const char* params[4] = {id_text.c_str(), nack.message.c_str(),
-                                     nack.retryable ? "true" : "false",
-                                     nack.retry_in_ms ? retry_text.c_str() : nullptr};
-            queued(PQsendQueryPrepared(conn_, "idem_relay_nack", 4, params, nullptr, nullptr, 0));
-            steps.push_back(Step::Nack);
-        }
-        if (!settlement.releases.empty() && can_release_) {
-            const std::string literal = id_array(settlement.releases);
-            const char* params[2] = {literal.c_str(), options_.relay.c_str()};
-            queued(PQsendQueryPrepared(conn_, "idem_relay_release", 2, params, nullptr, nullptr, 0));
-            steps.push_back(Step::Release);
-        }
-        queued(PQsendQueryParams(conn_, "COMMIT", 0, nullptr, nullptr, nullptr, nullptr, 0));
-        steps.push_back(Step::Commit);
-    }
+    std::vector<RoundStep> steps;
+    if (committing) send_settlement(settlement, &steps);
     Clock::time_point lease_until{};
-    if (next != nullptr) {
-        queued(PQsendQueryParams(conn_, "BEGIN", 0, nullptr, nullptr, nullptr, nullptr, 0));
-        steps.push_back(Step::Begin);
-        lease_until = Clock::now() + options_.lease;
-        send_claim(*next);
-        steps.push_back(Step::Claim);
-    }
+    if (next != nullptr) lease_until = send_next_claim(*next, &steps);
     if (send_failed_ || PQpipelineSync(conn_) == 0) {
         disconnect();
         *error = "cannot send to the database";
         return DbStatus::Lost;
     }
-
-    static const char* const kWhat[] = {"outbox_ack", "outbox_nack", "outbox_release",
-                                        "COMMIT", "BEGIN", "outbox_claim"};
-    PGresult* first_error = nullptr;
-    const char* failed_what = nullptr;
-    bool broken = false;
-    for (const Step step : steps) {
-        PGresult* r = PQgetResult(conn_);
-        if (r == nullptr) {
-            broken = true;
-            break;
-        }
-        // The end of this statement's results.
-        while (PGresult* extra = PQgetResult(conn_)) PQclear(extra);
-        const ExecStatusType status = PQresultStatus(r);
-        const bool ok = status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK;
-        if (!ok) {
-            if (first_error == nullptr && status != PGRES_PIPELINE_ABORTED) {
-                first_error = r;
-                failed_what = kWhat[static_cast<int>(step)];
-            } else {
-                PQclear(r);
-            }
-            continue;
-        }
-        if (first_error == nullptr) {
-            switch (step) {
-                case Step::Ack: result->acked = strtoll(PQgetvalue(r, 0, 0), nullptr, 10); break;
-                case Step::Nack: result->nack_states.emplace_back(PQgetvalue(r, 0, 0)); break;
-                case Step::Release:
-                    result->released = strtoll(PQgetvalue(r, 0, 0), nullptr, 10);
-                    break;
-                case Step::Claim: read_events(r, lease_until, events); break;
-                case Step::Commit:
-                case Step::Begin: break;
-            }
-        }
-        PQclear(r);
-    }
-    if (!broken) {
-        // The sync's own result.
-        PGresult* sync = PQgetResult(conn_);
-        broken = sync == nullptr || PQresultStatus(sync) != PGRES_PIPELINE_SYNC;
-        if (sync != nullptr) PQclear(sync);
-    }
-    if (broken || PQexitPipelineMode(conn_) == 0) {
-        if (first_error != nullptr) PQclear(first_error);
+    RoundFailure failed;
+    if (!read_round(steps, result, lease_until, events, &failed)) {
+        if (failed.result != nullptr) PQclear(failed.result);
         disconnect();
         *error = "the database connection broke during a round trip";
         return DbStatus::Lost;
     }
     collect_notifications();
-    if (first_error != nullptr) {
+    return end_round(failed, next != nullptr, events, error);
+}
+
+// The open transaction's acks, nacks and releases, and its COMMIT.
+void Database::send_settlement(const Settlement& settlement, std::vector<RoundStep>* steps) {
+    if (!settlement.acks.empty()) {
+        const std::string literal = id_array(settlement.acks);
+        const char* params[1] = {literal.c_str()};
+        queued(PQsendQueryPrepared(conn_, "idem_relay_ack", 1, params, nullptr, nullptr, 0));
+        steps->push_back(RoundStep::Ack);
+    }
+    for (const NackRequest& nack : settlement.nacks) {
+        const std::string id_text = std::to_string(nack.id);
+        const std::string retry_text =
+            nack.retry_in_ms ? std::to_string(*nack.retry_in_ms) + " milliseconds" : std::string();
+        const char* params[4] = {id_text.c_str(), nack.message.c_str(),
+                                 nack.retryable ? "true" : "false",
+                                 nack.retry_in_ms ? retry_text.c_str() : nullptr};
+        queued(PQsendQueryPrepared(conn_, "idem_relay_nack", 4, params, nullptr, nullptr, 0));
+        steps->push_back(RoundStep::Nack);
+    }
+    if (!settlement.releases.empty() && can_release_) {
+        const std::string literal = id_array(settlement.releases);
+        const char* params[2] = {literal.c_str(), options_.relay.c_str()};
+        queued(PQsendQueryPrepared(conn_, "idem_relay_release", 2, params, nullptr, nullptr, 0));
+        steps->push_back(RoundStep::Release);
+    }
+    queued(PQsendQueryParams(conn_, "COMMIT", 0, nullptr, nullptr, nullptr, nullptr, 0));
+    steps->push_back(RoundStep::Commit);
+}
+
+// BEGIN and the claim; the claimed events' lease runs from here.
+Clock::time_point Database::send_next_claim(const ClaimArgs& args, std::vector<RoundStep>* steps) {
+    queued(PQsendQueryParams(conn_, "BEGIN", 0, nullptr, nullptr, nullptr, nullptr, 0));
+    steps->push_back(RoundStep::Begin);
+    const Clock::time_point lease_until = Clock::now() + options_.lease;
+    send_claim(args);
+    steps->push_back(RoundStep::Claim);
+    return lease_until;
+}
+
+// The results of the round's statements and of its sync, in order; what
+// they return is kept until the first failure (*failed). False when the
+// connection broke before every result came.
+bool Database::read_round(const std::vector<RoundStep>& steps, SettleResult* result,
+                          Clock::time_point lease_until, std::vector<Event>* events,
+                          RoundFailure* failed) {
+    static const char* const kWhat[] = {"outbox_ack", "outbox_nack", "outbox_release",
+                                        "COMMIT", "BEGIN", "outbox_claim"};
+    for (const RoundStep step : steps) {
+        PGresult* r = PQgetResult(conn_);
+        if (r == nullptr) return false;
+        // The end of this statement's results.
+        while (PGresult* extra = PQgetResult(conn_)) PQclear(extra);
+        const ExecStatusType status = PQresultStatus(r);
+        const bool ok = status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK;
+        if (!ok) {
+            if (failed->result == nullptr && status != PGRES_PIPELINE_ABORTED) {
+                failed->result = r;
+                failed->what = kWhat[static_cast<int>(step)];
+            } else {
+                PQclear(r);
+            }
+            continue;
+        }
+        if (failed->result == nullptr) {
+            switch (step) {
+                case RoundStep::Ack: result->acked = strtoll(PQgetvalue(r, 0, 0), nullptr, 10); break;
+                case RoundStep::Nack: result->nack_states.emplace_back(PQgetvalue(r, 0, 0)); break;
+                case RoundStep::Release:
+                    result->released = strtoll(PQgetvalue(r, 0, 0), nullptr, 10);
+                    break;
+                case RoundStep::Claim: read_events(r, lease_until, events); break;
+                case RoundStep::Commit:
+                case RoundStep::Begin: break;
+            }
+        }
+        PQclear(r);
+    }
+    // The sync's own result.
+    PGresult* sync = PQgetResult(conn_);
+    const bool synced = sync != nullptr && PQresultStatus(sync) == PGRES_PIPELINE_SYNC;
+    if (sync != nullptr) PQclear(sync);
+    return synced && PQexitPipelineMode(conn_) != 0;
+}
+
+// After a whole round: a failure rolls back what is left of the transaction;
+// a claim that found nothing keeps no transaction open.
+DbStatus Database::end_round(const RoundFailure& failed, bool claimed,
+                             std::vector<Event>* events, std::string* error) {
+    if (failed.result != nullptr) {
         if (events != nullptr) events->clear();
-        const DbStatus status = failure(first_error, failed_what, error);
+        const DbStatus status = failure(failed.result, failed.what, error);
         std::string ignored;
         if (conn_ != nullptr && in_transaction()) (void)rollback_now(&ignored);
         return status;
     }
-    if (next != nullptr && events->empty()) {
+    if (claimed && events->empty()) {
         // Nothing claimed: no transaction is kept open for nothing (it would
         // also hold back our notifications).
         const DbStatus status = rollback_now(error);
         if (status != DbStatus::Ok) return status;
     }
-    if (next != nullptr && !settings_read_) read_retry_settings();
+    if (claimed && !settings_read_) read_retry_settings();
     return DbStatus::Ok;
 }
 

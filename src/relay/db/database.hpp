@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "relay/db/db_status.hpp"
 #include "relay/event.hpp"
 #include "relay/options.hpp"
 #include "relay/db/retry_delay.hpp"
@@ -19,18 +20,13 @@ struct pg_result;
 
 namespace idem::relay {
 
-enum class DbStatus {
-    Ok,
-    Transient,  // failed, connection still fine: try again later
-    Lost,       // the connection is gone (closed by this call): reconnect
-    Fatal,      // a failure that retrying will not fix (no extension, no privilege, bad lease)
-};
-
 // What one claim asks for (outbox_claim with --relay, --lease, --topics).
 struct ClaimArgs {
     int count = 0;
-    std::int64_t bytes_left = 0;  // payload and headers past this come without them (fits = false)
-    bool first_anyway = false;    // ... except the first event
+    // The byte budget (loop/claim_budget.hpp): events past it come without
+    // their payload and headers (Event::sent = false).
+    std::int64_t bytes_left = 0;
+    bool first_anyway = false;
 };
 
 struct NackRequest {
@@ -68,11 +64,6 @@ public:
     bool connected() const { return conn_ != nullptr; }
     int socket() const;
 
-    // Claims up to count events (outbox_claim with --relay, --lease, --topics).
-    // Events past bytes_left (payload and headers, in the claim's order) come without
-    // them and with fits = false, except the first when first_anyway.
-    DbStatus claim(int count, std::int64_t bytes_left, bool first_anyway,
-                   std::vector<Event>* events, std::string* error);
     // BEGIN and a claim in that transaction, in one round trip: what the
     // claim writes waits for the COMMIT, which writes each event once with
     // the ack or nack of the same transaction. With no event claimed the
@@ -116,6 +107,20 @@ private:
     void send_claim(const ClaimArgs& args);
     void queued(int sent);  // a PQsend* call's result
     void read_events(::pg_result* result, Clock::time_point lease_until, std::vector<Event>* events);
+
+    // commit_round's steps: what it sends, reads and decides.
+    enum class RoundStep { Ack, Nack, Release, Commit, Begin, Claim };
+    struct RoundFailure {
+        ::pg_result* result = nullptr;  // the first statement that failed
+        const char* what = nullptr;
+    };
+    void send_settlement(const Settlement& settlement, std::vector<RoundStep>* steps);
+    Clock::time_point send_next_claim(const ClaimArgs& args, std::vector<RoundStep>* steps);
+    bool read_round(const std::vector<RoundStep>& steps, SettleResult* result,
+                    Clock::time_point lease_until, std::vector<Event>* events,
+                    RoundFailure* failed);
+    DbStatus end_round(const RoundFailure& failed, bool claimed, std::vector<Event>* events,
+                       std::string* error);
     DbStatus rollback_now(std::string* error);
     bool exec_setup(const char* sql, std::string* error, DbStatus* status);
     void collect_notifications();

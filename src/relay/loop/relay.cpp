@@ -497,7 +497,7 @@ void Relay::take_claimed(std::vector<Event>&& events, int want, bool all_resolve
         in_flight_bytes_ += event.bytes();
         claimed_bytes += event.bytes();
         event.txn = open_txn_;
-        if (event.fits) {
+        if (event.sent) {
             deliver.push_back(std::move(event));
         } else {
             // Past --max-in-flight-bytes: fetched without its payload, given back.

@@ -2,7 +2,6 @@
 // HTTP statuses and Retry-After, reconnect backoff.
 #include <gtest/gtest.h>
 
-#include "relay/db/database.hpp"
 #include "relay/loop/reconnect_backoff.hpp"
 #include "relay/sinks/http_outcome.hpp"
 #include "relay/json.hpp"
