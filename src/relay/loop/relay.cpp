@@ -39,6 +39,15 @@ double wall_seconds() {
     return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_usec) / 1e6;
 }
 
+// The claim statement's arguments: the count, and the budget it cuts alike.
+ClaimArgs claim_args(int count, const ClaimBudget& budget) {
+    ClaimArgs args;
+    args.count = count;
+    args.bytes_left = budget.bytes_left;
+    args.first_anyway = budget.first_anyway;
+    return args;
+}
+
 long long millis(Clock::duration d) {
     return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
 }
@@ -458,11 +467,10 @@ void Relay::claim(Clock::time_point now) {
     const bool all_resolved = in_flight_ == 0 && flushed();
     std::vector<Event> events;
     std::string error;
-    ClaimArgs args;
-    args.count = want;
-    args.bytes_left = options_.max_in_flight_bytes - in_flight_bytes_;
-    args.first_anyway = in_flight_ == 0;
-    const DbStatus status = db_.begin_claim(args, &events, &error);
+    ClaimBudget budget;
+    budget.bytes_left = options_.max_in_flight_bytes - in_flight_bytes_;
+    budget.first_anyway = in_flight_ == 0;
+    const DbStatus status = db_.begin_claim(claim_args(want, budget), &events, &error);
     ++stats_.claims;
     count_notifications();
     if (database_unavailable(status, error, now)) return;
@@ -471,14 +479,14 @@ void Relay::claim(Clock::time_point now) {
         fail(error);
         return;
     }
-    take_claimed(std::move(events), want, all_resolved, now);
+    take_claimed(std::move(events), want, budget, all_resolved, now);
 }
 
 // The events a claim handed out: to the delivery threads, or (past
-// --max-in-flight-bytes, fetched without their payload) back. They belong
+// --max-in-flight-bytes: fetched without their payload) back. They belong
 // to the transaction now open.
-void Relay::take_claimed(std::vector<Event>&& events, int want, bool all_resolved,
-                         Clock::time_point now) {
+void Relay::take_claimed(std::vector<Event>&& events, int want, const ClaimBudget& budget,
+                         bool all_resolved, Clock::time_point now) {
     const int got = static_cast<int>(events.size());
     due_ = got == want;  // a full batch: there is probably more
     nothing_claimed_ = got == 0;
@@ -492,15 +500,21 @@ void Relay::take_claimed(std::vector<Event>&& events, int want, bool all_resolve
     std::vector<Event> deliver;
     deliver.reserve(events.size());
     std::int64_t claimed_bytes = 0;
-    for (Event& event : events) {
+    std::vector<std::int64_t> sizes;
+    sizes.reserve(events.size());
+    for (const Event& event : events) sizes.push_back(event.claimed_bytes);
+    const std::size_t fitting = budget.fitting(sizes);
+    for (std::size_t i = 0; i < events.size(); ++i) {
+        Event& event = events[i];
         ++in_flight_;
         in_flight_bytes_ += event.bytes();
         claimed_bytes += event.bytes();
         event.txn = open_txn_;
-        if (event.sent) {
+        // An event past the budget came without its payload (the claim cut it
+        // alike); one that did not come is never delivered either way.
+        if (i < fitting && event.sent) {
             deliver.push_back(std::move(event));
         } else {
-            // Past --max-in-flight-bytes: fetched without its payload, given back.
             ++stats_.skipped;
             Delivery skipped;
             skipped.event = std::move(event);
@@ -571,6 +585,7 @@ void Relay::commit_open_claim(Clock::time_point now) {
     const bool claim_next = may_claim() && to_nack_.empty() && to_release_.empty() &&
                             (due_ || now >= next_poll_ || (options_.once && all_resolved));
     ClaimArgs args;
+    ClaimBudget budget;
     if (claim_next) {
         std::int64_t settled_bytes = 0;
         for (const auto* group : {&acks, &nacks, &releases})
@@ -581,8 +596,9 @@ void Relay::commit_open_claim(Clock::time_point now) {
         if (check_.state() == SinkCheck::State::Undecided)
             args.count = std::min<int>(args.count, std::max(0, check_.still_to_try() -
                                                                    static_cast<int>(left)));
-        args.bytes_left = options_.max_in_flight_bytes - (in_flight_bytes_ - settled_bytes);
-        args.first_anyway = left == 0;
+        budget.bytes_left = options_.max_in_flight_bytes - (in_flight_bytes_ - settled_bytes);
+        budget.first_anyway = left == 0;
+        args = claim_args(args.count, budget);
     }
     const bool with_claim = claim_next && args.count > 0;
     SettleResult result;
@@ -629,7 +645,7 @@ void Relay::commit_open_claim(Clock::time_point now) {
     // Events still out or held now stand as committed claims.
     open_txn_ = 0;
     open_out_ = 0;
-    if (with_claim) take_claimed(std::move(events), args.count, all_resolved, now);
+    if (with_claim) take_claimed(std::move(events), args.count, budget, all_resolved, now);
 }
 
 // The open transaction did not commit: its events are pending again. What

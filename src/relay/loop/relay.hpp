@@ -12,6 +12,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "relay/loop/claim_budget.hpp"
 #include "relay/loop/claim_sizer.hpp"
 #include "relay/db/database.hpp"
 #include "relay/loop/reconnect_backoff.hpp"
@@ -53,8 +54,8 @@ private:
     void claim(Clock::time_point now);
     bool open_claim_ready(Clock::time_point now) const;
     void commit_open_claim(Clock::time_point now);
-    void take_claimed(std::vector<Event>&& events, int want, bool all_resolved,
-                      Clock::time_point now);
+    void take_claimed(std::vector<Event>&& events, int want, const ClaimBudget& budget,
+                      bool all_resolved, Clock::time_point now);
     void void_open_claim(const std::string& why);
     void acked(const std::vector<Delivery>& deliveries);
     void nacked(const Delivery& delivery, const std::string& state,

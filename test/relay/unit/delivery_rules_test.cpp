@@ -3,6 +3,7 @@
 // sends, and what it writes to its log.
 #include <gtest/gtest.h>
 
+#include "relay/loop/claim_budget.hpp"
 #include "relay/loop/claim_sizer.hpp"
 #include "relay/sinks/http_headers.hpp"
 #include "relay/observe/log.hpp"
@@ -106,6 +107,25 @@ TEST(RelayClaimSizer, BytesInFlightAreBounded) {
     ClaimSizer huge(sizing(100, 1, Millis(30000), 1 << 20), Millis(10000));
     huge.claimed(8 << 20);
     EXPECT_EQ(huge.want(0, 0), 1);           // one event larger than the bound still goes
+}
+
+TEST(RelayClaimBudget, EventsFitWhileTheirRunningTotalStaysWithinTheBudget) {
+    const ClaimBudget budget{100, false};
+    EXPECT_EQ(budget.fitting({}), 0u);
+    EXPECT_EQ(budget.fitting({40, 60}), 2u);       // exactly the budget
+    EXPECT_EQ(budget.fitting({40, 61}), 1u);
+    EXPECT_EQ(budget.fitting({40, 70, 10}), 1u);   // a prefix: a small one after does not slip in
+    EXPECT_EQ(budget.fitting({0, 0, 100, 0}), 4u);
+    EXPECT_EQ(budget.fitting({101, 1}), 0u);
+}
+
+TEST(RelayClaimBudget, TheFirstGoesAnywayWhenNothingIsInFlight) {
+    const ClaimBudget budget{100, true};
+    EXPECT_EQ(budget.fitting({500}), 1u);          // larger than the budget: alone
+    EXPECT_EQ(budget.fitting({500, 1}), 1u);
+    EXPECT_EQ(budget.fitting({30, 70, 1}), 2u);    // otherwise as without
+    EXPECT_EQ((ClaimBudget{0, true}).fitting({1, 0}), 1u);   // the first counts in the total
+    EXPECT_EQ((ClaimBudget{0, false}).fitting({0, 1}), 1u);
 }
 
 TEST(RelayHeaders, ValuesAreEncodedReversibly) {
