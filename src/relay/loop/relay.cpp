@@ -78,10 +78,10 @@ int Relay::run() {
         take_results();
 
         if (!db_.connected() && now >= reconnect_at_) reconnect(now);
-        if (!held_.empty()) settle_held(now);
+        if (!settle_.held.empty()) settle_held(now);
         if (db_.connected() && now >= retry_db_at_) {
-            if (open_txn_ != 0) {
-                if (open_claim_ready(now)) commit_open_claim(now);
+            if (open_.is_open()) {
+                if (open_.ready(now, open_claim_limit())) commit_open_claim(now);
             } else {
                 flush_acks(now);
                 if (db_.connected()) flush_nacks(now);
@@ -92,7 +92,7 @@ int Relay::run() {
         now = Clock::now();
         if (tick_interval().count() > 0 && now >= next_progress_) progress(now);
 
-        if (stopping_ && in_flight_ == 0 && flushed() && open_txn_ == 0) break;
+        if (stopping_ && in_flight_ == 0 && flushed() && !open_.is_open()) break;
         if (options_.once && once_done_ && in_flight_ == 0 && flushed()) break;
         const bool only_unwritten = in_flight_ == static_cast<std::int64_t>(unwritten());
         if (!db_.connected() && !flushed()) {
@@ -104,7 +104,8 @@ int Relay::run() {
                 log_error("%zu delivered event(s) could not be acked, %zu failure(s) not "
                           "recorded and %zu event(s) not released: the database is unreachable; "
                           "they will be delivered again when their lease runs out",
-                          to_ack_.size(), to_nack_.size() + held_.size(), to_release_.size());
+                          settle_.to_ack.size(), settle_.to_nack.size() + settle_.held.size(),
+                          settle_.to_release.size());
                 exit_code_ = kExitFailure;
                 break;
             }
@@ -180,33 +181,29 @@ void Relay::take_results() {
 // Where an outcome goes; final failures wait while the sink check cannot
 // tell a misconfigured sink from undeliverable events.
 void Relay::judge(Delivery&& delivery) {
-    if (void_txns_.count(delivery.event.txn) != 0) {
+    if (!open_.returned(delivery.event)) {
         // Its claim was rolled back: the event is pending again, not ours.
         resolved(delivery);
-        if (--void_out_ == 0) void_txns_.clear();
         return;
     }
-    if (open_txn_ != 0 && delivery.event.txn == open_txn_) --open_out_;
     if (delivery.outcome.verdict == Verdict::Skip) {
         ++stats_.skipped;
-        to_release_.push_back(std::move(delivery));
+        settle_.to_release.push_back(std::move(delivery));
         return;
     }
     sizer_.delivered(delivery.seconds);
     const SinkCheck::State before = check_.state();
     const SinkCheck::State after = check_.observe(delivery.event.id, delivery.outcome);
     switch (delivery.outcome.verdict) {
-        case Verdict::Ack: to_ack_.push_back(std::move(delivery)); break;
-        case Verdict::Retry: to_nack_.push_back(std::move(delivery)); break;
+        case Verdict::Ack: settle_.to_ack.push_back(std::move(delivery)); break;
+        case Verdict::Retry: settle_.to_nack.push_back(std::move(delivery)); break;
         case Verdict::Dead:
             if (after == SinkCheck::State::Undecided) {
-                if (held_.empty()) held_until_ = delivery.event.lease_until - options_.lease / 2;
-                held_until_ = std::min(held_until_, delivery.event.lease_until - options_.lease / 2);
-                held_.push_back(std::move(delivery));
+                settle_.hold(std::move(delivery), options_.lease);
             } else if (after == SinkCheck::State::Misconfigured) {
-                to_release_.push_back(std::move(delivery));
+                settle_.to_release.push_back(std::move(delivery));
             } else {
-                to_nack_.push_back(std::move(delivery));
+                settle_.to_nack.push_back(std::move(delivery));
             }
             break;
         case Verdict::Skip: break;
@@ -216,11 +213,9 @@ void Relay::judge(Delivery&& delivery) {
 
 void Relay::decided(SinkCheck::State state) {
     if (state == SinkCheck::State::Working) {
-        for (Delivery& d : held_) to_nack_.push_back(std::move(d));
-        held_.clear();
+        settle_.nack_held();
     } else if (state == SinkCheck::State::Misconfigured) {
-        for (Delivery& d : held_) to_release_.push_back(std::move(d));
-        held_.clear();
+        settle_.release_held();
         fail("the sink answered " + check_.reason() + " to each of the first " +
              std::to_string(check_.failed_events()) +
              " events delivered: it looks misconfigured (check --sink); stopping, the events "
@@ -234,13 +229,12 @@ void Relay::decided(SinkCheck::State state) {
 // tried, they decide themselves.
 void Relay::settle_held(Clock::time_point now) {
     if (options_.once && !stopping_ && nothing_claimed_ &&
-        in_flight_ == static_cast<std::int64_t>(held_.size())) {
+        in_flight_ == static_cast<std::int64_t>(settle_.held.size())) {
         decided(check_.conclude());
         return;
     }
-    if (!stopping_ && now < held_until_) return;
-    for (Delivery& d : held_) to_release_.push_back(std::move(d));
-    held_.clear();
+    if (!stopping_ && now < settle_.held_until) return;
+    settle_.release_held();
 }
 
 // A lost connection or a transient error: counted, and the call is tried
@@ -260,7 +254,7 @@ bool Relay::database_unavailable(DbStatus status, const std::string& error,
 
 void Relay::connection_lost(const std::string& error, Clock::time_point now) {
     log_warning("database connection lost: %s; reconnecting", error.c_str());
-    if (open_txn_ != 0) void_open_claim("the connection was lost");
+    if (open_.is_open()) void_open_claim("the connection was lost");
     if (!counted_down_) ++stats_.lanes_down;
     counted_down_ = true;
     lost_since_ = now;
@@ -295,10 +289,10 @@ void Relay::reconnect(Clock::time_point now) {
 }
 
 void Relay::flush_acks(Clock::time_point now) {
-    if (to_ack_.empty()) return;
+    if (settle_.to_ack.empty()) return;
     std::vector<std::int64_t> ids;
-    ids.reserve(to_ack_.size());
-    for (const Delivery& d : to_ack_) ids.push_back(d.event.id);
+    ids.reserve(settle_.to_ack.size());
+    for (const Delivery& d : settle_.to_ack) ids.push_back(d.event.id);
     std::int64_t changed = 0;
     std::string error;
     const DbStatus status = db_.ack(ids, &changed, &error);
@@ -308,11 +302,11 @@ void Relay::flush_acks(Clock::time_point now) {
         fail(error + "; " + std::to_string(ids.size()) +
              " delivered event(s) not acked (they will be delivered again when their lease runs "
              "out); stopping");
-        for (const Delivery& d : to_ack_) resolved(d);
+        for (const Delivery& d : settle_.to_ack) resolved(d);
     } else {
-        acked(to_ack_);
+        acked(settle_.to_ack);
     }
-    to_ack_.clear();
+    settle_.to_ack.clear();
 }
 
 // Acked events: counted, their delays observed, resolved.
@@ -335,8 +329,8 @@ void Relay::acked(const std::vector<Delivery>& deliveries) {
 
 void Relay::flush_nacks(Clock::time_point now) {
     std::size_t done = 0;
-    for (; done < to_nack_.size(); ++done) {
-        const Delivery& d = to_nack_[done];
+    for (; done < settle_.to_nack.size(); ++done) {
+        const Delivery& d = settle_.to_nack[done];
         const Event& event = d.event;
         if (now >= event.lease_until) {
             // Its lease ran out while the database was away: the event is
@@ -360,13 +354,13 @@ void Relay::flush_nacks(Clock::time_point now) {
             }
             fail("event " + std::to_string(event.id) + ": " + error +
                  "; its failure is not recorded; stopping");
-            done = to_nack_.size();
+            done = settle_.to_nack.size();
             break;
         }
         nacked(d, state, retry_in);
     }
-    for (std::size_t i = 0; i < done; ++i) resolved(to_nack_[i]);
-    to_nack_.erase(to_nack_.begin(), to_nack_.begin() + static_cast<std::ptrdiff_t>(done));
+    for (std::size_t i = 0; i < done; ++i) resolved(settle_.to_nack[i]);
+    settle_.to_nack.erase(settle_.to_nack.begin(), settle_.to_nack.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 NackRequest Relay::nack_request(const Delivery& d, std::optional<std::int64_t>* retry_in) const {
@@ -404,16 +398,16 @@ void Relay::nacked(const Delivery& d, const std::string& state,
 }
 
 void Relay::flush_releases(Clock::time_point now) {
-    if (to_release_.empty()) return;
+    if (settle_.to_release.empty()) return;
     std::vector<std::int64_t> ids;
-    ids.reserve(to_release_.size());
+    ids.reserve(settle_.to_release.size());
     // An event whose lease ran out meanwhile may be claimed again already
     // (by this relay too): the lease's expiry has given it back.
-    for (const Delivery& d : to_release_)
+    for (const Delivery& d : settle_.to_release)
         if (now < d.event.lease_until) ids.push_back(d.event.id);
     if (ids.empty()) {
-        for (const Delivery& d : to_release_) resolved(d);
-        to_release_.clear();
+        for (const Delivery& d : settle_.to_release) resolved(d);
+        settle_.to_release.clear();
         return;
     }
     if (db_.can_release() && release_works_) {
@@ -424,7 +418,7 @@ void Relay::flush_releases(Clock::time_point now) {
         if (status == DbStatus::Ok) {
             stats_.released += static_cast<std::uint64_t>(changed);
             log_info("%zu event(s) not attempted released back to pending (%s)", ids.size(),
-                     to_release_.front().outcome.error.c_str());
+                     settle_.to_release.front().outcome.error.c_str());
             due_ = true;  // they are due again
         } else {
             ++stats_.db_errors;
@@ -439,20 +433,22 @@ void Relay::flush_releases(Clock::time_point now) {
                         "attempted are left to their lease, which counts an attempt");
         stats_.not_attempted += ids.size();
     }
-    for (const Delivery& d : to_release_) resolved(d);
-    to_release_.clear();
+    for (const Delivery& d : settle_.to_release) resolved(d);
+    settle_.to_release.clear();
 }
 
 // Not while deliveries of a rolled-back claim still run: their events are
 // pending again, and another claim could hand out the next event of a key
 // before the late delivery ends.
-bool Relay::may_claim() const { return !stopping_ && void_out_ == 0 && claim_size() > 0; }
+bool Relay::may_claim() const {
+    return !stopping_ && !open_.voided_still_out() && claim_size() > 0;
+}
 
 // While the sink check is undecided, no more events are out than it needs.
 int Relay::claim_size() const {
     int want = sizer_.want(in_flight_, in_flight_bytes_);
     if (check_.state() == SinkCheck::State::Undecided) {
-        const std::int64_t judging = in_flight_ - static_cast<std::int64_t>(held_.size());
+        const std::int64_t judging = in_flight_ - static_cast<std::int64_t>(settle_.held.size());
         want = static_cast<int>(std::clamp<std::int64_t>(check_.still_to_try() - judging, 0, want));
     }
     return want;
@@ -493,9 +489,7 @@ void Relay::take_claimed(std::vector<Event>&& events, int want, const ClaimBudge
     next_poll_ = now + options_.poll_interval;
     if (options_.once && got == 0 && all_resolved) once_done_ = true;
     if (got == 0) return;
-    open_txn_ = next_txn_++;
-    open_since_ = now;
-    open_out_ = 0;
+    const std::uint64_t txn = open_.open(now);
     stats_.claimed += events.size();
     std::vector<Event> deliver;
     deliver.reserve(events.size());
@@ -509,7 +503,7 @@ void Relay::take_claimed(std::vector<Event>&& events, int want, const ClaimBudge
         ++in_flight_;
         in_flight_bytes_ += event.bytes();
         claimed_bytes += event.bytes();
-        event.txn = open_txn_;
+        event.txn = txn;
         // An event past the budget came without its payload (the claim cut it
         // alike); one that did not come is never delivered either way.
         if (i < fitting && event.sent) {
@@ -519,11 +513,11 @@ void Relay::take_claimed(std::vector<Event>&& events, int want, const ClaimBudge
             Delivery skipped;
             skipped.event = std::move(event);
             skipped.outcome = Outcome::skip("it does not fit in --max-in-flight-bytes now");
-            to_release_.push_back(std::move(skipped));
+            settle_.to_release.push_back(std::move(skipped));
         }
     }
     for (const Event& event : deliver) sizer_.claimed(event.bytes());
-    open_out_ = static_cast<std::int64_t>(deliver.size());
+    open_.delivering(static_cast<std::int64_t>(deliver.size()));
     stats_.in_flight += got;
     stats_.in_flight_bytes += claimed_bytes;
     if (!deliver.empty()) pool_.submit(std::move(deliver));
@@ -532,9 +526,8 @@ void Relay::take_claimed(std::vector<Event>&& events, int want, const ClaimBudge
 // Commit when every event of the claim has its outcome, or when waiting
 // longer would hold its rows (and a lost connection would lose its
 // deliveries' outcomes) for too long.
-bool Relay::open_claim_ready(Clock::time_point now) const {
-    return open_out_ == 0 || now - open_since_ >= std::min<Clock::duration>(kOpenClaimLimit,
-                                                                            options_.lease / 4);
+Clock::duration Relay::open_claim_limit() const {
+    return std::min<Clock::duration>(kOpenClaimLimit, options_.lease / 4);
 }
 
 // One round trip: the open claim's acks, nacks and releases (and the acks
@@ -543,63 +536,20 @@ bool Relay::open_claim_ready(Clock::time_point now) const {
 // being delivered are left out: the COMMIT writes them as claimed (in
 // flight, under their lease), and they are settled later on their own.
 void Relay::commit_open_claim(Clock::time_point now) {
-    Settlement settlement;
-    std::vector<Delivery> acks, nacks, releases;
+    CommitBatch batch =
+        settle_.take_for_commit(open_.txn(), now, db_.can_release() && release_works_);
     std::vector<std::optional<std::int64_t>> retry_ins;
-    for (Delivery& d : to_ack_) {
-        settlement.acks.push_back(d.event.id);
-        acks.push_back(std::move(d));
-    }
-    to_ack_.clear();
-    std::vector<Delivery> later_nacks;
-    for (Delivery& d : to_nack_) {
-        if (d.event.txn == open_txn_) {
-            std::optional<std::int64_t> retry_in;
-            settlement.nacks.push_back(nack_request(d, &retry_in));
-            retry_ins.push_back(retry_in);
-            nacks.push_back(std::move(d));
-        } else {
-            later_nacks.push_back(std::move(d));
-        }
-    }
-    to_nack_.swap(later_nacks);
-    std::vector<Delivery> later_releases;
-    const bool can_release = db_.can_release() && release_works_;
-    for (Delivery& d : to_release_) {
-        const bool ours = d.event.txn == open_txn_ || now < d.event.lease_until;
-        if (can_release && ours) {
-            settlement.releases.push_back(d.event.id);
-            releases.push_back(std::move(d));
-        } else {
-            later_releases.push_back(std::move(d));
-        }
-    }
-    to_release_.swap(later_releases);
+    const Settlement settlement = settlement_of(batch, &retry_ins);
 
     // The next claim goes in the same round trip unless failures of earlier
     // claims wait to be written on their own (a nack may fail alone).
-    const bool all_resolved = in_flight_ == static_cast<std::int64_t>(acks.size() + nacks.size() +
-                                                                      releases.size()) &&
-                              flushed();
+    const bool all_resolved = in_flight_ == static_cast<std::int64_t>(batch.size()) && flushed();
     if (db_.take_notified()) due_ = true;
-    const bool claim_next = may_claim() && to_nack_.empty() && to_release_.empty() &&
+    const bool claim_next = may_claim() && settle_.to_nack.empty() && settle_.to_release.empty() &&
                             (due_ || now >= next_poll_ || (options_.once && all_resolved));
     ClaimArgs args;
     ClaimBudget budget;
-    if (claim_next) {
-        std::int64_t settled_bytes = 0;
-        for (const auto* group : {&acks, &nacks, &releases})
-            for (const Delivery& d : *group) settled_bytes += d.event.bytes();
-        const std::int64_t left = in_flight_ - static_cast<std::int64_t>(acks.size() + nacks.size() +
-                                                                       releases.size());
-        args.count = sizer_.want(left, in_flight_bytes_ - settled_bytes);
-        if (check_.state() == SinkCheck::State::Undecided)
-            args.count = std::min<int>(args.count, std::max(0, check_.still_to_try() -
-                                                                   static_cast<int>(left)));
-        budget.bytes_left = options_.max_in_flight_bytes - (in_flight_bytes_ - settled_bytes);
-        budget.first_anyway = left == 0;
-        args = claim_args(args.count, budget);
-    }
+    if (claim_next) args = next_claim_args(batch, &budget);
     const bool with_claim = claim_next && args.count > 0;
     SettleResult result;
     std::vector<Event> events;
@@ -609,73 +559,83 @@ void Relay::commit_open_claim(Clock::time_point now) {
     if (with_claim) ++stats_.claims;
     count_notifications();
     if (status != DbStatus::Ok) {
-        // Earlier claims' outcomes are still to write; the open claim's
-        // events are pending again.
-        for (Delivery& d : acks)
-            if (d.event.txn != open_txn_) to_ack_.push_back(std::move(d));
-        for (Delivery& d : releases)
-            if (d.event.txn != open_txn_) to_release_.push_back(std::move(d));
-        const std::size_t lost = std::count_if(acks.begin(), acks.end(), [this](const Delivery& d) {
-            return d.event.txn == open_txn_;
-        });
-        for (const Delivery& d : acks)
-            if (d.event.txn == open_txn_) resolved(d);
-        for (const Delivery& d : nacks) resolved(d);
-        for (const Delivery& d : releases)
-            if (d.event.txn == open_txn_) resolved(d);
-        void_open_claim(error);
-        if (database_unavailable(status, error, now)) return;
-        ++stats_.db_errors;
-        fail(error + "; " + std::to_string(lost) +
-             " delivered event(s) not acked: their claim did not commit, they are pending again "
-             "and will be delivered again; stopping");
+        commit_failed(std::move(batch), status, error, now);
         return;
     }
-    acked(acks);
-    for (std::size_t i = 0; i < nacks.size(); ++i)
-        nacked(nacks[i], i < result.nack_states.size() ? result.nack_states[i] : "", retry_ins[i]);
-    for (const Delivery& d : nacks) resolved(d);
-    if (!releases.empty()) {
+    record_commit(batch, result, retry_ins);
+    // Events still out or held now stand as committed claims.
+    open_.committed();
+    if (with_claim) take_claimed(std::move(events), args.count, budget, all_resolved, now);
+}
+
+// What the COMMIT writes for the batch; retry_ins: each nack's delay.
+Settlement Relay::settlement_of(const CommitBatch& batch,
+                                std::vector<std::optional<std::int64_t>>* retry_ins) const {
+    Settlement settlement;
+    for (const Delivery& d : batch.acks) settlement.acks.push_back(d.event.id);
+    for (const Delivery& d : batch.nacks) {
+        std::optional<std::int64_t> retry_in;
+        settlement.nacks.push_back(nack_request(d, &retry_in));
+        retry_ins->push_back(retry_in);
+    }
+    for (const Delivery& d : batch.releases) settlement.releases.push_back(d.event.id);
+    return settlement;
+}
+
+// The claim that follows the COMMIT in its round trip, sized as if the batch
+// were settled already.
+ClaimArgs Relay::next_claim_args(const CommitBatch& batch, ClaimBudget* budget) const {
+    std::int64_t settled_bytes = 0;
+    for (const auto* group : {&batch.acks, &batch.nacks, &batch.releases})
+        for (const Delivery& d : *group) settled_bytes += d.event.bytes();
+    const std::int64_t left = in_flight_ - static_cast<std::int64_t>(batch.size());
+    int count = sizer_.want(left, in_flight_bytes_ - settled_bytes);
+    if (check_.state() == SinkCheck::State::Undecided)
+        count = std::min<int>(count, std::max(0, check_.still_to_try() - static_cast<int>(left)));
+    budget->bytes_left = options_.max_in_flight_bytes - (in_flight_bytes_ - settled_bytes);
+    budget->first_anyway = left == 0;
+    return claim_args(count, *budget);
+}
+
+// The round trip did not commit: earlier claims' outcomes are still to
+// write; the open claim's events are pending again.
+void Relay::commit_failed(CommitBatch&& batch, DbStatus status, const std::string& error,
+                          Clock::time_point now) {
+    const CommitBatch dropped = settle_.give_back(std::move(batch), open_.txn());
+    for (const auto* group : {&dropped.acks, &dropped.nacks, &dropped.releases})
+        for (const Delivery& d : *group) resolved(d);
+    void_open_claim(error);
+    if (database_unavailable(status, error, now)) return;
+    ++stats_.db_errors;
+    fail(error + "; " + std::to_string(dropped.acks.size()) +
+         " delivered event(s) not acked: their claim did not commit, they are pending again "
+         "and will be delivered again; stopping");
+}
+
+// The COMMIT wrote the batch: counted, logged, resolved.
+void Relay::record_commit(const CommitBatch& batch, const SettleResult& result,
+                          const std::vector<std::optional<std::int64_t>>& retry_ins) {
+    acked(batch.acks);
+    for (std::size_t i = 0; i < batch.nacks.size(); ++i)
+        nacked(batch.nacks[i], i < result.nack_states.size() ? result.nack_states[i] : "",
+               retry_ins[i]);
+    for (const Delivery& d : batch.nacks) resolved(d);
+    if (!batch.releases.empty()) {
         stats_.released += static_cast<std::uint64_t>(result.released);
-        log_info("%zu event(s) not attempted released back to pending (%s)", releases.size(),
-                 releases.front().outcome.error.c_str());
-        for (const Delivery& d : releases) resolved(d);
+        log_info("%zu event(s) not attempted released back to pending (%s)",
+                 batch.releases.size(), batch.releases.front().outcome.error.c_str());
+        for (const Delivery& d : batch.releases) resolved(d);
         due_ = true;
     }
-    // Events still out or held now stand as committed claims.
-    open_txn_ = 0;
-    open_out_ = 0;
-    if (with_claim) take_claimed(std::move(events), args.count, budget, all_resolved, now);
 }
 
 // The open transaction did not commit: its events are pending again. What
 // is known of them is dropped, and deliveries of them still running are
 // dropped when they end.
 void Relay::void_open_claim(const std::string& why) {
-    const std::uint64_t txn = open_txn_;
     std::size_t delivered = 0;
-    auto drop = [this, txn, &delivered](std::vector<Delivery>& list, bool count) {
-        std::vector<Delivery> kept;
-        for (Delivery& d : list) {
-            if (d.event.txn == txn) {
-                if (count) ++delivered;
-                resolved(d);
-            } else {
-                kept.push_back(std::move(d));
-            }
-        }
-        list.swap(kept);
-    };
-    drop(to_ack_, true);
-    drop(to_nack_, false);
-    drop(to_release_, false);
-    drop(held_, false);
-    if (open_out_ > 0) {
-        void_txns_.insert(txn);
-        void_out_ += open_out_;
-    }
-    open_txn_ = 0;
-    open_out_ = 0;
+    for (const Delivery& d : settle_.drop(open_.txn(), &delivered)) resolved(d);
+    open_.rolled_back();
     if (delivered > 0)
         log_warning("%zu delivered event(s) not acked: their claim's transaction did not commit "
                     "(%s); they are pending again and will be delivered again",
@@ -692,7 +652,7 @@ Millis Relay::tick_interval() const {
 // The reporting lane's tick: the outbox lag read (for the metrics too), and
 // the progress line when there are progress lines.
 void Relay::progress(Clock::time_point now) {
-    if (lag_enabled_ && db_.connected() && open_txn_ == 0) {
+    if (lag_enabled_ && db_.connected() && !open_.is_open()) {
         double seconds = 0;
         std::string error;
         const DbStatus status = db_.outbox_lag(&seconds, &error);
@@ -718,9 +678,9 @@ void Relay::wait(Clock::time_point now) {
     if (db_.take_notified()) due_ = true;
     Clock::time_point until = now + std::chrono::seconds(3600);
     auto before = [&until](Clock::time_point t) { until = std::min(until, t); };
-    if (db_.connected() && open_txn_ != 0) {
-        if (open_out_ == 0) before(retry_db_at_);
-        before(open_since_ + std::min<Clock::duration>(kOpenClaimLimit, options_.lease / 4));
+    if (db_.connected() && open_.is_open()) {
+        if (open_.all_returned()) before(retry_db_at_);
+        before(open_.deadline(open_claim_limit()));
     } else if (db_.connected()) {
         if (!flushed()) before(retry_db_at_);
         if (may_claim()) {
@@ -731,8 +691,8 @@ void Relay::wait(Clock::time_point now) {
         before(reconnect_at_);
     }
     // Deliveries running (held final failures wait for their own time).
-    if (in_flight_ > static_cast<std::int64_t>(held_.size())) before(now + kBusyWake);
-    if (!held_.empty()) before(held_until_);
+    if (in_flight_ > static_cast<std::int64_t>(settle_.held.size())) before(now + kBusyWake);
+    if (!settle_.held.empty()) before(settle_.held_until);
     if (tick_interval().count() > 0) before(next_progress_);
     if (stopping_) before(now + std::chrono::milliseconds(100));
 

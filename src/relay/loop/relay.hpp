@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "relay/loop/claim_budget.hpp"
@@ -18,6 +17,8 @@
 #include "relay/loop/reconnect_backoff.hpp"
 #include "relay/event.hpp"
 #include "relay/loop/lanes.hpp"
+#include "relay/loop/open_claim.hpp"
+#include "relay/loop/settle_queues.hpp"
 #include "relay/options.hpp"
 #include "relay/observe/progress.hpp"
 #include "relay/sinks/sink.hpp"
@@ -52,8 +53,15 @@ private:
     void flush_nacks(Clock::time_point now);
     void flush_releases(Clock::time_point now);
     void claim(Clock::time_point now);
-    bool open_claim_ready(Clock::time_point now) const;
+    Clock::duration open_claim_limit() const;
     void commit_open_claim(Clock::time_point now);
+    Settlement settlement_of(const CommitBatch& batch,
+                             std::vector<std::optional<std::int64_t>>* retry_ins) const;
+    ClaimArgs next_claim_args(const CommitBatch& batch, ClaimBudget* budget) const;
+    void commit_failed(CommitBatch&& batch, DbStatus status, const std::string& error,
+                       Clock::time_point now);
+    void record_commit(const CommitBatch& batch, const SettleResult& result,
+                       const std::vector<std::optional<std::int64_t>>& retry_ins);
     void take_claimed(std::vector<Event>&& events, int want, const ClaimBudget& budget,
                       bool all_resolved, Clock::time_point now);
     void void_open_claim(const std::string& why);
@@ -71,12 +79,8 @@ private:
     void resolved(const Delivery& delivery);
     void wait(Clock::time_point now);
     void count_notifications();
-    bool flushed() const {
-        return to_ack_.empty() && to_nack_.empty() && to_release_.empty() && held_.empty();
-    }
-    std::size_t unwritten() const {
-        return to_ack_.size() + to_nack_.size() + to_release_.size() + held_.size();
-    }
+    bool flushed() const { return settle_.empty(); }
+    std::size_t unwritten() const { return settle_.size(); }
 
     const Options& options_;
     Database& db_;
@@ -89,11 +93,7 @@ private:
 
     std::int64_t in_flight_ = 0;        // claimed and not yet acked, nacked or released
     std::int64_t in_flight_bytes_ = 0;  // their payloads and headers
-    std::vector<Delivery> to_ack_;      // delivered, ack not yet written
-    std::vector<Delivery> to_nack_;     // failed, nack not yet written
-    std::vector<Delivery> to_release_;  // not attempted (or not judged): back to pending
-    std::vector<Delivery> held_;        // final failures while the sink check is undecided
-    Clock::time_point held_until_{};    // when held_ must be settled anyway
+    SettleQueues settle_;               // outcomes not yet written
     SinkCheck check_;
     ClaimSizer sizer_;
     std::uint64_t notifications_counted_ = 0;
@@ -109,14 +109,7 @@ private:
     Backoff backoff_;
     int reconnect_attempts_ = 0;
 
-    // The claim of the open transaction: its events are written once, at
-    // the COMMIT that carries their acks and nacks (see relay.cpp).
-    std::uint64_t next_txn_ = 1;
-    std::uint64_t open_txn_ = 0;                 // 0: no transaction open
-    Clock::time_point open_since_{};
-    std::int64_t open_out_ = 0;                  // its events still being delivered
-    std::unordered_set<std::uint64_t> void_txns_;  // rolled back: late outcomes are dropped
-    std::int64_t void_out_ = 0;                  // their events still being delivered
+    OpenClaim open_;                    // the claim whose transaction is open
 
     bool stopping_ = false;
     bool abandoned_ = false;
