@@ -4,7 +4,7 @@
 // attempt: the delivery thread that finds it records it here and hands its
 // events back as skips (released, pending, attempts not counted); the relay
 // then stops with exit 1 and says why (SinkTarget::fatal_error), as the
-// HTTP sink's check (sink_check.hpp) does for a status every event gets.
+// HTTP sink's check (loop/sink_check.hpp) does for a status every event gets.
 #pragma once
 
 #include <atomic>
