@@ -15,16 +15,16 @@
 #include "relay/loop/exit_status.hpp"
 #include "relay/loop/final_status.hpp"
 #include "relay/loop/lanes.hpp"
-#include "relay/observe/log.hpp"
-#include "relay/observe/metrics_server.hpp"
-#include "relay/options.hpp"
-#include "relay/observe/progress.hpp"
 #include "relay/loop/relay.hpp"
 #include "relay/loop/signals.hpp"
-#include "relay/sinks/factory.hpp"
-#include "relay/observe/stats.hpp"
-#include "relay/wake.hpp"
 #include "relay/loop/worker_pool.hpp"
+#include "relay/observe/log.hpp"
+#include "relay/observe/metrics_server.hpp"
+#include "relay/observe/progress.hpp"
+#include "relay/observe/stats.hpp"
+#include "relay/options.hpp"
+#include "relay/sinks/factory.hpp"
+#include "relay/wake.hpp"
 
 namespace {
 

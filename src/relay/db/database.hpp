@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "relay/db/db_status.hpp"
+#include "relay/db/retry_delay.hpp"
 #include "relay/event.hpp"
 #include "relay/options.hpp"
-#include "relay/db/retry_delay.hpp"
 
 struct pg_conn;
 struct pg_result;

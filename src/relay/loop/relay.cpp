@@ -7,10 +7,10 @@
 #include <poll.h>
 #include <sys/time.h>
 
-#include "relay/loop/exit_status.hpp"
-#include "relay/observe/log.hpp"
 #include "relay/db/retry_delay.hpp"
+#include "relay/loop/exit_status.hpp"
 #include "relay/loop/signals.hpp"
+#include "relay/observe/log.hpp"
 
 namespace idem::relay {
 

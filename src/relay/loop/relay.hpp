@@ -11,21 +11,21 @@
 #include <string>
 #include <vector>
 
+#include "relay/db/database.hpp"
+#include "relay/event.hpp"
 #include "relay/loop/claim_budget.hpp"
 #include "relay/loop/claim_sizer.hpp"
-#include "relay/db/database.hpp"
-#include "relay/loop/reconnect_backoff.hpp"
-#include "relay/event.hpp"
 #include "relay/loop/lanes.hpp"
 #include "relay/loop/open_claim.hpp"
+#include "relay/loop/reconnect_backoff.hpp"
 #include "relay/loop/settle_queues.hpp"
-#include "relay/options.hpp"
-#include "relay/observe/progress.hpp"
-#include "relay/sinks/sink.hpp"
 #include "relay/loop/sink_check.hpp"
-#include "relay/observe/stats.hpp"
-#include "relay/wake.hpp"
 #include "relay/loop/worker_pool.hpp"
+#include "relay/observe/progress.hpp"
+#include "relay/observe/stats.hpp"
+#include "relay/options.hpp"
+#include "relay/sinks/sink.hpp"
+#include "relay/wake.hpp"
 
 namespace idem::relay {
 

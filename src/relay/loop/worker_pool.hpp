@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "relay/event.hpp"
-#include "relay/sinks/sink.hpp"
 #include "relay/observe/stats.hpp"
+#include "relay/sinks/sink.hpp"
 #include "relay/wake.hpp"
 
 namespace idem::relay {

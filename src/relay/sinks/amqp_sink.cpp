@@ -1,7 +1,7 @@
 #include "relay/sinks/amqp_sink.hpp"
 
-#include "relay/sinks/broker_address.hpp"
 #include "relay/redact.hpp"
+#include "relay/sinks/broker_address.hpp"
 
 #ifdef IDEM_RELAY_AMQP
 
@@ -23,8 +23,8 @@
 #include <amqp_tcp_socket.h>
 #endif
 
-#include "relay/sinks/broker_headers.hpp"
 #include "relay/observe/log.hpp"
+#include "relay/sinks/broker_headers.hpp"
 #include "relay/sinks/sink_fault.hpp"
 #include "relay/sinks/socket_deadline.hpp"
 

@@ -2,10 +2,10 @@
 
 #include <strings.h>
 
-#include "relay/sinks/http_headers.hpp"
-#include "relay/sinks/http_outcome.hpp"
 #include "relay/json.hpp"
 #include "relay/observe/log.hpp"
+#include "relay/sinks/http_headers.hpp"
+#include "relay/sinks/http_outcome.hpp"
 
 namespace idem::relay {
 

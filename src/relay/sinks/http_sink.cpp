@@ -8,11 +8,11 @@
 
 #include <curl/curl.h>
 
-#include "relay/sinks/http_headers.hpp"
-#include "relay/sinks/http_outcome.hpp"
 #include "relay/json.hpp"
 #include "relay/observe/log.hpp"
 #include "relay/redact.hpp"
+#include "relay/sinks/http_headers.hpp"
+#include "relay/sinks/http_outcome.hpp"
 #include "relay/sinks/sink_fault.hpp"
 
 namespace idem::relay {

@@ -1,7 +1,7 @@
 #include "relay/sinks/nats_sink.hpp"
 
-#include "relay/sinks/broker_address.hpp"
 #include "relay/redact.hpp"
+#include "relay/sinks/broker_address.hpp"
 
 #ifdef IDEM_RELAY_NATS
 
@@ -16,10 +16,10 @@
 
 #include <nats/nats.h>
 
-#include "relay/sinks/broker_headers.hpp"
-#include "relay/sinks/http_headers.hpp"
 #include "relay/json.hpp"
 #include "relay/observe/log.hpp"
+#include "relay/sinks/broker_headers.hpp"
+#include "relay/sinks/http_headers.hpp"
 #include "relay/sinks/sink_fault.hpp"
 
 namespace idem::relay {

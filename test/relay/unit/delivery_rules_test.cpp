@@ -3,13 +3,13 @@
 // sends, and what it writes to its log.
 #include <gtest/gtest.h>
 
+#include "relay/db/retry_delay.hpp"
 #include "relay/loop/claim_budget.hpp"
 #include "relay/loop/claim_sizer.hpp"
-#include "relay/sinks/http_headers.hpp"
+#include "relay/loop/sink_check.hpp"
 #include "relay/observe/log.hpp"
 #include "relay/redact.hpp"
-#include "relay/db/retry_delay.hpp"
-#include "relay/loop/sink_check.hpp"
+#include "relay/sinks/http_headers.hpp"
 
 using namespace idem::relay;
 

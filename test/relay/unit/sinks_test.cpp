@@ -2,9 +2,9 @@
 // HTTP statuses and Retry-After, reconnect backoff.
 #include <gtest/gtest.h>
 
+#include "relay/json.hpp"
 #include "relay/loop/reconnect_backoff.hpp"
 #include "relay/sinks/http_outcome.hpp"
-#include "relay/json.hpp"
 #include "relay/sinks/stdout_sink.hpp"
 
 using namespace idem::relay;

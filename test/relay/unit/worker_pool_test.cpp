@@ -10,9 +10,9 @@
 #include <mutex>
 #include <thread>
 
+#include "relay/loop/worker_pool.hpp"
 #include "relay/observe/stats.hpp"
 #include "relay/wake.hpp"
-#include "relay/loop/worker_pool.hpp"
 
 using namespace idem::relay;
 
