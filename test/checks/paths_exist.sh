@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every path a comment under src/ or a doc (docs/, README.md) names exists:
 # a moved or deleted file leaves no pointer behind. A path in a comment is
-# read from the repository's root, from src/, from src/pg/ or from the
-# commenting file's folder, and a bare file name (key_row.cpp) must be a
-# file under src/; a path in a doc is read from the root, src/ or src/pg/.
+# read from the repository's root, from src/, from src/pg/ or src/relay/
+# or from the commenting file's folder, and a bare file name (key_row.cpp) must be a
+# file under src/; a path in a doc is read from the root, src/, src/pg/ or
+# src/relay/.
 set -u
 cd "$(dirname "$0")/../.."
 exec python3 - <<'PY'
@@ -40,7 +41,7 @@ for name in files('src'):
                 continue
             text = next(g for g in m.groups() if g is not None)
             for path in PATH_RE.findall(text):
-                if not exists(path, ['.', 'src', 'src/pg', os.path.dirname(name)]):
+                if not exists(path, ['.', 'src', 'src/pg', 'src/relay', os.path.dirname(name)]):
                     missing.append(f'{name}:{number}: {path}')
             for bare in BARE_RE.findall(text):
                 if bare not in source_names:
@@ -52,7 +53,7 @@ for name in ['README.md'] + [f for f in files('docs') if f.endswith('.md')]:
         for number, line in enumerate(f, 1):
             for path in PATH_RE.findall(line):
                 if path.startswith(('src/', 'pg/', 'core/', 'relay/')) or '/' in path and path.endswith(('.hpp', '.cpp')):
-                    if not exists(path, ['.', 'src', 'src/pg']):
+                    if not exists(path, ['.', 'src', 'src/pg', 'src/relay']):
                         missing.append(f'{name}:{number}: {path}')
 for entry in missing:
     print(f'names a path that does not exist: {entry}')
