@@ -10,7 +10,10 @@
 
 EXTENSION = idempotency
 MODULE_big = idempotency
-OBJS = $(patsubst %.cpp,%.o,$(sort $(wildcard src/core/*.cpp src/pg/*.cpp src/pg/*/*.cpp)))
+# The build list (sources.txt) names the sources of each part, for this
+# build and CMake's.
+sources_of = $(shell sed -n '/^\[$(1)\]/,/^\[/{/^src\//p}' sources.txt)
+OBJS = $(patsubst %.cpp,%.o,$(call sources_of,core) $(call sources_of,module))
 DATA = $(wildcard src/extension/*.sql)
 
 # `make installcheck`: the regression tests (sql/, setup first) and the race
@@ -52,7 +55,7 @@ endif
 # Its NATS JetStream and RabbitMQ sinks need libnats-dev and librabbitmq-dev;
 # without them it is built without that sink, and says so.
 RELAY = build/relay/idem-relay
-RELAY_OBJS = $(patsubst src/relay/%.cpp,build/relay/%.o,$(sort $(wildcard src/relay/*.cpp src/relay/*/*.cpp)))
+RELAY_OBJS = $(patsubst src/relay/%.cpp,build/relay/%.o,$(call sources_of,relay))
 RELAY_NATS := $(shell pkg-config --exists libnats 2>/dev/null && echo yes)
 RELAY_AMQP := $(shell pkg-config --exists librabbitmq 2>/dev/null && echo yes)
 RELAY_CPPFLAGS = -Isrc -I$(shell $(PG_CONFIG) --includedir 2>/dev/null) \
@@ -95,6 +98,11 @@ uninstall-relay:
 	$(if $(DESTDIR)$(filter none,$(RELAY_LINK_DIR)),,[ "$$(readlink '$(RELAY_LINK_DIR)/idem-relay')" != '$(bindir)/idem-relay' ] || \
 	    rm -f '$(RELAY_LINK_DIR)/idem-relay')
 .PHONY: install-relay uninstall-relay
+# META.json (the PGXN description) is written from META.json.in with the
+# control file's version: `make META.json` after changing it
+# (test/matrix/versions_agree.sh fails while they differ).
+META.json: META.json.in idempotency.control
+	sed 's/@VERSION@/$(IDEM_VERSION)/g' META.json.in >$@
 -include $(RELAY_OBJS:.o=.d)
 
 .PHONY: test test-matrix deb demo bench chaos fuzz

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # versions_agree.sh MAJORS...: the files that name versions say the same:
-# META.json's version is the control file's default_version, its lowest
+# META.json is META.json.in with the control file's default_version, its lowest
 # PostgreSQL is the lowest major tested, its tested majors are MAJORS, the
 # control file's comment names them, and debian/pgversions starts there;
 # default_version has a full install script, META.json names it, and the
@@ -11,6 +11,8 @@ cd "$(dirname "$0")/../.."
 majors=$*
 fail() { echo "versions disagree: $*" >&2; exit 1; }
 default=$(sed -n "s/^default_version = '\(.*\)'/\1/p" idempotency.control)
+[ "$(sed "s/@VERSION@/$default/g" META.json.in)" = "$(cat META.json)" ] ||
+    fail "META.json is not META.json.in with version $default (make META.json)"
 meta=$(sed -n 's/^   "version": "\(.*\)",$/\1/p' META.json)
 [ -n "$default" ] && [ "$default" = "$meta" ] ||
     fail "control default_version '$default', META.json version '$meta'"
