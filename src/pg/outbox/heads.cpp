@@ -30,17 +30,19 @@ namespace {
 // (pg/outbox/index.hpp). A new head is pending (due at its
 // available_at), or in flight as a follower in its head's run (ready again
 // when its lease ends); one acked or dead since the read is no longer any
-// key's waiting event.
+// key's waiting event. The statements by id are planned once (a generic
+// plan: the primary key, whatever the ids): a custom plan would be made
+// anew at each ack, and cost more to make than the write it plans.
 Statement kMakeHeads = {
     "UPDATE" OUTBOX "SET ready_at = CASE WHEN state = 'in_flight' THEN lease_until "
     "ELSE GREATEST(available_at, $2) END "
     "WHERE id = ANY ($1) AND ready_at IS NULL AND state IN ('pending', 'in_flight') RETURNING id",
-    2, {INT8ARRAYOID, TIMESTAMPTZOID}, nullptr};
+    2, {INT8ARRAYOID, TIMESTAMPTZOID}, nullptr, 0, CURSOR_OPT_GENERIC_PLAN};
 
 Statement kUnmakeHeads = {
     "UPDATE" OUTBOX "SET ready_at = NULL WHERE id = ANY ($1) AND ready_at IS NOT NULL "
     "AND state = 'pending'",
-    1, {INT8ARRAYOID}, nullptr};
+    1, {INT8ARRAYOID}, nullptr, 0, CURSOR_OPT_GENERIC_PLAN};
 
 // New places for waiting events.
 Statement kPlace = {
@@ -60,11 +62,11 @@ Statement kNewPlaces = {
 Statement kRedrivenNow = {
     "SELECT state = 'pending', ready_at IS NOT NULL, COALESCE(key_seq, id) FROM" OUTBOX
     "WHERE id = $1",
-    1, {INT8OID}, nullptr};
+    1, {INT8OID}, nullptr, 0, CURSOR_OPT_GENERIC_PLAN};
 
 Statement kSetRedriven = {
     "UPDATE" OUTBOX "SET ready_at = $2, key_seq = $3 WHERE id = $1 AND state = 'pending'",
-    3, {INT8OID, TIMESTAMPTZOID, INT8OID}, nullptr};
+    3, {INT8OID, TIMESTAMPTZOID, INT8OID}, nullptr, 0, CURSOR_OPT_GENERIC_PLAN};
 
 // --- what this transaction recorded -------------------------------------------------
 
