@@ -1,6 +1,7 @@
 #include "relay/loop/worker_pool.hpp"
 
 #include <algorithm>
+#include <iterator>
 
 namespace idem::relay {
 
@@ -24,22 +25,24 @@ std::string order_key(const Event& event) {
 }  // namespace
 
 bool WorkerPool::any_startable() const {
-    for (const Event& event : queue_)
-        if (!event.key || busy_keys_.count(order_key(event)) == 0) return true;
+    for (const Queued& queued : queue_)
+        if (queued.key.empty() || busy_keys_.count(queued.key) == 0) return true;
     return false;
 }
 
 void WorkerPool::take_startable(std::size_t count, std::vector<Delivery>* taken) {
-    std::deque<Event> kept;
-    for (Event& event : queue_) {
-        const std::string key = order_key(event);
-        if (taken->size() < count && (key.empty() || busy_keys_.insert(key).second)) {
+    std::deque<Queued> kept;
+    auto next = queue_.begin();
+    for (; next != queue_.end() && taken->size() < count; ++next) {
+        if (next->key.empty() || busy_keys_.insert(next->key).second) {
             taken->emplace_back();
-            taken->back().event = std::move(event);
+            taken->back().event = std::move(next->event);
         } else {
-            kept.push_back(std::move(event));
+            kept.push_back(std::move(*next));
         }
     }
+    // Past the events taken, the queue keeps its order as it is.
+    std::move(next, queue_.end(), std::back_inserter(kept));
     queue_.swap(kept);
 }
 
@@ -50,14 +53,14 @@ void WorkerPool::finish(std::vector<Delivery>* taken) {
         busy_keys_.erase(key);
         if (delivery.outcome.verdict == Verdict::Ack) continue;
         // The rest of its run waits behind it in the outbox: not tried.
-        std::deque<Event> kept;
-        for (Event& event : queue_) {
-            if (order_key(event) != key) {
-                kept.push_back(std::move(event));
+        std::deque<Queued> kept;
+        for (Queued& queued : queue_) {
+            if (queued.key != key) {
+                kept.push_back(std::move(queued));
                 continue;
             }
             Delivery stopped;
-            stopped.event = std::move(event);
+            stopped.event = std::move(queued.event);
             stopped.outcome = Outcome::skip("an earlier event of its key was not delivered");
             results_.push_back(std::move(stopped));
         }
@@ -78,7 +81,10 @@ WorkerPool::~WorkerPool() { stop(); }
 void WorkerPool::submit(std::vector<Event>&& events) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        for (Event& event : events) queue_.push_back(std::move(event));
+        for (Event& event : events) {
+            std::string key = order_key(event);
+            queue_.push_back(Queued{std::move(event), std::move(key)});
+        }
     }
     work_ready_.notify_all();
 }

@@ -54,7 +54,13 @@ private:
     Stats& stats_;
     std::mutex mutex_;
     std::condition_variable work_ready_;
-    std::deque<Event> queue_;
+    // A queued event with its (topic, key) for ordering, made once
+    // (empty without a key).
+    struct Queued {
+        Event event;
+        std::string key;
+    };
+    std::deque<Queued> queue_;
     // The (topic, key) of each keyed event being delivered.
     std::unordered_set<std::string> busy_keys_;
     std::vector<Delivery> results_;
