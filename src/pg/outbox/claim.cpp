@@ -118,6 +118,15 @@ LockedEvents locked_events(int count) {
                         static_cast<bool*>(palloc(sizeof(bool) * (count + 1)))};
 }
 
+// Records the `count` events handed out in `locked` as held by this
+// claim, to be written at commit (outbox_held.hpp); returns `count`.
+int hold(const ClaimRequest& request, Micros now, const LockedEvents& locked, int count) {
+    if (count > 0)
+        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts},
+                    locked.ids, locked.versions, locked.followers, count);
+    return count;
+}
+
 // The keyed heads a claim handed out, whose runs follow once it has all
 // its heads (claim_ready).
 struct Heads {
@@ -131,12 +140,9 @@ struct Heads {
 int hand_out(const ClaimRequest& request, Micros now, const ItemPointerData* tids, int count,
              int wanted, HandedOut sink, void* context, Heads* heads) {
     const LockedEvents locked = locked_events(wanted);
-    const int handed = lock_due_events(tids, count, wanted, now, request.max_attempts, sink,
-                                       context, locked, heads->heads, &heads->count);
-    if (handed > 0)
-        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts},
-                    locked.ids, locked.versions, locked.followers, handed);
-    return handed;
+    return hold(request, now, locked,
+                lock_due_events(tids, count, wanted, now, request.max_attempts, sink, context,
+                                locked, heads->heads, &heads->count));
 }
 
 // The runs of the claim's keyed heads in the room its batch has left
@@ -146,12 +152,9 @@ int hand_out_runs(const ClaimRequest& request, Micros now, const Heads& heads, i
                   HandedOut sink, void* context) {
     if (heads.count == 0 || room <= 0) return 0;
     const LockedEvents locked = locked_events(room);
-    const int handed = lock_runs(heads.heads, heads.count, room, request.run_length, now,
-                                 request.max_attempts, sink, context, locked);
-    if (handed > 0)
-        hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts},
-                    locked.ids, locked.versions, locked.followers, handed);
-    return handed;
+    return hold(request, now, locked,
+                lock_runs(heads.heads, heads.count, room, request.run_length, now,
+                          request.max_attempts, sink, context, locked));
 }
 
 void start_source(Source* source, const text* topic, Micros after_at, std::int64_t after_id,

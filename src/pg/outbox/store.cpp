@@ -30,8 +30,9 @@ namespace {
 
 // A keyed event without a ready place: it waits behind its key's head (a
 // follower in the head's run, when in flight), and keeps waiting when its
-// nack, release or expired lease makes it pending again.
-#define FOLLOWER " (key IS NOT NULL AND ready_at IS NULL) "
+// nack, release or expired lease makes it pending again. `row`: the
+// statement's alias for the row with its dot ("o."), or "".
+#define FOLLOWER(row) " (" row "key IS NOT NULL AND " row "ready_at IS NULL) "
 
 // $8: whether the new event is its key's head (always for an event without
 // a key); due from deliver_at, or now. $9: its id, taken from the sequence
@@ -69,7 +70,7 @@ Statement kLock = {
 Statement kRetryOrBury = {
     "UPDATE" OUTBOX "SET state = $2, last_error = $3, available_at = $4, lease_until = NULL, "
     "updated_at = $5, attempts = $6, relay = COALESCE($7, relay)"
-    IF_READY(", ready_at = CASE WHEN $2 = 'dead' OR " FOLLOWER " THEN NULL ELSE $4 END")
+    IF_READY(", ready_at = CASE WHEN $2 = 'dead' OR " FOLLOWER("") " THEN NULL ELSE $4 END")
     " WHERE id = $1 RETURNING id" ENDED_HEADS("false"),
     7, {INT8OID, kOutboxStateType, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID, TEXTOID},
     nullptr};
@@ -79,7 +80,7 @@ Statement kRetryOrBury = {
 Statement kRelease = {
     "UPDATE" OUTBOX "SET state = 'pending', attempts = attempts - 1, available_at = $3, "
     "lease_until = NULL, updated_at = $3"
-    IF_READY(", ready_at = CASE WHEN" FOLLOWER "THEN NULL ELSE $3 END")
+    IF_READY(", ready_at = CASE WHEN" FOLLOWER("") "THEN NULL ELSE $3 END")
     " WHERE id = ANY ($1) AND state = 'in_flight' "
     "AND relay = $2 RETURNING topic, attempts",
     3, {INT8ARRAYOID, TEXTOID, TIMESTAMPTZOID}, nullptr};
@@ -101,7 +102,7 @@ Statement kExpireLeases = {
     "available_at = $1, lease_until = NULL, last_error = 'lease expired', updated_at = $1"
     // (The ready-queue layout always has max_attempts.)
     IF_READY(", ready_at = CASE WHEN o.attempts >= COALESCE(o.max_attempts, $3) "
-             "OR (o.key IS NOT NULL AND o.ready_at IS NULL) THEN NULL ELSE $1 END")
+             "OR" FOLLOWER("o.") "THEN NULL ELSE $1 END")
     " FROM due WHERE o.id = due.id AND o.state = 'in_flight' RETURNING o.state = 'dead'"
     IF_READY_ELSE(", o.topic, NULL::pg_catalog.text, COALESCE(o.key_seq, o.id)",
                   ", NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.int8"),
