@@ -119,7 +119,7 @@ LockedEvents locked_events(int count) {
 }
 
 // Records the `count` events handed out in `locked` as held by this
-// claim, to be written at commit (outbox_held.hpp); returns `count`.
+// claim, to be written at commit (held.hpp); returns `count`.
 int hold(const ClaimRequest& request, Micros now, const LockedEvents& locked, int count) {
     if (count > 0)
         hold_events(ClaimWrite{request.relay, request.lease_until, now, request.max_attempts},
