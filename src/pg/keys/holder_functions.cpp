@@ -138,6 +138,7 @@ Datum complete_body(FunctionCallInfo fcinfo) {
     } else {
         count_on_commit(Counter::Completions);
         note_due_on_commit(DueKind::Retention, now + retain);
+        note_due_on_commit(DueKind::Settle, now);
         // No lease_until: the sweep expired the lease and settled it.
         if (!stored.state.lease_until || *stored.state.lease_until < now)
             count_on_commit(Counter::LateCompletions);
@@ -197,6 +198,7 @@ Datum fail_body(FunctionCallInfo fcinfo) {
     (void)verdict;
     close_key(&row);
     if (expires_at) note_due_on_commit(DueKind::Retention, *expires_at);
+    note_due_on_commit(DueKind::Settle, GetCurrentTimestamp());
     const bool final = decision.next == Status::FailedFinal;
     count_on_commit(final ? Counter::FailuresFinal : Counter::FailuresRetryable);
     wake_on_commit(key_wake_channel(id));

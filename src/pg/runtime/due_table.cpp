@@ -49,7 +49,7 @@ DueTable* table = nullptr;
 // This backend's entry (its database cannot be dropped while it is
 // connected, so the entry stays its own), and what its transaction noted.
 int my_slot = -1;
-Micros noted[3] = {kNever, kNever, kNever};
+Micros noted[static_cast<int>(DueKind::Count)] = {kNever, kNever, kNever, kNever};
 bool callback_registered = false;
 bool holds_claims = false;
 bool exit_hook_registered = false;
@@ -118,7 +118,7 @@ void on_backend_exit(int, Datum) {
 void apply_notes() {
     if (my_slot < 0 || entry_of(my_slot, MyDatabaseId) == nullptr) my_slot = due_slot_for(MyDatabaseId);
     if (noted[static_cast<int>(DueKind::KeyLease)] != kNever) holds_claims = true;
-    for (int kind = 0; kind < 3; ++kind)
+    for (int kind = 0; kind < static_cast<int>(DueKind::Count); ++kind)
         if (noted[kind] != kNever) note_now(my_slot, static_cast<DueKind>(kind), noted[kind]);
     if (holds_claims && !exit_hook_registered) {
         before_shmem_exit(on_backend_exit, 0);

@@ -3,8 +3,8 @@
 // needs a worker, so that a database where nothing is due gets none.
 //
 // Two times per database, each the earliest of what it stands for:
-// - lease: a claim's or an outbox event's lease ends (urgent: expiry and the
-//   settling of ended leases);
+// - lease: a claim's or an outbox event's lease ends, or a key finished
+//   (urgent: expiry and the settling of ended leases and finished keys);
 // - retention: a key, delivered event, inbox row or lock passes its
 //   retention (the purges, which the launcher spreads out).
 // A transaction that makes something due notes it; the note reaches the
@@ -33,6 +33,11 @@ enum class DueKind {
     KeyLease,    // a claim's lease (and the backend holds claims: expire_on_disconnect)
     EventLease,  // an outbox event in flight
     Retention,   // a retention deadline
+    Settle,      // a key left the live states (completed, failed): the sweep
+                 // files it, as urgently as an ended lease. Without this note
+                 // a sweep that happened to see no such key would leave the
+                 // next ones to the launcher's row-change recheck.
+    Count,
 };
 
 // Never: no time noted.
