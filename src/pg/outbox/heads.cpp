@@ -79,6 +79,7 @@ struct Record {
     std::int64_t id;     // Enqueued, Redriven: the event; Ended: the head made at once, or 0
     std::int64_t place;  // Ended: the ended head's place; Redriven: the event's, when redriven
     std::int64_t made_place;  // Ended: the place of the head made at once
+    std::int64_t ended_id;    // Ended: the event that ended (0: not known)
     const text* topic;
     const text* key;
     std::uint32_t turn;
@@ -115,7 +116,7 @@ void add(Kind kind, const text* topic, const text* key, std::int64_t id, std::in
     const bool same = last != nullptr && compare_text_bytes(last->topic, topic) == 0 &&
                       compare_text_bytes(last->key, key) == 0;
     records[record_count++] =
-        Record{kind, head, false, id, place, 0, same ? last->topic : copy_text(topic),
+        Record{kind, head, false, id, place, 0, 0, same ? last->topic : copy_text(topic),
                same ? last->key : copy_text(key), same ? last->turn : producer_turn_of(topic, key),
                seen, GetCurrentSubTransactionId()};
     MemoryContextSwitchTo(old);
@@ -253,7 +254,8 @@ void check_ended(const int* which, int count, Micros now) {
             moves.count += gap;
             continue;
         }
-        const KeyEvent first = first_event_from(&reader, r.topic, r.key, r.place);
+        const KeyEvent first = first_event_from(&reader, r.topic, r.key, r.place, &r.ended_id,
+                                                r.ended_id != 0 ? 1 : 0);
         if (first.found && !first.ready) heads.ids[heads.count++] = first.id;
     }
     close_key_order(&reader);
@@ -486,8 +488,10 @@ void enqueued_keyed(const text* topic, const text* key, std::int64_t id, bool he
 }
 
 void heads_ended(const EndedHeads& ended, Micros) {
-    for (int i = 0; i < ended.count; ++i)
+    for (int i = 0; i < ended.count; ++i) {
         add(Kind::Ended, ended.topics[i], ended.keys[i], 0, ended.places[i], false);
+        records[record_count - 1].ended_id = ended.ids[i];
+    }
     untried |= ended.count > 0;
 }
 
@@ -504,7 +508,8 @@ void promote_ended_heads(Micros now) {
         Record& r = records[i];
         if (r.kind != Kind::Ended || r.tried) continue;
         r.tried = true;
-        const KeyEvent event = first_event_from(&reader, r.topic, r.key, r.place);
+        const KeyEvent event = first_event_from(&reader, r.topic, r.key, r.place, &r.ended_id,
+                                                r.ended_id != 0 ? 1 : 0);
         if (!event.found || event.ready) continue;
         next_place[next.count] = event.place;
         of[next.count] = i;
@@ -538,7 +543,8 @@ EndedHeads ended_heads_in_result(int first) {
     const std::uint64_t rows = SPI_processed;
     EndedHeads out{static_cast<const text**>(palloc(sizeof(text*) * (rows + 1))),
                    static_cast<const text**>(palloc(sizeof(text*) * (rows + 1))),
-                   static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (rows + 1))), 0};
+                   static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (rows + 1))),
+                   static_cast<std::int64_t*>(palloc0(sizeof(std::int64_t) * (rows + 1))), 0};
     for (std::uint64_t row = 0; row < rows; ++row) {
         bool no_key = false;
         const Datum key = column(first + 1, &no_key, row);

@@ -42,6 +42,8 @@ struct EndedHeads {
     const text** topics;
     const text** keys;
     std::int64_t* places;
+    std::int64_t* ids;  // the ended events (0: not known), whose own entries
+                        // the look for the next head passes over unread
     int count;
 };
 void heads_ended(const EndedHeads& ended, Micros now);

@@ -249,6 +249,7 @@ KeyOrderReader open_key_order() {
     reader.index = index_open(l.key_order, AccessShareLock);
     reader.snapshot = RegisterSnapshot(GetLatestSnapshot());
     reader.scan = begin_index_scan(reader.heap, reader.index, reader.snapshot, 3);
+    reader.scan->xs_want_itup = true;  // next_live looks at an entry's id before its row
     reader.slot = table_slot_create(reader.heap, nullptr);
     return reader;
 }
@@ -289,11 +290,28 @@ void key_range(KeyOrderReader* reader, const text* topic, const text* key, std::
     reader->key = key;
 }
 
+// The id of the index entry the reader's scan is on (the key-order index's
+// third column).
+std::int64_t entry_id(const KeyOrderReader* reader) {
+    bool isnull = false;
+    return DatumGetInt64(index_getattr(reader->scan->xs_itup, 3, reader->scan->xs_itupdesc, &isnull));
+}
+
 // The next visible live event of the reader's key in `direction` (rows of
-// other keys with the same hash are passed over).
-bool next_live(KeyOrderReader* reader, ScanDirection direction, KeyEvent* out) {
+// other keys with the same hash are passed over). Entries of the sorted
+// `skip` ids are passed over from the index alone: the event an ack just
+// ended heads its key's entries, and its row need not be read to know it.
+bool next_live(KeyOrderReader* reader, ScanDirection direction, KeyEvent* out,
+               const std::int64_t* skip = nullptr, int skip_count = 0) {
     const Layout& l = layout();
-    while (index_getnext_slot(reader->scan, direction, reader->slot)) {
+    IndexScanDesc scan = reader->scan;
+    for (;;) {
+        // As index_getnext_slot does, with a look at the entry in between.
+        if (!scan->xs_heap_continue) {
+            if (index_getnext_tid(scan, direction) == nullptr) return false;
+            if (skip_count > 0 && skipped(entry_id(reader), skip, skip_count)) continue;
+        }
+        if (!index_fetch_heap(scan, reader->slot)) continue;
         bool pending = false;
         if (!in_key_order(l, reader->slot, &pending)) continue;
         bool isnull = false;
@@ -303,7 +321,6 @@ bool next_live(KeyOrderReader* reader, ScanDirection direction, KeyEvent* out) {
         *out = key_event(l, reader->slot, pending);
         return true;
     }
-    return false;
 }
 
 // A look back reads a window of places first: a btree scan reads every
@@ -322,9 +339,7 @@ KeyEvent first_event_from(KeyOrderReader* reader, const text* topic, const text*
                           std::int64_t place, const std::int64_t* skip, int skip_count) {
     KeyEvent event{};
     key_range(reader, topic, key, place, PG_INT64_MAX);
-    while (next_live(reader, ForwardScanDirection, &event))
-        if (skip_count == 0 || !skipped(event.id, skip, skip_count)) return event;
-    return KeyEvent{};
+    return next_live(reader, ForwardScanDirection, &event, skip, skip_count) ? event : KeyEvent{};
 }
 
 int key_events_from(KeyOrderReader* reader, const text* topic, const text* key, std::int64_t place,

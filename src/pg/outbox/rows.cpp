@@ -68,6 +68,8 @@ void note_changed(TupleTableSlot* row, const OutboxColumns& at, bool was_head, C
     EndedHeads& ended = out->ended;
     ended.topics[ended.count] = topic_copy;
     ended.keys[ended.count] = copied_text(key);
+    Datum id = 0;
+    ended.ids[ended.count] = has_value(row, at.id, &id) ? DatumGetInt64(id) : 0;
     ended.places[ended.count++] = DatumGetInt64(place);
 }
 
@@ -75,8 +77,10 @@ ChangedEvents no_changes(int count) {
     const auto texts = [count] {
         return static_cast<const text**>(palloc(sizeof(text*) * (count + 1)));
     };
-    EndedHeads ended{texts(), texts(),
-                     static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (count + 1))), 0};
+    const auto numbers = [count] {
+        return static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (count + 1)));
+    };
+    EndedHeads ended{texts(), texts(), numbers(), numbers(), 0};
     return ChangedEvents{0, ended, texts(), 0};
 }
 
