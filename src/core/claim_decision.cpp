@@ -59,6 +59,11 @@ ClaimDecision decide_register(const KeyState& key, bool fingerprint_conflict, Mi
     return answer(Outcome::Failed);
 }
 
+ClaimDecision decide_expired(Status final_status, bool fingerprint_conflict) {
+    if (fingerprint_conflict) return answer(Outcome::Mismatch);
+    return answer(final_status == Status::Completed ? Outcome::Completed : Outcome::Failed);
+}
+
 bool claim_may_change(const ClaimDecision& decision) {
     return decision.action != ClaimAction::Answer;
 }

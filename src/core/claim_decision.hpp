@@ -27,6 +27,12 @@ ClaimDecision decide_claim(const KeyState& key, bool fingerprint_conflict, Micro
 // idem_register never changes an existing key; it only reports it.
 ClaimDecision decide_register(const KeyState& key, bool fingerprint_conflict, Micros now);
 
+// A claim or register of a key that is gone but for its tombstone (its
+// result's retention passed): `final_status` is what the key finished as.
+// It is never created again: the answer is the outcome of that status
+// (completed, or failed), or a mismatch, and changes nothing.
+ClaimDecision decide_expired(Status final_status, bool fingerprint_conflict);
+
 // True when a claim may need to change the key: such a claim locks the row and
 // decides again on what it then reads. Every other answer comes from a plain read.
 bool claim_may_change(const ClaimDecision& decision);

@@ -182,3 +182,29 @@ BEGIN
     END LOOP;
 END
 $grant$;
+
+-- ---------------------------------------------------------------- tombstones
+
+-- A finished key outlives its result: once the result's retention has
+-- passed, the purge moves the key into key_tombstones, kept
+-- idempotency.key_retention, and a late duplicate is answered from there
+-- (completed or failed, result NULL, result_expired true) instead of running
+-- the work again (docs/keys.md#tombstones).
+CREATE TABLE idempotency.key_tombstones (
+    finished_at pg_catalog.timestamptz NOT NULL,  -- when the key completed or failed for good
+    forget_at   pg_catalog.timestamptz NOT NULL,  -- deleted by the purge after this
+    status      idempotency.idem_status NOT NULL, -- COMPLETED or FAILED_FINAL
+    scope       pg_catalog.text NOT NULL,
+    key         pg_catalog.text NOT NULL,
+    fingerprint pg_catalog.bytea,
+    PRIMARY KEY (scope, key)
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
+CREATE INDEX key_tombstones_forget ON idempotency.key_tombstones USING brin (forget_at);
+REVOKE ALL ON idempotency.key_tombstones FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('idempotency.key_tombstones', '');
+
+-- The answers say when a result is gone because only the key's tombstone
+-- is left. An attribute added last: callers that read the columns by name
+-- see no change, and the library fills the eight columns of an older
+-- version's type.
+ALTER TYPE idempotency.idem_outcome ADD ATTRIBUTE result_expired pg_catalog.bool;

@@ -97,7 +97,10 @@ CREATE TYPE idempotency.idem_outcome AS (
     result      pg_catalog.jsonb,
     error       pg_catalog.text,
     retry_after pg_catalog.interval,
-    job_ref     pg_catalog.text
+    job_ref     pg_catalog.text,
+    -- 0.7.0: the key's result has passed its retention and only its
+    -- tombstone is left: result is NULL for that reason (docs/keys.md)
+    result_expired pg_catalog.bool
 );
 
 CREATE TYPE idempotency.outbox_state AS ENUM ('pending', 'in_flight', 'delivered', 'dead');
@@ -170,6 +173,27 @@ CREATE INDEX idempotency_keys_active ON idempotency.idempotency_keys (active_sin
 -- ... and the finished ones filed for retention, for the purge.
 CREATE INDEX idempotency_keys_purge ON idempotency.idempotency_keys (purge_at)
     WHERE purge_at IS NOT NULL;
+
+-- 0.7.0: what is left of a finished key once its result's retention
+-- (idempotency.retention) has passed: enough to answer a late duplicate
+-- without running the work again, kept until forget_at
+-- (idempotency.key_retention). The purge moves keys here in batches; a
+-- claim or register of a key that is absent looks here, one primary-key
+-- read. Fixed-width columns first, so the row has no padding; no update
+-- ever touches a row (fillfactor 100). docs/keys.md#tombstones.
+CREATE TABLE idempotency.key_tombstones (
+    finished_at pg_catalog.timestamptz NOT NULL,  -- when the key completed or failed for good
+    forget_at   pg_catalog.timestamptz NOT NULL,  -- deleted by the purge after this
+    status      idempotency.idem_status NOT NULL, -- COMPLETED or FAILED_FINAL
+    scope       pg_catalog.text NOT NULL,
+    key         pg_catalog.text NOT NULL,
+    fingerprint pg_catalog.bytea,
+    PRIMARY KEY (scope, key)
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
+-- Rows arrive roughly in forget_at order: a block range index finds the
+-- ones due for a few bytes per thousand rows, where a B-tree would add an
+-- entry to every tombstone.
+CREATE INDEX key_tombstones_forget ON idempotency.key_tombstones USING brin (forget_at);
 
 -- The consumer-side inbox: one row per message seen.
 CREATE TABLE idempotency.inbox (
@@ -788,7 +812,8 @@ CREATE VIEW idempotency.idem_metrics AS SELECT * FROM idempotency.idem_metrics_r
 -- Nothing is PUBLIC's: the tables are reached through the functions, and
 -- the functions are given to roles by kind (the grant_* functions).
 REVOKE ALL ON idempotency.idempotency_keys, idempotency.inbox, idempotency.locks,
-    idempotency.outbox, idempotency.relay_grants, idempotency.role_kind_rights FROM PUBLIC;
+    idempotency.outbox, idempotency.relay_grants, idempotency.role_kind_rights,
+    idempotency.key_tombstones FROM PUBLIC;
 REVOKE ALL ON SEQUENCE idempotency.token_seq FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA idempotency FROM PUBLIC;
 REVOKE ALL ON idempotency.idem_stuck, idempotency.idem_stats, idempotency.outbox_lag,
@@ -854,3 +879,4 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.relay_grants', '');
 SELECT pg_catalog.pg_extension_config_dump('idempotency.token_seq', '');
 SELECT pg_catalog.pg_extension_config_dump(
     pg_catalog.pg_get_serial_sequence('idempotency.outbox', 'id')::pg_catalog.regclass, '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.key_tombstones', '');

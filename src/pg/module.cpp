@@ -9,6 +9,7 @@
 #include "pg/boundary/settings.hpp"
 #include "pg/inbox/inbox.hpp"
 #include "pg/keys/key_store.hpp"
+#include "pg/keys/tombstone_store.hpp"
 #include "pg/locks/locks.hpp"
 #include "pg/outbox/heads.hpp"
 #include "pg/outbox/held.hpp"
@@ -76,6 +77,7 @@ constexpr MaintenanceTask kTasks[] = {
     {"settle_leases", "idempotency_keys", "purge_at", TaskKind::Lease, settle_key_leases},
     {"expire_outbox_leases", "outbox", nullptr, TaskKind::Lease, expire_outbox_leases},
     {"purge_keys", "idempotency_keys", nullptr, TaskKind::Retention, purge_keys},
+    {"purge_tombstones", "key_tombstones", nullptr, TaskKind::Retention, purge_tombstones},
     {"purge_outbox", "outbox", nullptr, TaskKind::Retention, purge_outbox},
     {"purge_inbox", "inbox", nullptr, TaskKind::Retention, purge_inbox},
     {"purge_locks", "locks", nullptr, TaskKind::Retention, purge_locks},

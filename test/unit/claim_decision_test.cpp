@@ -346,5 +346,30 @@ TEST(DecideRegister, EveryStatusMapsToTheSpecOutcome) {
     }
 }
 
+
+// --------------------------------------------------------- decide_expired
+
+TEST(DecideExpired, ATombstoneOfACompletedKeyAnswersCompletedAndChangesNothing) {
+    const ClaimDecision d = decide_expired(Status::Completed, false);
+    EXPECT_EQ(d.outcome, Outcome::Completed);
+    EXPECT_EQ(d.action, ClaimAction::Answer);
+    EXPECT_FALSE(d.retry_after.has_value());
+    EXPECT_FALSE(claim_may_change(d));
+}
+
+TEST(DecideExpired, ATombstoneOfAFinalFailureAnswersFailed) {
+    const ClaimDecision d = decide_expired(Status::FailedFinal, false);
+    EXPECT_EQ(d.outcome, Outcome::Failed);
+    EXPECT_EQ(d.action, ClaimAction::Answer);
+}
+
+TEST(DecideExpired, AnotherRequestIsAMismatchWhateverTheKeyFinishedAs) {
+    for (Status status : {Status::Completed, Status::FailedFinal}) {
+        const ClaimDecision d = decide_expired(status, true);
+        EXPECT_EQ(d.outcome, Outcome::Mismatch);
+        EXPECT_EQ(d.action, ClaimAction::Answer);
+    }
+}
+
 }  // namespace
 }  // namespace idem

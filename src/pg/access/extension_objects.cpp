@@ -44,7 +44,7 @@ bool is_watched(Oid relation) {
 bool is_cached_table(Oid relation) {
     return relation == cached.keys || relation == cached.inbox || relation == cached.locks ||
            relation == cached.outbox || relation == cached.relay_grants ||
-           relation == cached.token_seq;
+           relation == cached.token_seq || relation == cached.tombstones;
 }
 
 // A change of one of the tables (ALTER, DROP, a rename) or of any schema
@@ -121,6 +121,7 @@ void file_relation(Oid relation, Oid schema, ExtensionObjects* out) {
         {"outbox", RELKIND_RELATION, &out->outbox},
         {"relay_grants", RELKIND_RELATION, &out->relay_grants},
         {"token_seq", RELKIND_SEQUENCE, &out->token_seq},
+        {"key_tombstones", RELKIND_RELATION, &out->tombstones},
     };
     for (const Named& table : tables)
         if (relkind == table.relkind && std::strcmp(name, table.name) == 0) *table.slot = relation;
@@ -160,16 +161,18 @@ void collect_members(ExtensionObjects* out) {
 // What a plan made from the objects depends on: their OIDs and the names
 // its SQL text was written with.
 constexpr int kNameBytes = 2 * NAMEDATALEN + 16;
-char cached_names[6][kNameBytes];
+constexpr int kNamedTables = 7;
+char cached_names[kNamedTables][kNameBytes];
 
-bool same_objects(const ExtensionObjects& found, char names[6][kNameBytes]) {
-    const Oid tables[] = {found.keys, found.inbox, found.locks, found.outbox, found.relay_grants,
-                          found.token_seq};
+bool same_objects(const ExtensionObjects& found, char names[kNamedTables][kNameBytes]) {
+    const Oid tables[kNamedTables] = {found.keys,         found.inbox,     found.locks,
+                                      found.outbox,       found.relay_grants, found.token_seq,
+                                      found.tombstones};
     bool same = cached.extension == found.extension && cached.schema == found.schema &&
                 cached.owner == found.owner && cached.status_type == found.status_type &&
                 cached.outbox_state_type == found.outbox_state_type;
     // A statement is written for the table's name and its columns.
-    for (int i = 0; i < 6; ++i) {
+    for (int i = 0; i < kNamedTables; ++i) {
         names[i][0] = '\0';
         if (OidIsValid(tables[i]))
             snprintf(names[i], kNameBytes, "%s/%d", qualified_table_name(tables[i]),
@@ -179,7 +182,7 @@ bool same_objects(const ExtensionObjects& found, char names[6][kNameBytes]) {
     return same && cached.keys == found.keys &&
            cached.inbox == found.inbox && cached.locks == found.locks &&
            cached.outbox == found.outbox && cached.relay_grants == found.relay_grants &&
-           cached.token_seq == found.token_seq;
+           cached.token_seq == found.token_seq && cached.tombstones == found.tombstones;
 }
 
 // Looks the objects up afresh; false when the extension is not installed.
@@ -197,7 +200,7 @@ bool look_up() {
     const Oid owner_of_schema = schema_owner(found.schema);
     found.schema_is_owners = owner_of_schema == found.owner || superuser_arg(owner_of_schema);
     collect_members(&found);
-    char names[6][kNameBytes];
+    char names[kNamedTables][kNameBytes];
     found.generation = same_objects(found, names) ? cached.generation : ++last_generation;
     if (layout_ended || found.generation != cached.generation) {
         found.layout = ++last_layout;

@@ -24,6 +24,7 @@ struct ExtensionObjects {
     Oid outbox;
     Oid relay_grants;
     Oid token_seq;
+    Oid tombstones;  // key_tombstones (0.7.0)
     Oid status_type;        // idem_status
     Oid outbox_state_type;  // outbox_state
     // Changes each time the objects are looked up afresh: plans made from an

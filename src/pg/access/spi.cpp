@@ -26,7 +26,8 @@ void append_object(StringInfo sql, const ExtensionObjects& objects, const char* 
     };
     const Named tables[] = {{"keys", objects.keys},     {"inbox", objects.inbox},
                             {"locks", objects.locks},   {"outbox", objects.outbox},
-                            {"relay_grants", objects.relay_grants}};
+                            {"relay_grants", objects.relay_grants},
+                            {"tombstones", objects.tombstones}};
     for (const Named& table : tables) {
         if (std::strlen(table.name) != length || std::strncmp(table.name, name, length) != 0)
             continue;
@@ -55,6 +56,7 @@ bool condition_holds(const ExtensionObjects& objects, const char* condition, std
     Oid relation = InvalidOid;
     if (token_is(condition, table_length, "keys")) relation = objects.keys;
     if (token_is(condition, table_length, "outbox")) relation = objects.outbox;
+    if (token_is(condition, table_length, "tombstones")) relation = objects.tombstones;
     if (!OidIsValid(relation)) return false;
     char column[NAMEDATALEN];
     strlcpy(column, dot + 1, std::min<std::size_t>(sizeof column, length - table_length));

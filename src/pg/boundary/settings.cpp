@@ -7,6 +7,7 @@ namespace idem::pg::settings {
 int default_lease_ms = 30 * 1000;
 int max_lease_ms = 24 * 3600 * 1000;
 int retention_s = 24 * 3600;
+int key_retention_s = 30 * 24 * 3600;
 int max_attempts = 5;
 int retry_base_delay_ms = 1000;
 int retry_max_delay_ms = 3600 * 1000;
@@ -91,6 +92,10 @@ void define() {
     // Server-wide settings (reload with SIGHUP).
     define_int("idempotency.outbox_retention", "How long delivered outbox events are kept.",
                &outbox_retention_s, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S);
+    define_int("idempotency.key_retention",
+               "How long after it finished a key is remembered (as a tombstone, without its "
+               "result) once its result's retention has passed.",
+               &key_retention_s, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S);
     define_int("idempotency.inbox_retention", "How long inbox rows are kept.", &inbox_retention_s,
                0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S);
     define_int("idempotency.naptime", "Pause between two sweeps of a database worker.",

@@ -8,7 +8,8 @@ namespace idem::pg::settings {
 
 extern int default_lease_ms;
 extern int max_lease_ms;
-extern int retention_s;
+extern int retention_s;      // the result's retention
+extern int key_retention_s;  // the tombstone's, from the key's finish
 extern int max_attempts;
 extern int retry_base_delay_ms;
 extern int retry_max_delay_ms;

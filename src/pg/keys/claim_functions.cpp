@@ -1,6 +1,7 @@
 // SQL entry points that create or claim keys: idem_register, idem_claim,
 // and idem_get. The decisions are the core's; the table access is
-// key_store's and key_insert's.
+// key_store's, key_insert's and, for a key gone but for its tombstone,
+// tombstone_store's.
 #include <algorithm>
 
 #include "core/claim_decision.hpp"
@@ -12,6 +13,7 @@
 #include "pg/keys/key_insert.hpp"
 #include "pg/keys/key_store.hpp"
 #include "pg/keys/outcome.hpp"
+#include "pg/keys/tombstone_store.hpp"
 #include "pg/keys/transition_log.hpp"
 #include "pg/runtime/due_table.hpp"
 #include "pg/stats/durations.hpp"
@@ -124,6 +126,37 @@ void answer_busy(const StoredKey* known, OutcomeFields* out) {
     }
 }
 
+// A key that is gone but for its tombstone (its result's retention has
+// passed) is never created again: the answer comes from the tombstone,
+// with result NULL and result_expired. False when the key has none.
+bool answer_from_tombstone(const KeyId& id, const Request& request, OutcomeFields* out) {
+    Tombstone tombstone;
+    if (!read_tombstone(id, &tombstone)) return false;
+    const bool conflict = tombstone.has_fingerprint && request.has_fingerprint &&
+                          fingerprint_differs(tombstone.fingerprint, request.fingerprint,
+                                              request.body);
+    *out = OutcomeFields{};
+    out->outcome = decide_expired(tombstone.status, conflict).outcome;
+    out->status = tombstone.status;
+    out->has_attempt = false;
+    out->result_expired = true;
+    return true;
+}
+
+// A key this call has just inserted whose tombstone it then found: the
+// purge moved the key there after this call last looked and before its
+// insert. The insert is taken back (its triggers have fired, as for an
+// INSERT and a DELETE) and the tombstone answers.
+bool inserted_over_tombstone(const KeyId& id, const Request& request, OutcomeFields* out) {
+    if (!answer_from_tombstone(id, request, out)) return false;
+    KeyRow row;
+    StoredKey ours;
+    if (!lock_key(id, false, &ours, &row) || !delete_key(&row))
+        elog(ERROR, "idempotency: could not take back a key inserted over its tombstone");
+    close_key(&row);
+    return true;
+}
+
 // Whether this backend's last claim created its key. A claim first tries
 // what the last one needed: the insert of a new key (one step when the key
 // is new, as it mostly is for a worker draining a queue), or the read of an
@@ -143,8 +176,15 @@ KeyInsertResult create_claimed(const ClaimArgs& args, OutcomeFields* out) {
     key.lease_until = now + args.lease;
     key.max_attempts = settings::max_attempts;
     key.retention = settings::seconds(settings::retention_s);
-    const KeyInsertResult inserted = insert_key(key);
+    KeyInsertResult inserted = insert_key(key);
     if (inserted.outcome != KeyInsert::Inserted) return inserted;
+    // One probe of the tombstones, after the insert: a purge that committed
+    // before it is seen (see inserted_over_tombstone).
+    if (inserted_over_tombstone(args.id, args.request, out)) {
+        inserted.outcome = KeyInsert::Exists;
+        inserted.answered = true;
+        return inserted;
+    }
     *out = OutcomeFields{};
     out->outcome = Outcome::Claimed;
     out->status = Status::Processing;
@@ -190,17 +230,24 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
     // An insert that finds the key busy reads it below: a committed key that
     // another transaction is changing answers with its committed state, and
     // only a key no transaction has committed yet answers without one.
-    if (last_claim_created_key && !read_only &&
-        create_claimed(args, out).outcome == KeyInsert::Inserted)
-        return;
+    if (last_claim_created_key && !read_only) {
+        const KeyInsertResult inserted = create_claimed(args, out);
+        if (inserted.outcome == KeyInsert::Inserted) return;
+        if (inserted.answered) {
+            last_claim_created_key = false;
+            return;
+        }
+    }
     for (int round = 0; round < kMaxRaceRounds; ++round) {
         StoredKey stored;
         const bool found = read_key(args.id, &stored);
         last_claim_created_key = !found;
         if (!found) {
+            // Answered anywhere, also on a standby, as a finished key is.
+            if (answer_from_tombstone(args.id, args.request, out)) return;
             if (read_only) raise_read_only("idem_claim");
             const KeyInsertResult inserted = create_claimed(args, out);
-            if (inserted.outcome == KeyInsert::Inserted) return;
+            if (inserted.outcome == KeyInsert::Inserted || inserted.answered) return;
             if (inserted.outcome == KeyInsert::Busy &&
                 when_busy(args, inserted.busy_with, nullptr, out) == Round::Answered)
                 return;
@@ -317,6 +364,7 @@ Datum register_body(FunctionCallInfo fcinfo) {
             estimate_retry_after(id.scope, &out);
             break;
         }
+        if (answer_from_tombstone(id, request, &out)) break;
         if (read_only_transaction()) raise_read_only("idem_register");
         NewKey key{};
         key.id = id;
@@ -326,6 +374,8 @@ Datum register_body(FunctionCallInfo fcinfo) {
         key.now = now;
         key.job_ref = job_ref;
         const KeyInsertResult inserted = insert_key(key);
+        if (inserted.outcome == KeyInsert::Inserted && inserted_over_tombstone(id, request, &out))
+            break;
         if (inserted.outcome == KeyInsert::Inserted) {
             log_transition(id, std::nullopt, Status::Received, std::nullopt, 0);
             out.outcome = Outcome::Registered;

@@ -43,6 +43,9 @@ struct KeyInsertResult {
     KeyInsert outcome;
     std::int64_t token;
     TransactionId busy_with;  // for Busy
+    // Set by the caller: the insert was taken back and the call answered
+    // otherwise (a tombstone, pg/keys/tombstone_store.hpp).
+    bool answered = false;
 };
 
 KeyInsertResult insert_key(const NewKey& key);

@@ -1,11 +1,14 @@
 #include "pg/keys/key_store.hpp"
 
+#include <algorithm>
+
 #include "pg/access/extension_objects.hpp"
 #include "pg/access/spi.hpp"
 #include "pg/access/status_enum.hpp"
 #include "pg/boundary/settings.hpp"
 #include "pg/keys/key_row.hpp"
 #include "pg/keys/transition_log.hpp"
+#include "pg/runtime/due_table.hpp"
 #include "pg/stats/metrics.hpp"
 
 extern "C" {
@@ -215,9 +218,26 @@ Statement kSettleLeases = {
     "@if keys.purge_at@purge_at <= $1 AND @end@expires_at <= $1"                   \
     "  ORDER BY @if keys.purge_at@purge_at@else@expires_at@end@"                   \
     "  LIMIT $2 FOR UPDATE SKIP LOCKED))"
-// Returns what is logged (and counted) of each key.
-Statement kPurgeKeys = {PURGE_KEYS " RETURNING scope, key, status, token, attempts", 2,
-                        {TIMESTAMPTZOID, INT4OID}, nullptr};
+// Returns what is logged (and counted) of each key. From 0.7.0 a finished
+// key leaves its tombstone, kept $3 (idempotency.key_retention) from when
+// it finished, in the same statement: a claim sees the key or its
+// tombstone, never neither. A retention of the tombstone that has already
+// passed leaves none. A tombstone of the key already there (a row written
+// behind the functions) is replaced by the newer.
+#define PURGED_COLUMNS "scope, key, status, token, attempts"
+Statement kPurgeKeys = {
+    "@if tombstones.forget_at@"
+    "WITH gone AS (" PURGE_KEYS " RETURNING " PURGED_COLUMNS ", fingerprint, "
+    "  COALESCE(completed_at, updated_at) AS finished_at), "
+    "kept AS (INSERT INTO @tombstones@ (finished_at, forget_at, status, scope, key, fingerprint) "
+    "  SELECT finished_at, finished_at + $3, status, scope, key, fingerprint FROM gone "
+    "  WHERE status IN ('COMPLETED', 'FAILED_FINAL') AND finished_at + $3 > $1 "
+    "  ON CONFLICT (scope, key) DO UPDATE SET finished_at = EXCLUDED.finished_at, "
+    "  forget_at = EXCLUDED.forget_at, status = EXCLUDED.status, "
+    "  fingerprint = EXCLUDED.fingerprint) "
+    "SELECT " PURGED_COLUMNS ", finished_at + $3 FROM gone"
+    "@else@" PURGE_KEYS " RETURNING " PURGED_COLUMNS ", NULL::pg_catalog.timestamptz@end@",
+    3, {TIMESTAMPTZOID, INT4OID, INTERVALOID}, nullptr};
 
 // The key of row `row` of a sweep's result, whose first columns are the
 // key's identity (scope, key).
@@ -259,9 +279,20 @@ std::uint64_t settle_key_leases(int batch) {
     return execute_due(kSettleLeases, GetCurrentTimestamp(), batch);
 }
 
-// COMPLETED / FAILED_FINAL --retention--> deleted: a transition to log.
+// COMPLETED / FAILED_FINAL --retention--> deleted (its tombstone left):
+// a transition to log.
 std::uint64_t purge_keys(int batch) {
-    const std::uint64_t purged = execute_due(kPurgeKeys, GetCurrentTimestamp(), batch);
+    Params params;
+    params.add_timestamp(GetCurrentTimestamp()).add_int4(batch);
+    params.add_interval(settings::seconds(settings::key_retention_s));
+    const std::uint64_t purged = execute(kPurgeKeys, params);
+    // The tombstones' purge is due when the first of them is to be forgotten.
+    Micros forget_first = kNever;
+    for (std::uint64_t row = 0; row < purged; ++row) {
+        const std::optional<Micros> forget_at = column_timestamp(6, row);
+        if (forget_at) forget_first = std::min(forget_first, *forget_at);
+    }
+    if (forget_first != kNever) note_due_on_commit(DueKind::Retention, forget_first);
     for (std::uint64_t row = 0; row < purged; ++row) {
         bool isnull = false;
         const Status from =

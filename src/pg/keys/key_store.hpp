@@ -110,6 +110,6 @@ bool delete_key(KeyRow* row);
 std::uint64_t expire_key_leases(int batch);         // PROCESSING past its lease
 std::uint64_t expire_disconnected_keys(int batch);  // expire_on_disconnect: the holder has gone
 std::uint64_t settle_key_leases(int batch);         // finished keys filed for retention
-std::uint64_t purge_keys(int batch);                // past expires_at: deleted
+std::uint64_t purge_keys(int batch);  // past expires_at: deleted, its tombstone left
 
 }  // namespace idem::pg

@@ -6,7 +6,11 @@ namespace idem::pg {
 
 namespace {
 
-enum Column { kOutcome, kStatus, kToken, kAttempt, kResult, kError, kRetryAfter, kJobRef, kColumns };
+enum Column {
+    kOutcome, kStatus, kToken, kAttempt, kResult, kError, kRetryAfter, kJobRef,
+    kResultExpired,  // from 0.7.0
+    kColumns
+};
 
 Datum interval_datum(Micros value) {
     Interval* interval = static_cast<Interval*>(palloc(sizeof(Interval)));
@@ -20,7 +24,8 @@ Datum interval_datum(Micros value) {
 
 Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields) {
     TupleDesc desc = nullptr;
-    if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE || desc->natts != kColumns)
+    if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE ||
+        (desc->natts != kColumns && desc->natts != kResultExpired))
         elog(ERROR, "idempotency: function must return idem_outcome");
 
     Datum values[kColumns];
@@ -33,6 +38,7 @@ Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields) {
     values[kToken] = fields.token ? Int64GetDatum(*fields.token) : 0;
     nulls[kToken] = !fields.token;
     values[kAttempt] = Int32GetDatum(fields.attempt);
+    nulls[kAttempt] = !fields.has_attempt;
     values[kResult] = fields.result;
     nulls[kResult] = !fields.has_result;
     values[kError] = fields.error;
@@ -41,6 +47,7 @@ Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields) {
     nulls[kRetryAfter] = !fields.retry_after;
     values[kJobRef] = fields.job_ref;
     nulls[kJobRef] = !fields.has_job_ref;
+    values[kResultExpired] = BoolGetDatum(fields.result_expired);
     return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 }
 

@@ -15,6 +15,7 @@ struct OutcomeFields {
     bool has_status = true;  // false: no committed state to report (status NULL)
     std::optional<std::int64_t> token;
     std::int32_t attempt = 0;
+    bool has_attempt = true;  // false: not known (a tombstone keeps none)
     Datum result = 0;  // jsonb, when has_result
     bool has_result = false;
     Datum error = 0;   // text, when has_error
@@ -25,6 +26,9 @@ struct OutcomeFields {
     std::optional<Micros> holder_since;
     Datum job_ref = 0;  // text, when has_job_ref
     bool has_job_ref = false;
+    // The answer comes from the key's tombstone: its result has passed its
+    // retention (0.7.0; an older version's type has no such column).
+    bool result_expired = false;
 };
 
 Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields);

@@ -53,6 +53,7 @@ Statement kAnalyzeKeys = {"ANALYZE @keys@", 0, {}, nullptr};
 Statement kAnalyzeOutbox = {"ANALYZE @outbox@", 0, {}, nullptr};
 Statement kAnalyzeInbox = {"ANALYZE @inbox@", 0, {}, nullptr};
 Statement kAnalyzeLocks = {"ANALYZE @locks@", 0, {}, nullptr};
+Statement kAnalyzeTombstones = {"ANALYZE @tombstones@", 0, {}, nullptr};
 
 Micros earliest(std::initializer_list<std::optional<Micros>> times) {
     Micros first = kNever;
@@ -75,6 +76,8 @@ TaskTable table_of(const MaintenanceTask& task) {
     if (std::strcmp(task.table, "outbox") == 0) return {objects->outbox, &kAnalyzeOutbox};
     if (std::strcmp(task.table, "inbox") == 0) return {objects->inbox, &kAnalyzeInbox};
     if (std::strcmp(task.table, "locks") == 0) return {objects->locks, &kAnalyzeLocks};
+    if (std::strcmp(task.table, "key_tombstones") == 0)
+        return {objects->tombstones, &kAnalyzeTombstones};
     return {InvalidOid, nullptr};
 }
 
@@ -83,9 +86,10 @@ TaskTable table_of(const MaintenanceTask& task) {
 Oid task_table(const MaintenanceTask& task) {
     const ExtensionObjects* objects = installed_extension_objects();
     if (objects == nullptr) return InvalidOid;
-    const char* names[] = {"idempotency_keys", "outbox", "inbox", "locks"};
-    const Oid tables[] = {objects->keys, objects->outbox, objects->inbox, objects->locks};
-    for (int i = 0; i < 4; ++i) {
+    const char* names[] = {"idempotency_keys", "outbox", "inbox", "locks", "key_tombstones"};
+    const Oid tables[] = {objects->keys, objects->outbox, objects->inbox, objects->locks,
+                          objects->tombstones};
+    for (int i = 0; i < 5; ++i) {
         if (std::strcmp(task.table, names[i]) != 0) continue;
         const bool has_column =
             task.column == nullptr || get_attnum(tables[i], task.column) != InvalidAttrNumber;
