@@ -50,8 +50,11 @@ SELECT outcome, status, attempt, token > (SELECT max(token) FROM t) AS new_token
   FROM idempotency.idem_claim('m-retry');
 -- PROCESSING -> FAILED_FINAL by expiry: failed.
 SELECT outcome, status, attempt, error FROM idempotency.idem_claim('m-final');
--- Purged keys are gone: a new claim starts afresh.
-SELECT idempotency.idem_get('m-done-now') IS NULL AS done_purged, idempotency.idem_get('m-dead-now') IS NULL AS dead_purged;
+-- Purged keys are gone from the table; what idem_get finds of them is
+-- their tombstone (sql/tombstones.sql).
+SELECT (SELECT count(*) FROM idempotency.idempotency_keys WHERE key IN ('m-done-now', 'm-dead-now')) AS left_in_table,
+       (idempotency.idem_get('m-done-now')).result_expired AS done_tombstone,
+       (idempotency.idem_get('m-dead-now')).result_expired AS dead_tombstone;
 -- A second sweep finds nothing.
 SELECT * FROM idempotency.idem_maintenance();
 

@@ -187,24 +187,137 @@ $grant$;
 
 -- A finished key outlives its result: once the result's retention has
 -- passed, the purge moves the key into key_tombstones, kept
--- idempotency.key_retention, and a late duplicate is answered from there
--- (completed or failed, result NULL, result_expired true) instead of running
--- the work again (docs/keys.md#tombstones).
+-- idempotency.key_retention (or retain_key), and a late duplicate is
+-- answered from there (completed or failed, result NULL, result_expired
+-- true) instead of running the work again (docs/keys.md#tombstones).
 CREATE TABLE idempotency.key_tombstones (
-    finished_at pg_catalog.timestamptz NOT NULL,  -- when the key completed or failed for good
+    -- The first 16 bytes of the SHA-256 of the scope's UTF-8 bytes, a zero
+    -- byte and the key's UTF-8 bytes (neither can hold a zero byte, so no
+    -- two (scope, key) pairs have the same input)
+    key_digest  pg_catalog.uuid NOT NULL,
     forget_at   pg_catalog.timestamptz NOT NULL,  -- deleted by the purge after this
+    -- The first 4 bytes of the request fingerprint, as a big-endian
+    -- integer; NULL: the key had none
+    fingerprint pg_catalog.int4,
     status      idempotency.idem_status NOT NULL, -- COMPLETED or FAILED_FINAL
-    scope       pg_catalog.text NOT NULL,
-    key         pg_catalog.text NOT NULL,
-    fingerprint pg_catalog.bytea,
-    PRIMARY KEY (scope, key)
+    PRIMARY KEY (key_digest)
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
 CREATE INDEX key_tombstones_forget ON idempotency.key_tombstones USING brin (forget_at);
 REVOKE ALL ON idempotency.key_tombstones FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('idempotency.key_tombstones', '');
+
+-- How long a key's tombstone is kept, as its complete or fail asked; and
+-- the flag of idem_get's answer from a tombstone (NULL in the table).
+ALTER TABLE idempotency.idempotency_keys
+    ADD COLUMN key_retention pg_catalog.interval,
+    ADD COLUMN result_expired pg_catalog.bool;
 
 -- The answers say when a result is gone because only the key's tombstone
 -- is left. An attribute added last: callers that read the columns by name
 -- see no change, and the library fills the eight columns of an older
 -- version's type.
 ALTER TYPE idempotency.idem_outcome ADD ATTRIBUTE result_expired pg_catalog.bool;
+
+-- idem_complete and idem_fail take the retentions per call: retain (the
+-- result's; idem_fail gains it) and retain_key (the tombstone's). A
+-- function's arguments cannot change in place: the new ones are created
+-- beside the old ones, the roles that could execute an old one are given
+-- its new one, and then the old ones go.
+CREATE FUNCTION idempotency.idem_complete(
+    key pg_catalog.text,
+    token pg_catalog.int8,
+    result pg_catalog.jsonb DEFAULT NULL,
+    scope pg_catalog.text DEFAULT 'default',
+    retain pg_catalog.interval DEFAULT NULL,
+    retain_key pg_catalog.interval DEFAULT NULL)
+RETURNS idempotency.idem_outcome
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_complete';
+
+CREATE FUNCTION idempotency.idem_fail(
+    key pg_catalog.text,
+    token pg_catalog.int8,
+    error pg_catalog.text,
+    retryable pg_catalog.bool DEFAULT true,
+    retry_in pg_catalog.interval DEFAULT NULL,
+    scope pg_catalog.text DEFAULT 'default',
+    retain pg_catalog.interval DEFAULT NULL,
+    retain_key pg_catalog.interval DEFAULT NULL)
+RETURNS idempotency.idem_status
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_fail';
+
+REVOKE ALL ON FUNCTION
+    idempotency.idem_complete(pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb, pg_catalog.text,
+                              pg_catalog.interval, pg_catalog.interval),
+    idempotency.idem_fail(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bool,
+                          pg_catalog.interval, pg_catalog.text, pg_catalog.interval,
+                          pg_catalog.interval)
+    FROM PUBLIC;
+
+DO $grant$
+DECLARE
+    granted record;
+BEGIN
+    FOR granted IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole AS role, f.new_signature
+          FROM (VALUES ('idempotency.idem_complete(text,bigint,jsonb,text,interval)'::pg_catalog.regprocedure,
+                        'idem_complete(text,bigint,jsonb,text,interval,interval)'),
+                       ('idempotency.idem_fail(text,bigint,text,boolean,interval,text)'::pg_catalog.regprocedure,
+                        'idem_fail(text,bigint,text,boolean,interval,text,interval,interval)'))
+               AS f(old, new_signature),
+               pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid OPERATOR(pg_catalog.=) f.old
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+           AND a.grantee OPERATOR(pg_catalog.<>) 0
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION idempotency.%s TO %s',
+                                  granted.new_signature, granted.role);
+    END LOOP;
+END
+$grant$;
+
+DROP FUNCTION idempotency.idem_complete(pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb,
+                                        pg_catalog.text, pg_catalog.interval);
+DROP FUNCTION idempotency.idem_fail(pg_catalog.text, pg_catalog.int8, pg_catalog.text,
+                                    pg_catalog.bool, pg_catalog.interval, pg_catalog.text);
+
+UPDATE idempotency.role_kind_rights
+   SET object = 'idem_complete(text,bigint,jsonb,text,interval,interval)'
+ WHERE object OPERATOR(pg_catalog.=) 'idem_complete(text,bigint,jsonb,text,interval)';
+UPDATE idempotency.role_kind_rights
+   SET object = 'idem_fail(text,bigint,text,boolean,interval,text,interval,interval)'
+ WHERE object OPERATOR(pg_catalog.=) 'idem_fail(text,bigint,text,boolean,interval,text)';
+
+-- The tombstones of this database, apart from idem_stats' keys (a
+-- tombstone keeps no scope): the table's row estimate (NULL before the
+-- first VACUUM or ANALYZE) and its size.
+CREATE VIEW idempotency.idem_tombstones AS
+SELECT CASE WHEN c.reltuples OPERATOR(pg_catalog.>=) 0
+            THEN c.reltuples::pg_catalog.int8 END AS tombstones,
+       pg_catalog.pg_total_relation_size(c.oid) AS bytes
+  FROM pg_catalog.pg_class c
+ WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.key_tombstones'::pg_catalog.regclass;
+REVOKE ALL ON idempotency.idem_tombstones FROM PUBLIC;
+GRANT SELECT ON idempotency.idem_tombstones TO pg_monitor;
+INSERT INTO idempotency.role_kind_rights (kind, object, is_view) VALUES
+    ('monitoring', 'idem_tombstones', true);
+-- Roles that read idem_stats read it too.
+DO $grant$
+DECLARE
+    granted record;
+BEGIN
+    FOR granted IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole AS role
+          FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+         WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.idem_stats'::pg_catalog.regclass
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
+           AND a.grantee OPERATOR(pg_catalog.<>) 0
+           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+           AND a.grantee OPERATOR(pg_catalog.<>) 'pg_monitor'::pg_catalog.regrole
+    LOOP
+        EXECUTE pg_catalog.format('GRANT SELECT ON idempotency.idem_tombstones TO %s', granted.role);
+    END LOOP;
+END
+$grant$;

@@ -164,6 +164,13 @@ CREATE TABLE idempotency.idempotency_keys (
     -- had none), kept while it is RECEIVED or PROCESSING, cleared by the
     -- sweep once it has left those states
     active_since    pg_catalog.timestamptz,
+    -- 0.7.0: how long the key's tombstone is kept from when the key
+    -- finished, as its complete or fail asked (retain_key). NULL: the
+    -- server's idempotency.key_retention when the purge makes it.
+    key_retention   pg_catalog.interval,
+    -- 0.7.0: NULL in the table; true in idem_get's answer for a key of
+    -- which only the tombstone is left (its result has passed its retention)
+    result_expired  pg_catalog.bool,
     PRIMARY KEY (scope, key)
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
 
@@ -175,20 +182,24 @@ CREATE INDEX idempotency_keys_purge ON idempotency.idempotency_keys (purge_at)
     WHERE purge_at IS NOT NULL;
 
 -- 0.7.0: what is left of a finished key once its result's retention
--- (idempotency.retention) has passed: enough to answer a late duplicate
--- without running the work again, kept until forget_at
--- (idempotency.key_retention). The purge moves keys here in batches; a
--- claim or register of a key that is absent looks here, one primary-key
--- read. Fixed-width columns first, so the row has no padding; no update
--- ever touches a row (fillfactor 100). docs/keys.md#tombstones.
+-- (idempotency.retention, or retain) has passed: enough to answer a late
+-- duplicate without running the work again, kept until forget_at
+-- (idempotency.key_retention, or retain_key). The purge moves keys here in
+-- batches; a claim or register of a key that is absent looks here, one
+-- primary-key read. Narrow on purpose (56 bytes a row, no padding: the
+-- 16-byte digest first, then the 8-byte time, then the two 4-byte
+-- columns); no update ever touches a row. docs/keys.md#tombstones.
 CREATE TABLE idempotency.key_tombstones (
-    finished_at pg_catalog.timestamptz NOT NULL,  -- when the key completed or failed for good
+    -- The first 16 bytes of the SHA-256 of the scope's UTF-8 bytes, a zero
+    -- byte and the key's UTF-8 bytes (neither can hold a zero byte, so no
+    -- two (scope, key) pairs have the same input)
+    key_digest  pg_catalog.uuid NOT NULL,
     forget_at   pg_catalog.timestamptz NOT NULL,  -- deleted by the purge after this
+    -- The first 4 bytes of the request fingerprint, as a big-endian
+    -- integer; NULL: the key had none
+    fingerprint pg_catalog.int4,
     status      idempotency.idem_status NOT NULL, -- COMPLETED or FAILED_FINAL
-    scope       pg_catalog.text NOT NULL,
-    key         pg_catalog.text NOT NULL,
-    fingerprint pg_catalog.bytea,
-    PRIMARY KEY (scope, key)
+    PRIMARY KEY (key_digest)
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
 -- Rows arrive roughly in forget_at order: a block range index finds the
 -- ones due for a few bytes per thousand rows, where a B-tree would add an
@@ -315,7 +326,8 @@ CREATE FUNCTION idempotency.idem_complete(
     token pg_catalog.int8,
     result pg_catalog.jsonb DEFAULT NULL,
     scope pg_catalog.text DEFAULT 'default',
-    retain pg_catalog.interval DEFAULT NULL)
+    retain pg_catalog.interval DEFAULT NULL,
+    retain_key pg_catalog.interval DEFAULT NULL)
 RETURNS idempotency.idem_outcome
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'idem_complete';
@@ -326,7 +338,9 @@ CREATE FUNCTION idempotency.idem_fail(
     error pg_catalog.text,
     retryable pg_catalog.bool DEFAULT true,
     retry_in pg_catalog.interval DEFAULT NULL,
-    scope pg_catalog.text DEFAULT 'default')
+    scope pg_catalog.text DEFAULT 'default',
+    retain pg_catalog.interval DEFAULT NULL,
+    retain_key pg_catalog.interval DEFAULT NULL)
 RETURNS idempotency.idem_status
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'idem_fail';
@@ -807,6 +821,17 @@ SELECT o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts, o.la
 -- Cumulative counters (idem_metrics_row).
 CREATE VIEW idempotency.idem_metrics AS SELECT * FROM idempotency.idem_metrics_row();
 
+-- 0.7.0: the tombstones of this database, apart from idem_stats' keys (a
+-- tombstone keeps no scope). tombstones is the table's row estimate, kept
+-- by VACUUM and ANALYZE (the purge analyzes the table after a large batch):
+-- NULL before the first; counting the rows would read the whole table.
+CREATE VIEW idempotency.idem_tombstones AS
+SELECT CASE WHEN c.reltuples OPERATOR(pg_catalog.>=) 0
+            THEN c.reltuples::pg_catalog.int8 END AS tombstones,
+       pg_catalog.pg_total_relation_size(c.oid) AS bytes
+  FROM pg_catalog.pg_class c
+ WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.key_tombstones'::pg_catalog.regclass;
+
 -- ---------------------------------------------------------------- rights
 
 -- Nothing is PUBLIC's: the tables are reached through the functions, and
@@ -817,12 +842,14 @@ REVOKE ALL ON idempotency.idempotency_keys, idempotency.inbox, idempotency.locks
 REVOKE ALL ON SEQUENCE idempotency.token_seq FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA idempotency FROM PUBLIC;
 REVOKE ALL ON idempotency.idem_stuck, idempotency.idem_stats, idempotency.outbox_lag,
-    idempotency.outbox_dead_letters, idempotency.idem_metrics FROM PUBLIC;
+    idempotency.outbox_dead_letters, idempotency.idem_metrics, idempotency.idem_tombstones
+    FROM PUBLIC;
 
 -- Members of pg_monitor read the views and metrics without any other grant.
 GRANT USAGE ON SCHEMA idempotency TO pg_monitor;
 GRANT SELECT ON idempotency.idem_stuck, idempotency.idem_stats, idempotency.outbox_lag,
-    idempotency.outbox_dead_letters, idempotency.idem_metrics TO pg_monitor;
+    idempotency.outbox_dead_letters, idempotency.idem_metrics, idempotency.idem_tombstones
+    TO pg_monitor;
 GRANT EXECUTE ON FUNCTION idempotency.stuck_after(), idempotency.idem_metrics_row(),
     idempotency.key_counts(), idempotency.outbox_counts() TO pg_monitor;
 
@@ -832,8 +859,8 @@ GRANT EXECUTE ON FUNCTION idempotency.stuck_after(), idempotency.idem_metrics_ro
 INSERT INTO idempotency.role_kind_rights (kind, object, is_view) VALUES
     ('application', 'idem_register(text,jsonb,text,text)', false),
     ('application', 'idem_claim(text,jsonb,interval,text,interval)', false),
-    ('application', 'idem_complete(text,bigint,jsonb,text,interval)', false),
-    ('application', 'idem_fail(text,bigint,text,boolean,interval,text)', false),
+    ('application', 'idem_complete(text,bigint,jsonb,text,interval,interval)', false),
+    ('application', 'idem_fail(text,bigint,text,boolean,interval,text,interval,interval)', false),
     ('application', 'idem_heartbeat(text,bigint,interval,text)', false),
     ('application', 'idem_release(text,bigint,text)', false),
     ('application', 'idem_get(text,text)', false),
@@ -858,6 +885,7 @@ INSERT INTO idempotency.role_kind_rights (kind, object, is_view) VALUES
     ('monitoring', 'outbox_counts()', false),
     ('monitoring', 'stuck_after()', false),
     ('monitoring', 'idem_stats', true),
+    ('monitoring', 'idem_tombstones', true),
     ('monitoring', 'idem_stuck', true),
     ('monitoring', 'outbox_lag', true),
     ('monitoring', 'outbox_dead_letters', true),

@@ -86,4 +86,9 @@ std::optional<Micros> span_arg(FunctionCallInfo fcinfo, int n, const char* name)
     return value;
 }
 
+std::optional<Micros> optional_span_arg(FunctionCallInfo fcinfo, int n, const char* name) {
+    if (n >= PG_NARGS()) return std::nullopt;
+    return span_arg(fcinfo, n, name);
+}
+
 }  // namespace idem::pg

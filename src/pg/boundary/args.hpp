@@ -31,6 +31,9 @@ Micros lease_arg(FunctionCallInfo fcinfo, int n, const char* name);
 std::optional<Micros> wait_arg(FunctionCallInfo fcinfo, int n);
 // retain, retry_in: NULL gives nothing; otherwise 0 .. 100 years.
 std::optional<Micros> span_arg(FunctionCallInfo fcinfo, int n, const char* name);
+// The same for an argument a later version added: nullopt when the
+// installed function has not got it (a database not yet updated).
+std::optional<Micros> optional_span_arg(FunctionCallInfo fcinfo, int n, const char* name);
 
 // The bytes of a text, and a C string copy of it for messages.
 inline std::size_t text_bytes(const text* value) { return VARSIZE_ANY_EXHDR(value); }

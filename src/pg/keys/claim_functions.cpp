@@ -3,9 +3,11 @@
 // key_store's, key_insert's and, for a key gone but for its tombstone,
 // tombstone_store's.
 #include <algorithm>
+#include <cstring>
 
 #include "core/claim_decision.hpp"
 #include "core/error.hpp"
+#include "pg/access/status_enum.hpp"
 #include "pg/boundary/args.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/boundary/settings.hpp"
@@ -133,8 +135,8 @@ bool answer_from_tombstone(const KeyId& id, const Request& request, OutcomeField
     Tombstone tombstone;
     if (!read_tombstone(id, &tombstone)) return false;
     const bool conflict = tombstone.has_fingerprint && request.has_fingerprint &&
-                          fingerprint_differs(tombstone.fingerprint, request.fingerprint,
-                                              request.body);
+                          fingerprint_prefix_differs(tombstone.fingerprint_prefix,
+                                                     request.fingerprint, request.body);
     *out = OutcomeFields{};
     out->outcome = decide_expired(tombstone.status, conflict).outcome;
     out->status = tombstone.status;
@@ -396,12 +398,47 @@ Datum register_body(FunctionCallInfo fcinfo) {
     return outcome_datum(fcinfo, out);
 }
 
+// idem_get's row for a key of which only the tombstone is left: its scope,
+// key and final status, expires_at when the tombstone is forgotten, and
+// result_expired true; every other column NULL (the tombstone keeps none
+// of them). NULL when the installed table has no result_expired column.
+Datum tombstone_row(FunctionCallInfo fcinfo, const KeyId& id, const Tombstone& tombstone) {
+    TupleDesc desc = nullptr;
+    if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE)
+        elog(ERROR, "idempotency: idem_get must return the keys table's row type");
+    Datum* values = static_cast<Datum*>(palloc0(desc->natts * sizeof(Datum)));
+    bool* nulls = static_cast<bool*>(palloc(desc->natts * sizeof(bool)));
+    bool flagged = false;
+    for (int i = 0; i < desc->natts; ++i) {
+        nulls[i] = false;
+        const Form_pg_attribute attribute = TupleDescAttr(desc, i);
+        const char* name = NameStr(attribute->attname);
+        if (attribute->attisdropped)
+            nulls[i] = true;
+        else if (std::strcmp(name, "scope") == 0)
+            values[i] = PointerGetDatum(id.scope);
+        else if (std::strcmp(name, "key") == 0)
+            values[i] = PointerGetDatum(id.key);
+        else if (std::strcmp(name, "status") == 0)
+            values[i] = status_datum(attribute->atttypid, tombstone.status);
+        else if (std::strcmp(name, "expires_at") == 0)
+            values[i] = TimestampTzGetDatum(tombstone.forget_at);
+        else if (std::strcmp(name, "result_expired") == 0)
+            values[i] = BoolGetDatum(flagged = true);
+        else
+            nulls[i] = true;
+    }
+    if (!flagged) PG_RETURN_NULL();
+    return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+}
+
 Datum get_body(FunctionCallInfo fcinfo) {
     const KeyId id = key_id_arg(fcinfo, 0, 1);
     Datum row = 0;
-    const bool found = key_row(id, &row);
-    if (!found) PG_RETURN_NULL();
-    return row;
+    if (key_row(id, &row)) return row;
+    Tombstone tombstone;
+    if (read_tombstone(id, &tombstone)) return tombstone_row(fcinfo, id, tombstone);
+    PG_RETURN_NULL();
 }
 
 }  // namespace

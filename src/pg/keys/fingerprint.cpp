@@ -117,4 +117,22 @@ bool fingerprint_differs(Datum stored, Datum fingerprint, Datum request) {
     return differs;
 }
 
+std::int32_t fingerprint_prefix(Datum fingerprint) {
+    const bytea* digest = DatumGetByteaPP(fingerprint);
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(VARDATA_ANY(digest));
+    const std::size_t size = VARSIZE_ANY_EXHDR(digest);
+    std::uint32_t prefix = 0;
+    for (std::size_t i = 0; i < 4; ++i) prefix = (prefix << 8) | (i < size ? bytes[i] : 0);
+    return static_cast<std::int32_t>(prefix);
+}
+
+bool fingerprint_prefix_differs(std::int32_t stored, Datum fingerprint, Datum request) {
+    if (fingerprint_prefix(fingerprint) == stored) return false;
+    Jsonb* jsonb = DatumGetJsonbP(request);
+    char* as_written = JsonbToCString(nullptr, &jsonb->root, VARSIZE(jsonb));
+    const bool differs = fingerprint_prefix(sha256_of(as_written)) != stored;
+    pfree(as_written);
+    return differs;
+}
+
 }  // namespace idem::pg

@@ -4,6 +4,8 @@
 // and 1500.0) have one fingerprint.
 #pragma once
 
+#include <cstdint>
+
 #include "pg/boundary/postgres.hpp"
 
 namespace idem::pg {
@@ -16,5 +18,16 @@ Datum fingerprint_of(Datum request);
 // version before 0.4.0 hashed jsonb's output as it is, numbers as written:
 // one that matches that form is the same request.
 bool fingerprint_differs(Datum stored, Datum fingerprint, Datum request);
+
+// A tombstone keeps the first 4 bytes of its key's fingerprint, read as a
+// big-endian signed integer. A request whose fingerprint has other first
+// bytes is another request; one with the same ones is taken for the same
+// (another request matches by chance once in 2^32: it is then answered as a
+// duplicate of finished work instead of a mismatch, and still never runs).
+std::int32_t fingerprint_prefix(Datum fingerprint);
+// Whether `request` (with fingerprint `fingerprint`) is another request than
+// the one whose prefix a tombstone kept, in either form fingerprint_differs
+// accepts.
+bool fingerprint_prefix_differs(std::int32_t stored, Datum fingerprint, Datum request);
 
 }  // namespace idem::pg

@@ -120,6 +120,7 @@ Datum complete_body(FunctionCallInfo fcinfo) {
     const bool has_result = !PG_ARGISNULL(2);
     const Micros retain =
         span_arg(fcinfo, 4, "retain").value_or(settings::seconds(settings::retention_s));
+    const std::optional<Micros> retain_key = optional_span_arg(fcinfo, 5, "retain_key");
 
     StoredKey stored;
     KeyRow row;
@@ -127,7 +128,7 @@ Datum complete_body(FunctionCallInfo fcinfo) {
     Micros now = 0;
     while (verdict == FenceVerdict::Proceed) {
         now = GetCurrentTimestamp();
-        const Change change = complete_key(&row, stored, result, has_result, now, now + retain);
+        const Change change = complete_key(&row, stored, result, has_result, now, now + retain, retain_key);
         if (change == Change::Done) break;
         verdict = after_change(change, HolderCall::Complete, id, token, &stored, &row);
     }
@@ -172,6 +173,8 @@ Datum fail_body(FunctionCallInfo fcinfo) {
     if (PG_ARGISNULL(3)) throw_null_argument("retryable");
     const bool retryable = PG_GETARG_BOOL(3);
     const std::optional<Micros> retry_in = span_arg(fcinfo, 4, "retry_in");
+    const std::optional<Micros> retain = optional_span_arg(fcinfo, 6, "retain");
+    const std::optional<Micros> retain_key = optional_span_arg(fcinfo, 7, "retain_key");
     StoredKey stored;
     KeyRow row;
     FenceVerdict verdict = find_as_holder(HolderCall::Fail, id, token, false, &stored, &row);
@@ -182,7 +185,8 @@ Datum fail_body(FunctionCallInfo fcinfo) {
         const RetryPolicy policy{stored.state.max_attempts.value_or(settings::max_attempts),
                                  settings::ms(settings::retry_base_delay_ms),
                                  settings::ms(settings::retry_max_delay_ms)};
-        const Micros retention = stored.retention.value_or(settings::seconds(settings::retention_s));
+        const Micros retention =
+            retain.value_or(stored.retention.value_or(settings::seconds(settings::retention_s)));
         const Micros now = GetCurrentTimestamp();
         decision = decide_fail(stored.state.attempts, retryable, retry_in, policy,
                                pg_prng_double(&pg_global_prng_state));
@@ -191,7 +195,8 @@ Datum fail_body(FunctionCallInfo fcinfo) {
         if (decision.delay) next_attempt_at = now + *decision.delay;
         if (decision.next == Status::FailedFinal) expires_at = now + retention;
         const Change change =
-            record_failure(&row, decision.next, error, now, next_attempt_at, expires_at);
+            record_failure(&row, decision.next, error, now, next_attempt_at, expires_at,
+                           decision.next == Status::FailedFinal ? retain_key : std::nullopt);
         if (change == Change::Done) break;
         verdict = after_change(change, HolderCall::Fail, id, token, &stored, &row);
     }

@@ -87,6 +87,18 @@ void put_time(KeyWrite* write, AttrNumber column, std::optional<Micros> value) {
         clear(write, column);
 }
 
+// The tombstone's retention a finishing call asked for; a key that had one
+// from an earlier failure and is not given one now has it cleared. Left
+// alone (unnamed) when neither: the common complete writes no more.
+void put_key_retention(KeyWrite* write, std::optional<Micros> key_retention) {
+    const AttrNumber column = write->at->key_retention;
+    if (column == 0) return;
+    if (key_retention)
+        put(write, column, interval_datum(*key_retention));
+    else if (!write->row->tts_isnull[column - 1])
+        clear(write, column);
+}
+
 void put_status(KeyWrite* write, Status status) {
     put(write, write->at->status, status_datum(write->status_type, status));
 }
@@ -109,7 +121,7 @@ const KeyColumns& key_columns(Relation keys) {
                        column_named(desc, "registered"),      column_named(desc, "lease_expired"),
                        column_named(desc, "holder_pid"),      column_named(desc, "purge_at"),
                        column_named(desc, "max_attempts"),    column_named(desc, "retention"),
-                       column_named(desc, "active_since")};
+                       column_named(desc, "active_since"),    column_named(desc, "key_retention")};
     known_table = RelationGetRelid(keys);
     known_layout = layout;
     return known;
@@ -198,7 +210,7 @@ void write_grant(KeyWrite* write, const StoredKey& stored, const Grant& grant, M
 }
 
 void write_completion(KeyWrite* write, const StoredKey& stored, Datum result, bool has_result,
-                      Micros now, Micros expires_at) {
+                      Micros now, Micros expires_at, std::optional<Micros> key_retention) {
     const KeyColumns& at = *write->at;
     put_status(write, Status::Completed);
     if (has_result)
@@ -211,6 +223,7 @@ void write_completion(KeyWrite* write, const StoredKey& stored, Datum result, bo
     clear(write, at.next_attempt_at);
     put(write, at.lease_expired, BoolGetDatum(false));
     clear(write, at.holder_pid);
+    put_key_retention(write, key_retention);
     // lease_until stays until the sweep settles the ended lease, and
     // purge_at is left to it, unless the retention ends before the lease
     // would: the key would outlive it.
@@ -232,7 +245,8 @@ void write_expiry(KeyWrite* write, Status next, Micros now, std::optional<Micros
 }
 
 void write_failure(KeyWrite* write, Status next, const text* error, Micros now,
-                   std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at) {
+                   std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at,
+                   std::optional<Micros> key_retention) {
     const KeyColumns& at = *write->at;
     put_status(write, next);
     put(write, at.last_error, PointerGetDatum(error));
@@ -242,6 +256,7 @@ void write_failure(KeyWrite* write, Status next, const text* error, Micros now,
     put(write, at.lease_expired, BoolGetDatum(false));
     clear(write, at.holder_pid);
     put_time(write, at.purge_at, expires_at);
+    put_key_retention(write, key_retention);
 }
 
 void write_renewal(KeyWrite* write, Micros lease_until) {

@@ -19,7 +19,8 @@ namespace idem::pg {
 struct KeyColumns {
     AttrNumber scope, key, status, token, attempts, lease_until, next_attempt_at, fingerprint,
         result, last_error, job_ref, created_at, updated_at, completed_at, expires_at, claimed_at,
-        registered, lease_expired, holder_pid, purge_at, max_attempts, retention, active_since;
+        registered, lease_expired, holder_pid, purge_at, max_attempts, retention, active_since,
+        key_retention;  // 0.7.0
 };
 
 // The columns of the keys table `keys` (open).
@@ -46,11 +47,14 @@ void write_new_key(KeyWrite* write, const NewKey& key, std::int64_t token);
 // The transitions (key_store.hpp says what each means).
 void write_grant(KeyWrite* write, const StoredKey& stored, const Grant& grant, Micros now,
                  std::int64_t token, std::int32_t attempts);
+// `key_retention`: how long the key's tombstone is kept (retain_key), or
+// the server's setting at the purge when not given.
 void write_completion(KeyWrite* write, const StoredKey& stored, Datum result, bool has_result,
-                      Micros now, Micros expires_at);
+                      Micros now, Micros expires_at, std::optional<Micros> key_retention);
 void write_expiry(KeyWrite* write, Status next, Micros now, std::optional<Micros> expires_at);
 void write_failure(KeyWrite* write, Status next, const text* error, Micros now,
-                   std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at);
+                   std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at,
+                   std::optional<Micros> key_retention);
 void write_renewal(KeyWrite* write, Micros lease_until);
 void write_release(KeyWrite* write, const StoredKey& stored, Status next, Micros now);
 

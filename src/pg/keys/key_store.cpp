@@ -113,9 +113,9 @@ Change grant_claim(KeyRow* key, const StoredKey& stored, const Grant& grant, Mic
 }
 
 Change complete_key(KeyRow* key, const StoredKey& stored, Datum result, bool has_result, Micros now,
-                    Micros expires_at) {
+                    Micros expires_at, std::optional<Micros> key_retention) {
     KeyWrite write = begin_change(key);
-    write_completion(&write, stored, result, has_result, now, expires_at);
+    write_completion(&write, stored, result, has_result, now, expires_at, key_retention);
     return apply(key, write);
 }
 
@@ -126,9 +126,10 @@ Change expire_lease(KeyRow* key, Status next, Micros now, std::optional<Micros> 
 }
 
 Change record_failure(KeyRow* key, Status next, const text* error, Micros now,
-                      std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at) {
+                      std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at,
+                      std::optional<Micros> key_retention) {
     KeyWrite write = begin_change(key);
-    write_failure(&write, next, error, now, next_attempt_at, expires_at);
+    write_failure(&write, next, error, now, next_attempt_at, expires_at, key_retention);
     return apply(key, write);
 }
 
@@ -219,23 +220,29 @@ Statement kSettleLeases = {
     "  ORDER BY @if keys.purge_at@purge_at@else@expires_at@end@"                   \
     "  LIMIT $2 FOR UPDATE SKIP LOCKED))"
 // Returns what is logged (and counted) of each key. From 0.7.0 a finished
-// key leaves its tombstone, kept $3 (idempotency.key_retention) from when
-// it finished, in the same statement: a claim sees the key or its
-// tombstone, never neither. A retention of the tombstone that has already
-// passed leaves none. A tombstone of the key already there (a row written
-// behind the functions) is replaced by the newer.
+// key leaves its tombstone, kept from when it finished for its own
+// key_retention (retain_key) or else $3 (idempotency.key_retention), in the
+// same statement: a claim sees the key or its tombstone, never neither. A
+// retention of the tombstone that has already passed leaves none. A
+// tombstone of the key already there (a row written behind the functions)
+// is replaced by the newer. The digest and the fingerprint's prefix are
+// computed as pg/keys/tombstone_digest.hpp and pg/keys/fingerprint.hpp say.
 #define PURGED_COLUMNS "scope, key, status, token, attempts"
+#define TOMBSTONE_DIGEST                                                                \
+    "encode(substr(sha256(convert_to(scope, 'UTF8') || decode('00', 'hex') || "        \
+    "convert_to(key, 'UTF8')), 1, 16), 'hex')::uuid"
+#define FINGERPRINT_PREFIX "('x' || encode(substr(fingerprint, 1, 4), 'hex'))::bit(32)::int4"
 Statement kPurgeKeys = {
-    "@if tombstones.forget_at@"
+    "@if tombstones.key_digest@"
     "WITH gone AS (" PURGE_KEYS " RETURNING " PURGED_COLUMNS ", fingerprint, "
-    "  COALESCE(completed_at, updated_at) AS finished_at), "
-    "kept AS (INSERT INTO @tombstones@ (finished_at, forget_at, status, scope, key, fingerprint) "
-    "  SELECT finished_at, finished_at + $3, status, scope, key, fingerprint FROM gone "
-    "  WHERE status IN ('COMPLETED', 'FAILED_FINAL') AND finished_at + $3 > $1 "
-    "  ON CONFLICT (scope, key) DO UPDATE SET finished_at = EXCLUDED.finished_at, "
-    "  forget_at = EXCLUDED.forget_at, status = EXCLUDED.status, "
-    "  fingerprint = EXCLUDED.fingerprint) "
-    "SELECT " PURGED_COLUMNS ", finished_at + $3 FROM gone"
+    "  COALESCE(completed_at, updated_at) "
+    "  + @if keys.key_retention@COALESCE(key_retention, $3)@else@$3@end@ AS forget_at), "
+    "kept AS (INSERT INTO @tombstones@ (key_digest, forget_at, fingerprint, status) "
+    "  SELECT " TOMBSTONE_DIGEST ", forget_at, " FINGERPRINT_PREFIX ", status FROM gone "
+    "  WHERE status IN ('COMPLETED', 'FAILED_FINAL') AND forget_at > $1 "
+    "  ON CONFLICT (key_digest) DO UPDATE SET forget_at = EXCLUDED.forget_at, "
+    "  fingerprint = EXCLUDED.fingerprint, status = EXCLUDED.status) "
+    "SELECT " PURGED_COLUMNS ", forget_at FROM gone"
     "@else@" PURGE_KEYS " RETURNING " PURGED_COLUMNS ", NULL::pg_catalog.timestamptz@end@",
     3, {TIMESTAMPTZOID, INT4OID, INTERVALOID}, nullptr};
 

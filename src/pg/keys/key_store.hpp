@@ -88,14 +88,15 @@ Change grant_claim(KeyRow* row, const StoredKey& stored, const Grant& grant, Mic
 // only a retention shorter than the lease left sets purge_at at once, or
 // the key would outlive it.
 Change complete_key(KeyRow* row, const StoredKey& stored, Datum result, bool has_result,
-                  Micros now, Micros expires_at);
+                  Micros now, Micros expires_at, std::optional<Micros> key_retention);
 
 // A lease that ran out: FAILED_RETRYABLE or FAILED_FINAL with 'lease expired'.
 Change expire_lease(KeyRow* row, Status next, Micros now, std::optional<Micros> expires_at);
 
 // A failure the holder reported.
 Change record_failure(KeyRow* row, Status next, const text* error, Micros now,
-                    std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at);
+                    std::optional<Micros> next_attempt_at, std::optional<Micros> expires_at,
+                    std::optional<Micros> key_retention);
 
 // A heartbeat: a new lease for a PROCESSING key.
 Change renew_lease(KeyRow* row, Micros lease_until);

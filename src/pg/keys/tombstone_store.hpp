@@ -1,7 +1,9 @@
 // Where idempotency.key_tombstones is read and purged. A tombstone is what
 // is left of a finished key once its result's retention has passed (the
 // keys' purge moves it there, pg/keys/key_store.hpp): enough to answer a
-// late duplicate without running the work again, until forget_at.
+// late duplicate without running the work again, until forget_at. It is
+// found by a digest of the key's identity, not by the identity itself, so
+// that a tombstone stays narrow (docs/keys.md#tombstones).
 #pragma once
 
 #include <cstdint>
@@ -13,14 +15,18 @@
 namespace idem::pg {
 
 struct Tombstone {
-    Status status;  // COMPLETED or FAILED_FINAL
-    Datum fingerprint;  // bytea, copied into the caller's memory
+    Status status;                   // COMPLETED or FAILED_FINAL
+    std::int32_t fingerprint_prefix; // the first 4 bytes of the key's fingerprint
     bool has_fingerprint;
+    Micros forget_at;
 };
 
 // A plain read by primary key: false when the key has no tombstone in this
 // step's snapshot, or the installed version has no tombstones (before
-// 0.7.0). Works in a read-only transaction and on a standby.
+// 0.7.0). Works in a read-only transaction and on a standby. While the
+// table has never held a row (no block), it is not searched at all: the
+// new-key path of a database without tombstones pays one look at the
+// table's size.
 bool read_tombstone(const KeyId& id, Tombstone* out);
 
 // The sweep's batch: deletes at most `batch` tombstones past forget_at.
