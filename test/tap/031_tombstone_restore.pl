@@ -1,0 +1,120 @@
+# A logical backup keeps the dedup window: pg_dump writes the tombstones of
+# the keys whose results have expired, and a late duplicate in the restored
+# database still gets the tombstone's answer (completed or failed, result
+# NULL, result_expired), another request under the key still a mismatch,
+# and no key is created again.
+#
+# A database is filled with finished keys, some past their result's
+# retention (the purge turns them into tombstones, one with a key beyond
+# ASCII) and some kept whole, then dumped and restored two ways (pg_dump
+# -Fc and pg_restore; pg_dump --data-only into a database with the
+# extension) and once more into a LATIN1 database: a tombstone is found by
+# a digest of the key's UTF-8 bytes, whatever the database's encoding.
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTap;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+# The purge runs when this test calls it, not when a worker would.
+my $node = idem_node('tombstone_restore', conf => ["idempotency.worker_enabled = off"]);
+my $dir = PostgreSQL::Test::Utils::tempdir;
+
+$node->safe_psql('postgres', 'CREATE DATABASE src');
+$node->safe_psql(
+	'src', q{
+CREATE EXTENSION idempotency;
+-- 100 keys whose results expire at once, and 10 kept whole.
+SELECT count(idempotency.idem_complete('gone-' || g, (idempotency.idem_claim('gone-' || g, jsonb_build_object('n', g))).token,
+                                       jsonb_build_object('charge', g), retain => '0'))
+  FROM generate_series(1, 100) g;
+SELECT count(idempotency.idem_complete('kept-' || g, (idempotency.idem_claim('kept-' || g, jsonb_build_object('n', g))).token,
+                                       jsonb_build_object('charge', g)))
+  FROM generate_series(1, 10) g;
+SELECT idempotency.idem_fail('refused', (idempotency.idem_claim('refused', '{"card": 4}')).token, 'card refused', false,
+                             retain => '0');
+SELECT idempotency.idem_complete('café', (idempotency.idem_claim('café', '{"cream": 1}', scope => 'déjà')).token,
+                                 '{"ok": true}', scope => 'déjà', retain => '0');});
+my $purged = $node->safe_psql('src',
+	q{SELECT rows FROM idempotency.idem_maintenance() WHERE task = 'purge_keys'});
+is($purged, 102, 'src: the purge turned the 102 expired keys into tombstones');
+
+# What must come back: the tombstones and the keys, row for row. (This
+# file's text is UTF-8: the statements that hold letters beyond ASCII say
+# so, whatever the database's encoding. The request of the key beyond ASCII
+# is ASCII: a request fingerprint is taken over the request's text in the
+# database's encoding, for live keys as for tombstones.)
+sub rows_of
+{
+	my ($db, $table) = @_;
+	return $node->safe_psql($db,
+		"SELECT count(*) || ': ' || md5(string_agg(t::text, E'\\n' ORDER BY t::text)) FROM idempotency.$table t");
+}
+my $tombstones = rows_of('src', 'key_tombstones');
+my $keys = rows_of('src', 'idempotency_keys');
+like($tombstones, qr/^102: /, 'src: 102 tombstones');
+like($keys, qr/^10: /, 'src: 10 keys kept whole');
+
+my $pg_bin = sub { return [ $_[0], '-d', $node->connstr($_[1]), @_[ 2 .. $#_ ] ] };
+command_ok($pg_bin->('pg_dump', 'src', '-Fc', '-f', "$dir/full.dump"), 'pg_dump -Fc');
+command_ok($pg_bin->('pg_dump', 'src', '--data-only', '-f', "$dir/data.sql"), 'pg_dump --data-only');
+
+$node->safe_psql('postgres', q{
+CREATE DATABASE r_full;
+CREATE DATABASE r_data;
+CREATE DATABASE r_latin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0;});
+command_ok($pg_bin->('pg_restore', 'r_full', '--exit-on-error', "$dir/full.dump"),
+	'full: pg_restore into a fresh database');
+$node->safe_psql('r_data', 'CREATE EXTENSION idempotency');
+command_ok($pg_bin->('psql', 'r_data', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-f', "$dir/data.sql"),
+	'data: psql -f the data-only dump into a fresh database with the extension');
+command_ok($pg_bin->('pg_restore', 'r_latin1', '--exit-on-error', "$dir/full.dump"),
+	'latin1: pg_restore into a LATIN1 database');
+
+for my $db (qw(r_full r_data r_latin1))
+{
+	is(rows_of($db, 'key_tombstones'), $tombstones, "$db: every tombstone is back");
+	is(rows_of($db, 'idempotency_keys'), $keys, "$db: every key is back");
+
+	is( $node->safe_psql(
+			$db, q{
+SELECT string_agg(concat_ws(' ', outcome, status, result, result_expired), E'\n' ORDER BY g)
+  FROM generate_series(1, 100) g, idempotency.idem_claim('gone-' || g, jsonb_build_object('n', g))
+ GROUP BY outcome, status, result, result_expired}),
+		join("\n", ('completed COMPLETED t') x 100),
+		"$db: a late duplicate of each of the 100 gets the tombstone's answer");
+	is( $node->safe_psql(
+			$db, q{SELECT concat_ws(' ', outcome, status, result_expired) FROM idempotency.idem_claim('gone-7', '{"n": 8}')}),
+		'mismatch COMPLETED t', "$db: another request under a tombstoned key is a mismatch");
+	is( $node->safe_psql(
+			$db, q{SELECT concat_ws(' ', outcome, status, error, result_expired) FROM idempotency.idem_claim('refused', '{"card": 4}')}),
+		'failed FAILED_FINAL t', "$db: a final failure answers failed from its tombstone");
+	is( $node->safe_psql(
+			$db, q{SET client_encoding = 'UTF8';
+SELECT concat_ws(' ', outcome, status, result_expired) FROM idempotency.idem_claim('café', '{"cream": 1}', scope => 'déjà')}),
+		'completed COMPLETED t', "$db: a key beyond ASCII is found by its digest");
+	is( $node->safe_psql(
+			$db, q{SELECT concat_ws(' ', outcome, result, result_expired) FROM idempotency.idem_claim('kept-3', '{"n": 3}')}),
+		'completed {"charge": 3} f', "$db: a key kept whole replays its result");
+	is( $node->safe_psql(
+			$db, q{SELECT concat_ws(' ', status, result_expired) FROM idempotency.idem_get('gone-1')}),
+		'COMPLETED t', "$db: idem_get answers from the tombstone");
+	is(rows_of($db, 'idempotency_keys'), $keys, "$db: the duplicates created no key");
+	is(rows_of($db, 'key_tombstones'), $tombstones, "$db: ... and changed no tombstone");
+
+	# The restored tombstones are purged when they are due, and the key is
+	# new again.
+	is( $node->safe_psql(
+			$db, q{
+UPDATE idempotency.key_tombstones SET forget_at = now() - interval '1 second';
+SELECT rows FROM idempotency.idem_maintenance() WHERE task = 'purge_tombstones';}),
+		102, "$db: the restored tombstones are purged when due");
+	is($node->safe_psql($db, q{SELECT outcome FROM idempotency.idem_claim('gone-1', '{"n": 1}')}),
+		'claimed', "$db: ... and the key may be used again");
+}
+
+done_testing();
