@@ -56,6 +56,9 @@ export class Job {
 // signal, onReplay, onConflict, onFenced }, work) resolves to one of:
 //   { outcome: 'completed', result, replayed }     done now, or a duplicate of finished work
 //   { outcome: 'failed', error, retryable, retryAfter, replayed, cause }
+//     a duplicate of work finished so long ago that only the key's tombstone
+//     is left has resultExpired: true (result and error null): it is never
+//     run again, and what it returned cannot be replayed
 //   { outcome: 'in_progress' | 'retry_later', retryAfter }   someone else holds it / backoff
 //   { outcome: 'mismatch' }                        the key was used with another request
 //   { outcome: 'fenced', error }                   the lease was lost and the key taken over
@@ -80,11 +83,11 @@ export async function claim(pool, options, work) {
     case 'claimed':
       return run(pool, { ...options, key, scope, lease }, row, work);
     case 'completed':
-      callHook(options.onReplay, event);
-      return { outcome: 'completed', result: row.result, replayed: true };
+      callHook(options.onReplay, expiredAnswer(event, row));
+      return expiredAnswer({ outcome: 'completed', result: row.result, replayed: true }, row);
     case 'failed':
-      callHook(options.onReplay, event);
-      return { outcome: 'failed', error: row.error, retryable: false, retryAfter: null, replayed: true };
+      callHook(options.onReplay, expiredAnswer(event, row));
+      return expiredAnswer({ outcome: 'failed', error: row.error, retryable: false, retryAfter: null, replayed: true }, row);
     case 'in_progress':
     case 'retry_later':
       callHook(options.onConflict, { ...event, retryAfter: row.retry_after ?? 0 });
@@ -92,6 +95,11 @@ export async function claim(pool, options, work) {
     default:
       return { outcome: row.outcome };
   }
+}
+
+// A replay answered from the key's tombstone says so.
+function expiredAnswer(answer, row) {
+  return row.result_expired ? { ...answer, resultExpired: true } : answer;
 }
 
 async function run(pool, options, row, work) {

@@ -44,8 +44,14 @@ export interface IdempotencyOptions {
   completedResponse?: (result: Json) => ResponseInit;
   /** The response for a key that failed for good without a stored response. */
   failedResponse?: (error: string) => ResponseInit;
-  /** A stored response (or failure) was replayed. */
-  onReplay?: (event: IdempotencyEvent & { status: number }) => void;
+  /**
+   * The response for a duplicate of a key whose stored response has expired (only
+   * its tombstone is left; the handler never runs again). Default: 410 Gone with an
+   * application/problem+json body naming the key.
+   */
+  expiredResponse?: (key: string) => ResponseInit;
+  /** A stored response (or failure) was replayed; resultExpired when only the key's tombstone answered. */
+  onReplay?: (event: IdempotencyEvent & { status: number; resultExpired?: true }) => void;
   /** A 409: the key is in progress (after `wait`) or waits for its retry. */
   onConflict?: (event: IdempotencyEvent & { status: 409; retryAfter: number }) => void;
   /** A 422: the key was used with another request. */

@@ -6,6 +6,8 @@
 //   in progress / retry later     409 with Retry-After (or wait up to `wait`)
 //   key reused, another request   422
 //   done                          the stored response, Idempotent-Replayed: true
+//   done, its response expired    410 (only the key's tombstone is left: the
+//                                 handler does not run again)
 //   new                           the handler runs; its response is stored
 //                                 (or, failed, classified retryable or final)
 //
@@ -50,6 +52,7 @@ export function httpOptions(options = {}) {
     classify: defaultClassify,
     completedResponse: (result) => jsonResponse(200, result),
     failedResponse: (error) => problem(500, 'Request failed', error),
+    expiredResponse: expiredProblem,
     onReplay: null,
     onConflict: null,
     onMismatch: null,
@@ -75,9 +78,26 @@ function replay(opts, { status, headers, body }) {
   return response(status, { ...headers, [opts.replayHeader.toLowerCase()]: 'true' }, body);
 }
 
+// 410 Gone: the request was processed, but its stored response has passed
+// its retention; only the key's tombstone is left (RFC 9457 problem
+// document, with the key as a member of its own).
+export function expiredProblem(key) {
+  return response(410, { 'content-type': 'application/problem+json' }, JSON.stringify({
+    title: 'Idempotent response expired',
+    status: 410,
+    detail: `The request with Idempotency-Key "${key}" was already processed; its stored response has expired and cannot be replayed.`,
+    idempotency_key: key,
+  }));
+}
+
 // The response a key's settled state is answered with; the hooks hear of it.
 function answer(opts, key, row) {
   const event = { key, scope: opts.scope, mode: opts.mode, outcome: row.outcome };
+  if (row.result_expired && (row.outcome === 'completed' || row.outcome === 'failed')) {
+    const sent = opts.expiredResponse(key, row);
+    callHook(opts.onReplay, { ...event, status: sent.status, resultExpired: true });
+    return sent;
+  }
   switch (row.outcome) {
     case 'completed': {
       const sent = replay(opts, isStoredResponse(row.result) ? decodeResponse(row.result) : opts.completedResponse(row.result));

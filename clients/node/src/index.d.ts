@@ -80,8 +80,9 @@ export declare class Job {
 }
 
 export type ClaimResult<T = Json> =
-  | { outcome: 'completed'; result: T; replayed: boolean }
-  | { outcome: 'failed'; error: string; retryable: boolean; retryAfter: number | null; replayed: boolean; cause?: unknown }
+  /** resultExpired: a duplicate answered from the key's tombstone; result (or error) is null, the work did not run. */
+  | { outcome: 'completed'; result: T; replayed: boolean; resultExpired?: true }
+  | { outcome: 'failed'; error: string; retryable: boolean; retryAfter: number | null; replayed: boolean; resultExpired?: true; cause?: unknown }
   | { outcome: 'in_progress' | 'retry_later'; retryAfter: number }
   | { outcome: 'mismatch' }
   | { outcome: 'fenced'; error: string }

@@ -7,8 +7,11 @@ export function jsonParam(value) {
   return value === undefined || value === null ? null : JSON.stringify(value);
 }
 
+// result_expired (extension 0.7.0): the answer came from the key's
+// tombstone, its result is gone (docs/keys.md#tombstones-the-dedup-window-outlives-the-result).
 const OUTCOME_COLUMNS = `outcome, status, token::text AS token, attempt, result, error,
-       extract(epoch FROM retry_after)::float8 AS retry_after, job_ref`;
+       extract(epoch FROM retry_after)::float8 AS retry_after, job_ref,
+       coalesce(result_expired, false) AS result_expired`;
 
 export const CLAIM = `SELECT ${OUTCOME_COLUMNS}
   FROM idempotency.idem_claim($1, $2::jsonb, lease => make_interval(secs => $3::float8),

@@ -3,7 +3,7 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { after, before, describe, test } from 'node:test';
 import { FinalError, RetryableError, claim } from '../src/index.js';
-import { keyRow, newKey, newPool, sleep, waitFor } from './helpers.js';
+import { expireResult, keyRow, newKey, newPool, sleep, waitFor } from './helpers.js';
 
 const pool = newPool();
 before(() => pool.query('CREATE TABLE IF NOT EXISTS effects (key text, worker text)'));
@@ -24,6 +24,30 @@ describe('claim', () => {
     const second = await claim(pool, { key, request: { n: 1 } }, async () => { runs += 1; });
     assert.deepEqual(second, { outcome: 'completed', result: { sent: 'm-1' }, replayed: true });
     assert.equal(runs, 1);
+  });
+
+  test('a duplicate after the result expired: resultExpired, never run again', async () => {
+    const key = newKey();
+    let runs = 0;
+    await claim(pool, { key, request: { n: 1 } }, async () => { runs += 1; return { sent: 'm-1' }; });
+    await expireResult(key);
+    const late = await claim(pool, { key, request: { n: 1 } }, async () => { runs += 1; });
+    assert.deepEqual(late, { outcome: 'completed', result: null, replayed: true, resultExpired: true });
+    assert.deepEqual(await claim(pool, { key, request: { n: 2 } }, async () => { runs += 1; }), { outcome: 'mismatch' });
+    assert.equal(runs, 1);
+    // idem_get answers from the tombstone: no token, no attempts.
+    assert.deepEqual(await keyRow(pool, key), { status: 'COMPLETED', attempts: null, token: null },
+      'no key was created again');
+  });
+
+  test('a duplicate of a final failure whose error expired: failed, resultExpired', async () => {
+    const key = newKey();
+    await claim(pool, { key }, async () => { throw new FinalError('card refused'); });
+    await expireResult(key);
+    const late = await claim(pool, { key }, async () => assert.fail('ran again'));
+    assert.deepEqual(late, {
+      outcome: 'failed', error: null, retryable: false, retryAfter: null, replayed: true, resultExpired: true,
+    });
   });
 
   test('another request under the key is a mismatch', async () => {

@@ -36,3 +36,23 @@ export async function keyRow(pool, key, scope = 'default') {
 export function adminPool() {
   return new pg.Pool({ max: 2, user: process.env.PGADMIN_USER ?? 'postgres' });
 }
+
+// What the purge leaves of a finished key once its result's retention has
+// passed: its tombstone, made as the purge makes it (docs/keys.md, the
+// digest and the fingerprint's prefix in SQL), for this key alone so that
+// no other test's keys are touched.
+export async function expireResult(key, scope = 'default') {
+  const admin = adminPool();
+  try {
+    const { rowCount } = await admin.query(`
+      WITH gone AS (DELETE FROM idempotency.idempotency_keys WHERE scope = $1 AND key = $2
+                    RETURNING scope, key, status, fingerprint)
+      INSERT INTO idempotency.key_tombstones (key_digest, forget_at, fingerprint, status)
+      SELECT encode(substr(sha256(convert_to(scope, 'UTF8') || '\\x00'::bytea || convert_to(key, 'UTF8')), 1, 16), 'hex')::uuid,
+             now() + interval '1 day', ('x' || encode(substr(fingerprint, 1, 4), 'hex'))::bit(32)::int4, status
+        FROM gone`, [scope, key]);
+    if (rowCount !== 1) throw new Error(`no finished key ${scope}/${key} to expire`);
+  } finally {
+    await admin.end();
+  }
+}

@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { claim, enqueue } from '../src/index.js';
-import { newKey, newPool, sleep } from './helpers.js';
+import { expireResult, newKey, newPool, sleep } from './helpers.js';
 
 export function httpSuite(framework, startServer) {
   describe(`${framework} middleware`, () => {
@@ -140,6 +140,21 @@ export function httpSuite(framework, startServer) {
       await post('/orders', key, '{"item": "a", "qty": 2}');
       const again = await post('/orders', key, '{"qty":2,"item":"a"}');
       assert.equal(again.replayed, true);
+      assert.equal(ran(key), 1);
+    });
+
+    test('a repeat after the stored response expired: 410 problem naming the key; the handler does not run', async () => {
+      const key = newKey();
+      assert.equal((await post('/orders', key, { item: 'a' })).status, 201);
+      await expireResult(key, `${framework}.orders`);
+      const late = await post('/orders', key, { item: 'a' });
+      assert.equal(late.status, 410);
+      assert.equal(late.headers.get('content-type'), 'application/problem+json');
+      const doc = JSON.parse(late.text);
+      assert.equal(doc.status, 410);
+      assert.equal(doc.idempotency_key, key);
+      assert.match(doc.detail, new RegExp(`"${key}".*expired`));
+      assert.equal((await post('/orders', key, { item: 'b' })).status, 422, 'another body is still a mismatch');
       assert.equal(ran(key), 1);
     });
 
