@@ -81,3 +81,19 @@ def estimates_retry_after(conn):
         outcome, _, retry_after = b.execute(claim, ("held", scope)).fetchone()
         a.execute("SELECT idempotency.idem_complete('held', %s, scope => %s)", (token, scope))
     return outcome == "in_progress" and retry_after is not None and retry_after < 30
+
+
+def expire_result(admin, key, scope="default"):
+    """What the purge leaves of a finished key once its result's retention
+    has passed: its tombstone, made as the purge makes it (docs/keys.md, the
+    digest and the fingerprint's prefix in SQL), for this key alone so that
+    no other test's keys are touched."""
+    moved = admin.execute(r"""
+        WITH gone AS (DELETE FROM idempotency.idempotency_keys WHERE scope = %s AND key = %s
+                      RETURNING scope, key, status, fingerprint)
+        INSERT INTO idempotency.key_tombstones (key_digest, forget_at, fingerprint, status)
+        SELECT encode(substr(sha256(convert_to(scope, 'UTF8') || '\x00'::bytea || convert_to(key, 'UTF8')), 1, 16),
+                      'hex')::uuid,
+               now() + interval '1 day', ('x' || encode(substr(fingerprint, 1, 4), 'hex'))::bit(32)::int4, status
+          FROM gone""", (scope, key)).rowcount
+    assert moved == 1, f"no finished key {scope}/{key} to expire"

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 import pg_idempotency as idem
 from pg_idempotency.asgi import IdempotencyMiddleware
 from pg_idempotency.http import Response as StoredResponse
-from conftest import SETTINGS, effects, estimates_retry_after, key_row
+from conftest import SETTINGS, effects, estimates_retry_after, expire_result, key_row
 
 runs = Counter()     # per key: how many times a handler ran
 
@@ -154,6 +154,23 @@ def test_the_key_reused_with_another_body_or_path_is_422(new_key):
         await post("/orders", key, {"item": "a"})
         assert (await post("/orders", key, {"item": "b"})).status_code == 422
         assert (await post("/flaky", key, {"item": "a"})).status_code == 422
+    scenario(test)
+    assert runs[key] == 1
+
+
+def test_a_repeat_after_the_stored_response_expired_is_410_naming_the_key(new_key, admin):
+    key = new_key()
+
+    async def test(post, pool):
+        assert (await post("/orders", key, {"item": "a"})).status_code == 201
+        expire_result(admin, key, "asgi.orders")
+        late = await post("/orders", key, {"item": "a"})
+        assert late.status_code == 410
+        assert late.headers["content-type"] == "application/problem+json"
+        doc = late.json()
+        assert (doc["status"], doc["idempotency_key"]) == (410, key)
+        assert f'"{key}"' in doc["detail"] and "expired" in doc["detail"]
+        assert (await post("/orders", key, {"item": "b"})).status_code == 422
     scenario(test)
     assert runs[key] == 1
 

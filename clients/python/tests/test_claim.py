@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import pg_idempotency as idem
-from conftest import SETTINGS, effects, key_row, wait_for
+from conftest import SETTINGS, effects, expire_result, key_row, wait_for
 
 
 def run_once(conn, key, result, **options):
@@ -60,6 +60,38 @@ def test_a_failing_hook_changes_nothing(conn, new_key):
     def broken(info):
         raise RuntimeError("hook")
     assert run_once(conn, key, "again", on_replay=broken).result == "done"
+
+
+def test_a_duplicate_after_the_result_expired_is_never_run_again(conn, admin, new_key):
+    key, runs = new_key(), []
+    idem.run_once(conn, key, lambda job: runs.append(1) or {"sent": "m-1"}, {"n": 1})
+    expire_result(admin, key)
+    job = idem.run_once(conn, key, lambda job: runs.append(2), {"n": 1})
+    assert (job.outcome, job.result, job.replayed, job.result_expired) == ("completed", None, True, True)
+    assert idem.run_once(conn, key, lambda job: runs.append(3), {"n": 2}).outcome == "mismatch"
+    assert runs == [1]
+    assert key_row(admin, key) is None, "no key was created again"
+    with pytest.raises(idem.NotClaimed) as refused:
+        with idem.claim(conn, key, {"n": 1}):
+            runs.append(4)
+    assert refused.value.job.result_expired and runs == [1]
+
+
+def test_a_final_failure_whose_error_expired_answers_failed(conn, admin, new_key):
+    key = new_key()
+
+    def refuse(job):
+        raise idem.FinalError("card refused")
+    idem.run_once(conn, key, refuse)
+    expire_result(admin, key)
+    job = idem.run_once(conn, key, lambda job: pytest.fail("ran again"))
+    assert (job.outcome, job.error, job.result_expired) == ("failed", None, True)
+
+
+def test_a_fresh_answer_has_no_expired_result(conn, new_key):
+    key = new_key()
+    assert run_once(conn, key, "done").result_expired is False
+    assert run_once(conn, key, "again").result_expired is False
 
 
 def test_another_request_under_the_key_is_a_mismatch(conn, new_key):

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from psycopg_pool import ConnectionPool
 
-from conftest import SETTINGS, effects, key_row
+from conftest import SETTINGS, effects, expire_result, key_row
 
 flask = pytest.importorskip("flask", reason="python3-flask is not installed")
 from pg_idempotency.flask import Idempotency, context  # noqa: E402
@@ -77,6 +77,17 @@ def test_flask_replays_and_refuses(flask_app):
     assert (first.status_code, again.status_code, again.headers["Idempotent-Replayed"]) == (201, 201, "true")
     assert again.data == first.data and again.headers["x-order"] == "o-1"
     assert post(client, "/orders", key, {"a": 2}).status_code == 422
+    assert runs[key] == 1
+
+
+def test_flask_answers_410_once_the_stored_response_expired(flask_app, admin):
+    client = flask_app.test_client()
+    key = f"f-{uuid.uuid4()}"
+    assert post(client, "/orders", key, {"a": 1}).status_code == 201
+    expire_result(admin, key, "flask.orders")
+    late = post(client, "/orders", key, {"a": 1})
+    assert (late.status_code, late.headers["content-type"]) == (410, "application/problem+json")
+    assert late.get_json()["idempotency_key"] == key
     assert runs[key] == 1
 
 

@@ -9,8 +9,11 @@ def jsonb(value):
     return None if value is None else Jsonb(value)
 
 
+# result_expired (extension 0.7.0): the answer came from the key's
+# tombstone; the result is gone and the work is never run again.
 _OUTCOME = """outcome::text AS outcome, status::text AS status, token, attempt, result, error,
-       extract(epoch FROM retry_after)::float8 AS retry_after, job_ref"""
+       extract(epoch FROM retry_after)::float8 AS retry_after, job_ref,
+       coalesce(result_expired, false) AS result_expired"""
 
 CLAIM = f"""SELECT {_OUTCOME}
   FROM idempotency.idem_claim(%(key)s, %(request)s, lease => make_interval(secs => %(lease)s),

@@ -30,6 +30,9 @@ class JobState:
         self.retryable = None
         self.retry_after = None     # seconds until the key may be claimed again
         self.replayed = False       # the answer of earlier work, not of this block
+        # A duplicate answered from the key's tombstone (extension 0.7.0): the
+        # work finished so long ago that its result (or error) is gone.
+        self.result_expired = False
         self.exception = None       # what the block raised
         self.finished = None        # 'completed' or 'released' once recorded
 
@@ -48,6 +51,7 @@ class JobState:
         self.claimed = self.outcome == "claimed"
         self.token = row["token"]
         self.attempt = row["attempt"]
+        self.result_expired = bool(row.get("result_expired"))
         if self.outcome == "completed":
             self.result, self.replayed = row["result"], True
         elif self.outcome == "failed":

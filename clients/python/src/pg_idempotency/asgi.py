@@ -121,8 +121,8 @@ class IdempotencyMiddleware:
     mode='claim', required=True, methods=('POST', 'PATCH'), header='Idempotency-Key',
     replay_header='Idempotent-Replayed', lease=30, wait=0, retry_in=0,
     fingerprint=default_fingerprint, classify=default_classify,
-    completed_response=None, failed_response=None, paths=None, on_replay=None,
-    on_conflict=None, on_fenced=None)``
+    completed_response=None, failed_response=None, expired_response=None, paths=None,
+    on_replay=None, on_conflict=None, on_fenced=None)``
 
     ``pool``: a psycopg_pool.AsyncConnectionPool (or ``conninfo``, and the
     middleware opens one, closed at the app's shutdown). ``paths``: only
@@ -134,8 +134,8 @@ class IdempotencyMiddleware:
     def __init__(self, app, *, pool=None, conninfo=None, scope="default", mode="claim", required=True,
                  methods=("POST", "PATCH"), header="Idempotency-Key", replay_header="Idempotent-Replayed",
                  lease=30, wait=0, retry_in=0, fingerprint=default_fingerprint, classify=default_classify,
-                 completed_response=None, failed_response=None, paths=None, on_replay=None,
-                 on_conflict=None, on_fenced=None):
+                 completed_response=None, failed_response=None, expired_response=None, paths=None,
+                 on_replay=None, on_conflict=None, on_fenced=None):
         if pool is None and conninfo is None:
             raise TypeError("IdempotencyMiddleware needs a pool or a conninfo")
         if mode not in _MODES:
@@ -158,6 +158,7 @@ class IdempotencyMiddleware:
         self.classify = classify
         self.completed_response = completed_response or (lambda result: json_response(200, result))
         self.failed_response = failed_response or (lambda error: problem(500, "Request failed", error))
+        self.expired_response = expired_response      # None: expired_problem(key), a 410
         self.paths = tuple(paths) if paths else None
         self.hooks = Hooks(on_replay, on_conflict, on_fenced)
         self.owners = AsyncOwners()
@@ -313,7 +314,8 @@ class IdempotencyMiddleware:
     # ------------------------------------------------------------ helpers
 
     def _answer(self, row, job, scope):
-        response = answer(row, self.completed_response, self.failed_response, self.replay_header)
+        response = answer(row, self.completed_response, self.failed_response, self.replay_header,
+                          key=job.key, expired_response=self.expired_response)
         job.answered(row)
         self.hooks.answered(job, **self._http(scope, response.status))
         return response

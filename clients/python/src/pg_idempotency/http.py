@@ -93,15 +93,31 @@ def stored_failure(error):
     return value if is_stored_response(value) else None
 
 
+def expired_problem(key):
+    """410 Gone: the request with ``key`` was processed, but its stored
+    response has passed its retention and only the key's tombstone is left:
+    an RFC 9457 problem document with the key as a member of its own."""
+    return Response(410, {"content-type": "application/problem+json"}, json.dumps({
+        "title": "Idempotent response expired",
+        "status": 410,
+        "detail": f'The request with Idempotency-Key "{key}" was already processed; '
+                  "its stored response has expired and cannot be replayed.",
+        "idempotency_key": key,
+    }).encode())
+
+
 def retry_after_header(seconds):
     """Retry-After for a claim's ``retry_after``: whole seconds rounded up, at least 1."""
     return str(max(1, math.ceil(seconds or 0)))
 
 
-def answer(row, completed_response, failed_response, replay_header):
+def answer(row, completed_response, failed_response, replay_header, key=None, expired_response=None):
     """The HTTP answer to a claim that did not grant the key (every
-    middleware's): a replay, 422, or 409 with Retry-After."""
+    middleware's): a replay, 410 when only the key's tombstone is left (the
+    handler never runs again), 422, or 409 with Retry-After."""
     outcome = row["outcome"]
+    if row.get("result_expired") and outcome in ("completed", "failed"):
+        return (expired_response or expired_problem)(key)
 
     def replay(response):
         return Response(response.status, {**response.headers, replay_header: "true"}, response.body)

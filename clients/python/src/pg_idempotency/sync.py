@@ -67,16 +67,18 @@ class SyncIdempotency:
     header='Idempotency-Key', replay_header='Idempotent-Replayed', lease=30,
     wait=0, retry_in=0, fingerprint=default_fingerprint,
     classify=default_classify, completed_response=None, failed_response=None,
-    paths=None, on_replay=None, on_conflict=None, on_fenced=None,
-    pool_options=None)``. With ``conninfo`` it opens a
+    expired_response=None, paths=None, on_replay=None, on_conflict=None,
+    on_fenced=None, pool_options=None)``. ``expired_response(key)``: the
+    answer to a duplicate of a key whose stored response has expired (only
+    its tombstone is left); default ``http.expired_problem``, a 410. With ``conninfo`` it opens a
     ``psycopg_pool.ConnectionPool`` at the first request (``pool_options``:
     its arguments, such as ``max_size``); ``close()`` closes it."""
 
     def __init__(self, *, pool=None, conninfo=None, scope="default", mode="claim", required=True,
                  methods=("POST", "PATCH"), header="Idempotency-Key", replay_header="Idempotent-Replayed",
                  lease=30, wait=0, retry_in=0, fingerprint=default_fingerprint, classify=default_classify,
-                 completed_response=None, failed_response=None, paths=None, on_replay=None,
-                 on_conflict=None, on_fenced=None, pool_options=None):
+                 completed_response=None, failed_response=None, expired_response=None, paths=None,
+                 on_replay=None, on_conflict=None, on_fenced=None, pool_options=None):
         if pool is None and conninfo is None:
             raise TypeError("the Idempotency-Key middleware needs a pool or a conninfo")
         if mode not in _MODES:
@@ -91,6 +93,7 @@ class SyncIdempotency:
         self.fingerprint, self.classify = fingerprint, classify
         self.completed_response = completed_response or (lambda result: json_response(200, result))
         self.failed_response = failed_response or (lambda error: problem(500, "Request failed", error))
+        self.expired_response = expired_response      # None: expired_problem(key), a 410
         self.paths = tuple(paths) if paths else None
         self.hooks = Hooks(on_replay, on_conflict, on_fenced)
         self.owners = ThreadOwners()
@@ -136,7 +139,8 @@ class SyncIdempotency:
             return c.cursor(row_factory=dict_row).execute(_sql.CLAIM, job.claim_params(None)).fetchone()
 
     def _answer(self, row, job, http):
-        response = answer(row, self.completed_response, self.failed_response, self.replay_header)
+        response = answer(row, self.completed_response, self.failed_response, self.replay_header,
+                          key=job.key, expired_response=self.expired_response)
         job.answered(row)
         self.hooks.answered(job, status=response.status, **http)
         return response

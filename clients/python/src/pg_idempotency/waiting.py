@@ -51,7 +51,7 @@ def answered_row(job, outcome, result=None, error=None):
     the duplicates that waited for it, instead of a claim each."""
     return {"outcome": outcome, "status": "COMPLETED" if outcome == "completed" else "FAILED_FINAL",
             "token": None, "attempt": job.attempt, "result": result, "error": error, "retry_after": None,
-            "job_ref": None}
+            "job_ref": None, "result_expired": False}
 
 
 class AsyncOwners:
