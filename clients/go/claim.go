@@ -106,8 +106,9 @@ func readOutcome(row *sql.Row, key string, o ClaimOptions) (Result, error) {
 		status, result, cause sql.NullString
 		token, attempt        sql.NullInt64
 		retryAfter            sql.NullFloat64
+		expired               bool
 	)
-	if err := row.Scan(&outcome, &status, &token, &attempt, &result, &cause, &retryAfter); err != nil {
+	if err := row.Scan(&outcome, &status, &token, &attempt, &result, &cause, &retryAfter, &expired); err != nil {
 		return nil, wrap(err)
 	}
 	switch Outcome(outcome) {
@@ -116,13 +117,13 @@ func readOutcome(row *sql.Row, key string, o ClaimOptions) (Result, error) {
 	case outcomeRegistered:
 		return &registered{}, nil
 	case OutcomeCompleted:
-		return &Completed{Result: rawJSON(result), Replayed: true}, nil
+		return &Completed{Result: rawJSON(result), Replayed: true, ResultExpired: expired}, nil
 	case OutcomeInProgress:
 		return &InProgress{RetryAfter: seconds(retryAfter.Float64)}, nil
 	case OutcomeRetryLater:
 		return &RetryLater{RetryAfter: seconds(retryAfter.Float64)}, nil
 	case OutcomeFailed:
-		return &Failed{Message: cause.String, Replayed: true}, nil
+		return &Failed{Message: cause.String, Replayed: true, ResultExpired: expired}, nil
 	case OutcomeMismatch:
 		return &Mismatch{}, nil
 	}

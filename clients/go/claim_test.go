@@ -238,3 +238,46 @@ func TestInTx(t *testing.T) {
 		t.Fatalf("final error left %s", status)
 	}
 }
+
+// A duplicate of work finished so long ago that only the key's tombstone is
+// left: completed (or failed) with ResultExpired, and the work never runs.
+func TestDuplicateAfterTheResultExpired(t *testing.T) {
+	db, admin := openDB(t), adminDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key, refused := newKey(t), newKey(t)
+	request := map[string]any{"amount": 1500}
+	runs := 0
+	work := func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+		runs++
+		return map[string]int{"charge": 981}, nil
+	}
+	if _, err := idempotency.Run(ctx, db, key, request, nil, work); err != nil {
+		t.Fatal(err)
+	}
+	expireResult(t, admin, key, "default")
+	late, err := idempotency.Run(ctx, db, key, request, nil, work)
+	if err != nil || !late.Replayed || !late.ResultExpired || string(late.Result) != "null" || runs != 1 {
+		t.Fatalf("late duplicate: %#v %v, %d runs", late, err, runs)
+	}
+	if _, err := idempotency.Run(ctx, db, key, map[string]any{"amount": 9999}, nil, work); !errors.Is(err, idempotency.ErrMismatch) {
+		t.Fatalf("another request under the tombstoned key: %v", err)
+	}
+	fresh, err := idempotency.Claim(ctx, db, newKey(t), nil, nil)
+	if job, ok := fresh.(*idempotency.Claimed); !ok || err != nil {
+		t.Fatalf("a new key: %#v %v", fresh, err)
+	} else if err := job.Complete(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = idempotency.Run(ctx, db, refused, nil, nil, func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+		return nil, idempotency.Final(errors.New("card refused"))
+	})
+	if !errors.Is(err, idempotency.ErrFailed) {
+		t.Fatalf("final failure: %v", err)
+	}
+	expireResult(t, admin, refused, "default")
+	answer, err := idempotency.Claim(ctx, db, refused, nil, nil)
+	if failed, ok := answer.(*idempotency.Failed); !ok || err != nil || !failed.ResultExpired || failed.Message != "" {
+		t.Fatalf("late duplicate of a final failure: %#v %v", answer, err)
+	}
+}

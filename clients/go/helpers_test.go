@@ -95,3 +95,24 @@ func mustExec(t *testing.T, db *sql.DB, query string, args ...any) {
 		t.Fatal(err)
 	}
 }
+
+// expireResult leaves of a finished key what the purge leaves once its
+// result's retention has passed: its tombstone, made as the purge makes it
+// (docs/keys.md, the digest and the fingerprint's prefix in SQL), for this
+// key alone so that no other test's keys are touched.
+func expireResult(t *testing.T, admin *sql.DB, key, scope string) {
+	t.Helper()
+	res, err := admin.Exec(`
+		WITH gone AS (DELETE FROM idempotency.idempotency_keys WHERE scope = $1 AND key = $2
+		              RETURNING scope, key, status, fingerprint)
+		INSERT INTO idempotency.key_tombstones (key_digest, forget_at, fingerprint, status)
+		SELECT encode(substr(sha256(convert_to(scope, 'UTF8') || '\x00'::bytea || convert_to(key, 'UTF8')), 1, 16), 'hex')::uuid,
+		       now() + interval '1 day', ('x' || encode(substr(fingerprint, 1, 4), 'hex'))::bit(32)::int4, status
+		  FROM gone`, scope, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		t.Fatalf("no finished key %s/%s to expire", scope, key)
+	}
+}

@@ -62,6 +62,8 @@ type Event struct {
 	RetryAfter int    // seconds, on a 409
 	During     string // OnFenced: "heartbeat" or "record"
 	Err        error  // OnFenced: the error
+	// OnReplay: the key's tombstone answered (its stored response expired)
+	ResultExpired bool
 }
 
 // MiddlewareOptions: all optional.
@@ -78,8 +80,12 @@ type MiddlewareOptions struct {
 	Fingerprint  Fingerprint
 	Classify     func(status int) Kind
 	// The answers for keys a worker completed or failed (no stored response).
-	CompletedResponse                          func(result json.RawMessage) Response
-	FailedResponse                             func(message string) Response
+	CompletedResponse func(result json.RawMessage) Response
+	FailedResponse    func(message string) Response
+	// The answer to a duplicate of a key whose stored response has expired
+	// (only its tombstone is left; the handler never runs again):
+	// ExpiredProblem, a 410, unless set.
+	ExpiredResponse                            func(key string) Response
 	OnReplay, OnConflict, OnMismatch, OnFenced func(Event)
 }
 
@@ -114,6 +120,9 @@ func (o *MiddlewareOptions) normalized() MiddlewareOptions {
 	}
 	if n.CompletedResponse == nil {
 		n.CompletedResponse = func(result json.RawMessage) Response { return JSONResponse(http.StatusOK, result) }
+	}
+	if n.ExpiredResponse == nil {
+		n.ExpiredResponse = ExpiredProblem
 	}
 	if n.FailedResponse == nil {
 		n.FailedResponse = func(message string) Response {
@@ -163,6 +172,7 @@ func RequestOf(ctx context.Context) json.RawMessage { return stateOf(ctx).reques
 //	in progress / retry later    409 with Retry-After (after waiting up to Wait)
 //	key reused, another request  422
 //	completed or failed          the stored response, byte for byte, with Idempotent-Replayed: true
+//	... and its response expired 410 (only the key's tombstone is left; the handler does not run)
 //	new                          the handler runs; its response is recorded, then sent
 //
 // How the key is held while the handler runs depends on opts.Mode (claim,
@@ -310,6 +320,12 @@ func (o *MiddlewareOptions) record(ctx context.Context, job *Claimed, resp Respo
 func (o *MiddlewareOptions) answer(key string, res Result) Response {
 	event := Event{Key: key, Scope: o.Scope, Mode: o.Mode, Outcome: res.Outcome()}
 	var resp Response
+	if expired(res) {
+		resp = o.ExpiredResponse(key)
+		event.ResultExpired = true
+		o.hook(o.OnReplay, withStatus(event, resp.Status))
+		return resp
+	}
 	switch r := res.(type) {
 	case *Completed:
 		stored, ok := decodeResponse(r.Result)
@@ -338,6 +354,17 @@ func (o *MiddlewareOptions) answer(key string, res Result) Response {
 		o.hook(o.OnConflict, withStatus(event, resp.Status))
 	}
 	return resp
+}
+
+// expired: a duplicate answered from the key's tombstone.
+func expired(res Result) bool {
+	switch r := res.(type) {
+	case *Completed:
+		return r.ResultExpired
+	case *Failed:
+		return r.ResultExpired
+	}
+	return false
 }
 
 func (o *MiddlewareOptions) replay(resp Response) Response {

@@ -2,10 +2,12 @@ package idempotency_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -205,5 +207,49 @@ func TestMiddlewareFailures(t *testing.T) {
 	if first.status != 404 || runs.Load() != 2 || replay.status != 404 || !bytes.Equal(replay.body, first.body) ||
 		replay.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("after a 503: %d %s, then %d %s; %d runs", first.status, first.body, replay.status, replay.body, runs.Load())
+	}
+}
+
+// A duplicate after the stored response expired (only the key's tombstone
+// is left): 410 with a problem document naming the key; the handler does
+// not run again, and another body is still a mismatch.
+func TestMiddlewareAnswers410OnceTheResponseExpired(t *testing.T) {
+	db, admin := openDB(t), adminDB(t)
+	var runs atomic.Int64
+	var replays []idempotency.Event
+	var mu sync.Mutex
+	server := httptest.NewServer(idempotency.Middleware(db, &idempotency.MiddlewareOptions{
+		Scope: "go.expired",
+		OnReplay: func(e idempotency.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			replays = append(replays, e)
+		},
+	})(orders(&runs)))
+	defer server.Close()
+	key := newKey(t)
+
+	if first := post(t, server.URL+"/orders", key, `{"item": "tea"}`); first.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	expireResult(t, admin, key, "go.expired")
+	late := post(t, server.URL+"/orders", key, `{"item": "tea"}`)
+	var doc struct {
+		Status         int    `json:"status"`
+		Detail         string `json:"detail"`
+		IdempotencyKey string `json:"idempotency_key"`
+	}
+	if late.status != http.StatusGone || late.header.Get("Content-Type") != "application/problem+json" ||
+		json.Unmarshal(late.body, &doc) != nil || doc.Status != http.StatusGone || doc.IdempotencyKey != key ||
+		!strings.Contains(doc.Detail, strconv.Quote(key)) || runs.Load() != 1 {
+		t.Fatalf("late duplicate: %d %v %s, %d runs", late.status, late.header, late.body, runs.Load())
+	}
+	if other := post(t, server.URL+"/orders", key, `{"item": "coffee"}`); other.status != http.StatusUnprocessableEntity {
+		t.Fatalf("another body: %d %s", other.status, other.body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(replays) != 1 || !replays[0].ResultExpired || replays[0].Status != http.StatusGone {
+		t.Fatalf("OnReplay: %#v", replays)
 	}
 }

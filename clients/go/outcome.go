@@ -29,6 +29,10 @@ type Result interface {
 type Completed struct {
 	Result   json.RawMessage // null when the work stored none
 	Replayed bool            // a duplicate of work done earlier
+	// ResultExpired: a duplicate of work done so long ago that only the
+	// key's tombstone is left; Result is null because it is gone. The work
+	// is never run again.
+	ResultExpired bool
 }
 
 // Decode unmarshals the stored result into v.
@@ -52,7 +56,10 @@ type Failed struct {
 	Retryable  bool
 	RetryAfter time.Duration
 	Replayed   bool
-	Cause      error // the work's error, when this call's work failed
+	// ResultExpired: a duplicate of a final failure so old that only the
+	// key's tombstone is left; Message is empty because it is gone.
+	ResultExpired bool
+	Cause         error // the work's error, when this call's work failed
 }
 
 // Mismatch: the key was used with another request; nothing changed.

@@ -107,6 +107,21 @@ func Problem(status int, title, detail string) Response {
 	return Response{Status: status, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: body}
 }
 
+// ExpiredProblem: 410 Gone for a duplicate of a key whose stored response
+// has passed its retention (only the key's tombstone is left): a problem
+// document, as the other clients write it, naming the key.
+func ExpiredProblem(key string) Response {
+	body, _ := json.Marshal(struct {
+		Title          string `json:"title"`
+		Status         int    `json:"status"`
+		Detail         string `json:"detail"`
+		IdempotencyKey string `json:"idempotency_key"`
+	}{"Idempotent response expired", http.StatusGone,
+		"The request with Idempotency-Key " + strconv.Quote(key) +
+			" was already processed; its stored response has expired and cannot be replayed.", key})
+	return Response{Status: http.StatusGone, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: body}
+}
+
 // write sends resp, with its headers over any the outer handlers set.
 func (resp Response) write(w http.ResponseWriter) {
 	for name, values := range resp.Header {

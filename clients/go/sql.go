@@ -5,8 +5,10 @@ package idempotency
 // as bigint; JSON as text cast to jsonb. Placeholders are $n, which every
 // PostgreSQL driver for database/sql accepts.
 
+// result_expired (extension 0.7.0): the answer came from the key's
+// tombstone; the result is gone and the work is never run again.
 const outcomeColumns = `outcome::text, status::text, token, attempt, result::text, error,
-       extract(epoch FROM retry_after)::float8`
+       extract(epoch FROM retry_after)::float8, coalesce(result_expired, false)`
 
 const sqlClaim = `SELECT ` + outcomeColumns + `
   FROM idempotency.idem_claim($1, $2::jsonb, lease => make_interval(secs => $3::float8), scope => $4)`
