@@ -151,6 +151,15 @@ foreach my $version (@older)
 		($rc, $out, $err) = $node->psql($db, "SELECT outcome FROM idempotency.idem_claim('by-old-app-1')",
 			extra_params => [ '-U', 'old_app' ]);
 		is($out, 'claimed', "$version: after the update the application role still claims") or diag($err);
+		# idem_complete and idem_fail were made anew in 0.7.0 (retain_key):
+		# the role executes the new ones.
+		($rc, $out, $err) = $node->psql($db, q{
+SELECT (idempotency.idem_complete('by-old-app-4', (SELECT token FROM idempotency.idem_claim('by-old-app-4')),
+                                  retain_key => '1 day')).outcome,
+       idempotency.idem_fail('by-old-app-3', (idempotency.idem_claim('by-old-app-3')).token, 'no', false,
+                             retain => '0', retain_key => '1 day')},
+			extra_params => [ '-U', 'old_app' ]);
+		is($out, 'completed|FAILED_FINAL', "$version: ... and completes and fails with the new functions") or diag($err);
 		$node->safe_psql($db, "SELECT idempotency.revoke_role('old_app')");
 		$node->safe_psql($db, "GRANT USAGE ON SCHEMA idempotency TO old_app");
 		# A monitoring role still reads the views, and how their counts
@@ -163,6 +172,9 @@ foreach my $version (@older)
 			"SELECT count(*) >= 0 FROM idempotency.outbox_lag WHERE counted_by = 'commits'",
 			extra_params => [ '-U', 'old_monitor' ]);
 		is($out, 't', "$version: ... and outbox_lag") or diag($err);
+		($rc, $out, $err) = $node->psql($db, "SELECT bytes > 0 FROM idempotency.idem_tombstones",
+			extra_params => [ '-U', 'old_monitor' ]);
+		is($out, 't', "$version: ... and idem_tombstones, new in 0.7.0") or diag($err);
 		$node->safe_psql($db, "SELECT idempotency.revoke_role('old_monitor')");
 	}
 	# Since 0.4.0 no function is executable by PUBLIC: USAGE is not enough,
