@@ -823,8 +823,9 @@ CREATE VIEW idempotency.idem_metrics AS SELECT * FROM idempotency.idem_metrics_r
 
 -- 0.7.0: the tombstones of this database, apart from idem_stats' keys (a
 -- tombstone keeps no scope). tombstones is the table's row estimate, kept
--- by VACUUM and ANALYZE (the purge analyzes the table after a large batch):
--- NULL before the first; counting the rows would read the whole table.
+-- by VACUUM and ANALYZE (autovacuum, and purge_tombstones after a large
+-- batch): NULL before the first; counting the rows would read the whole
+-- table.
 CREATE VIEW idempotency.idem_tombstones AS
 SELECT CASE WHEN c.reltuples OPERATOR(pg_catalog.>=) 0
             THEN c.reltuples::pg_catalog.int8 END AS tombstones,
