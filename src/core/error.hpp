@@ -11,9 +11,11 @@ namespace sqlstate {
 inline constexpr const char* null_value = "22004";        // null_value_not_allowed
 inline constexpr const char* invalid_parameter = "22023"; // invalid_parameter_value
 inline constexpr const char* too_long = "22001";          // string_data_right_truncation
+inline constexpr const char* limit_exceeded = "54000";    // program_limit_exceeded
 inline constexpr const char* stale_token = "IK001";
 inline constexpr const char* no_such_key = "IK002";
 inline constexpr const char* wrong_state = "IK003";
+inline constexpr const char* step_recorded = "IK004";     // the step's name is already recorded
 inline constexpr const char* internal = "XX000";
 }  // namespace sqlstate
 

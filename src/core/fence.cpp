@@ -12,16 +12,18 @@ FenceVerdict check_fence(HolderCall call, const KeyState& key, std::int64_t toke
         return current && processing ? FenceVerdict::Proceed : FenceVerdict::StaleToken;
     if (!current) return FenceVerdict::StaleToken;
     if (processing) return FenceVerdict::Proceed;
-    if (call != HolderCall::Complete) return FenceVerdict::WrongState;
+    if (call != HolderCall::Complete && call != HolderCall::Step) return FenceVerdict::WrongState;
 
     // The one move from a key that is not PROCESSING: a holder whose lease
     // expired keeps its token until the key is claimed again, and its late
-    // complete still records the work it did.
+    // complete still records the work it did, and its steps the steps it
+    // finished (the next holder then skips them).
     const bool expired_under_holder =
         key.lease_expired &&
         (key.status == Status::FailedRetryable || key.status == Status::FailedFinal);
     if (expired_under_holder) return FenceVerdict::Proceed;
-    if (key.status == Status::Completed) return FenceVerdict::AlreadyCompleted;
+    if (key.status == Status::Completed && call == HolderCall::Complete)
+        return FenceVerdict::AlreadyCompleted;
     return FenceVerdict::WrongState;
 }
 

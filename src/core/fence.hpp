@@ -1,5 +1,5 @@
 // Where a holder's call is checked against the key: the fencing rules of
-// complete, fail, heartbeat, release and assert_owner.
+// complete, fail, heartbeat, release, assert_owner and step.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,8 @@
 
 namespace idem {
 
-enum class HolderCall { Complete, Fail, Heartbeat, Release, AssertOwner };
+// Step: the record of a finished step of multi-step work (idem_step).
+enum class HolderCall { Complete, Fail, Heartbeat, Release, AssertOwner, Step };
 
 enum class FenceVerdict {
     Proceed,           // the call may make its transition
@@ -19,7 +20,9 @@ enum class FenceVerdict {
 
 // Only a PROCESSING key's holder may fail, heartbeat, release or assert it.
 // A holder whose lease expired keeps its token until the key is claimed
-// again; until then its complete still counts (nothing else it does).
+// again; until then its complete still counts, and so do the steps it
+// records (nothing else it does). A step is fenced as complete is, but a
+// step after the complete is refused (WrongState), never replayed.
 FenceVerdict check_fence(HolderCall call, const KeyState& key, std::int64_t token);
 
 // The SQLSTATE and the words for a verdict that refuses the call.

@@ -19,6 +19,7 @@ struct KeyState {
     bool lease_expired = false;  // the current token's lease ran out (not the holder's own doing)
     bool registered = false;     // created by idem_register: release returns it to RECEIVED
     std::optional<std::int32_t> max_attempts;  // the attempt cap its claim recorded
+    bool has_steps = false;      // finished steps of multi-step work are recorded (0.7.0)
 };
 
 }  // namespace idem

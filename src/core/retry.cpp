@@ -28,7 +28,7 @@ FailDecision decide_fail(std::int32_t attempts, bool retryable, std::optional<Mi
 }
 
 ReleaseAction decide_release(const KeyState& key) {
-    return key.registered ? ReleaseAction::BackToReceived : ReleaseAction::Delete;
+    return key.registered || key.has_steps ? ReleaseAction::BackToReceived : ReleaseAction::Delete;
 }
 
 }  // namespace idem

@@ -38,7 +38,9 @@ FailDecision decide_fail(std::int32_t attempts, bool retryable, std::optional<Mi
                          const RetryPolicy& policy, double jitter);
 
 // After a release the attempt is given back: a registered key goes back to
-// RECEIVED, any other key is removed.
+// RECEIVED, any other key is removed, unless it holds finished steps: their
+// effects have committed, so it goes back to RECEIVED with them, and the
+// next claim resumes after them instead of running them again.
 enum class ReleaseAction { BackToReceived, Delete };
 ReleaseAction decide_release(const KeyState& key);
 

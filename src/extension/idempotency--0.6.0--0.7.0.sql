@@ -321,3 +321,128 @@ BEGIN
     END LOOP;
 END
 $grant$;
+
+-- ---------------------------------------------------------------- steps
+
+-- Multi-step work: the holder of a key records each finished step
+-- (idem_step) in the transaction of the step's own writes, and a later
+-- claim returns the steps finished so far, to skip them
+-- (docs/keys.md#multi-step-work-resume-after-the-last-finished-step). The
+-- steps are a column of the key's row that no index follows, so that
+-- recording one is a HOT update; they go with the key.
+ALTER TABLE idempotency.idempotency_keys ADD COLUMN steps pg_catalog.jsonb;
+ALTER TYPE idempotency.idem_outcome ADD ATTRIBUTE steps pg_catalog.jsonb;
+
+CREATE FUNCTION idempotency.idem_step(
+    key pg_catalog.text,
+    token pg_catalog.int8,
+    step pg_catalog.text,
+    result pg_catalog.jsonb DEFAULT NULL,
+    scope pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.int4
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_step';
+
+CREATE FUNCTION idempotency.idem_step_key(
+    key pg_catalog.text,
+    step pg_catalog.text,
+    scope pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.text
+LANGUAGE c IMMUTABLE
+AS 'MODULE_PATHNAME', 'idem_step_key';
+
+REVOKE ALL ON FUNCTION idempotency.idem_step(pg_catalog.text, pg_catalog.int8, pg_catalog.text,
+    pg_catalog.jsonb, pg_catalog.text), idempotency.idem_step_key(pg_catalog.text,
+    pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+INSERT INTO idempotency.role_kind_rights (kind, object, is_view) VALUES
+    ('application', 'idem_step(text,bigint,text,jsonb,text)', false),
+    ('application', 'idem_step_key(text,text,text)', false);
+
+-- Claims that resumed after finished steps are counted in idem_metrics, a
+-- column after stats_reset. A function's result columns cannot change in
+-- place: the view leaves the function for the moment of the update (same
+-- columns, no row; nobody sees this), so that it is replaced, never
+-- dropped, and keeps its rights; the function's are given again below to
+-- the view's readers, as 0.6.0 gave them.
+CREATE OR REPLACE VIEW idempotency.idem_metrics AS
+SELECT NULL::pg_catalog.int8 AS claims, NULL::pg_catalog.int8 AS replays,
+       NULL::pg_catalog.int8 AS in_progress, NULL::pg_catalog.int8 AS mismatches,
+       NULL::pg_catalog.int8 AS completions, NULL::pg_catalog.int8 AS failures_retryable,
+       NULL::pg_catalog.int8 AS failures_final, NULL::pg_catalog.int8 AS lease_expirations,
+       NULL::pg_catalog.int8 AS late_completions, NULL::pg_catalog.int8 AS stale_tokens,
+       NULL::pg_catalog.int8 AS inbox_duplicates, NULL::pg_catalog.int8 AS outbox_enqueued,
+       NULL::pg_catalog.int8 AS outbox_deduplicated, NULL::pg_catalog.int8 AS outbox_delivered,
+       NULL::pg_catalog.int8 AS outbox_retried, NULL::pg_catalog.int8 AS outbox_dead,
+       NULL::pg_catalog.int8 AS locks_acquired, NULL::pg_catalog.int8 AS locks_contended,
+       NULL::pg_catalog.int8 AS processing_count, NULL::pg_catalog.int8 AS processing_ms_sum,
+       NULL::pg_catalog.int8[] AS processing_ms_buckets,
+       NULL::pg_catalog.timestamptz AS stats_reset
+ WHERE false;
+DROP FUNCTION idempotency.idem_metrics_row();
+CREATE FUNCTION idempotency.idem_metrics_row(
+    OUT claims pg_catalog.int8,
+    OUT replays pg_catalog.int8,
+    OUT in_progress pg_catalog.int8,
+    OUT mismatches pg_catalog.int8,
+    OUT completions pg_catalog.int8,
+    OUT failures_retryable pg_catalog.int8,
+    OUT failures_final pg_catalog.int8,
+    OUT lease_expirations pg_catalog.int8,
+    OUT late_completions pg_catalog.int8,
+    OUT stale_tokens pg_catalog.int8,
+    OUT inbox_duplicates pg_catalog.int8,
+    OUT outbox_enqueued pg_catalog.int8,
+    OUT outbox_deduplicated pg_catalog.int8,
+    OUT outbox_delivered pg_catalog.int8,
+    OUT outbox_retried pg_catalog.int8,
+    OUT outbox_dead pg_catalog.int8,
+    OUT locks_acquired pg_catalog.int8,
+    OUT locks_contended pg_catalog.int8,
+    OUT processing_count pg_catalog.int8,
+    OUT processing_ms_sum pg_catalog.int8,
+    OUT processing_ms_buckets pg_catalog.int8[],
+    OUT stats_reset pg_catalog.timestamptz,
+    -- 0.7.0: claims granted on a key with finished steps
+    OUT resumed_takeovers pg_catalog.int8)
+RETURNS record
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_metrics_row';
+REVOKE ALL ON FUNCTION idempotency.idem_metrics_row() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_metrics_row() TO pg_monitor;
+CREATE OR REPLACE VIEW idempotency.idem_metrics AS SELECT * FROM idempotency.idem_metrics_row();
+
+-- Roles given a kind's rights before this version get its new functions
+-- (the applications idem_step and idem_step_key), and the readers of
+-- idem_metrics the function behind it again.
+DO $grant$
+DECLARE
+    granted record;
+BEGIN
+    FOR granted IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole AS role, n.function
+          FROM (VALUES ('idempotency.idem_complete(pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb, '
+                        'pg_catalog.text, pg_catalog.interval, pg_catalog.interval)',
+                        'idempotency.idem_step(pg_catalog.text, pg_catalog.int8, pg_catalog.text, '
+                        'pg_catalog.jsonb, pg_catalog.text)'),
+                       ('idempotency.idem_complete(pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb, '
+                        'pg_catalog.text, pg_catalog.interval, pg_catalog.interval)',
+                        'idempotency.idem_step_key(pg_catalog.text, pg_catalog.text, pg_catalog.text)'))
+               AS n(had, function),
+               pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid OPERATOR(pg_catalog.=) n.had::pg_catalog.regprocedure
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+           AND a.grantee OPERATOR(pg_catalog.<>) 0
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+        UNION
+        SELECT a.grantee::pg_catalog.regrole, 'idempotency.idem_metrics_row()'
+          FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+         WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.idem_metrics'::pg_catalog.regclass
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
+           AND a.grantee OPERATOR(pg_catalog.<>) 0
+           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+           AND a.grantee OPERATOR(pg_catalog.<>) 'pg_monitor'::pg_catalog.regrole
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', granted.function, granted.role);
+    END LOOP;
+END
+$grant$;

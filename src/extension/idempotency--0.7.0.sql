@@ -100,7 +100,10 @@ CREATE TYPE idempotency.idem_outcome AS (
     job_ref     pg_catalog.text,
     -- 0.7.0: the key's result has passed its retention and only its
     -- tombstone is left: result is NULL for that reason (docs/keys.md)
-    result_expired pg_catalog.bool
+    result_expired pg_catalog.bool,
+    -- 0.7.0: a claim granted on a key with finished steps: those steps, to
+    -- skip (docs/keys.md#multi-step-work-resume-after-the-last-finished-step)
+    steps       pg_catalog.jsonb
 );
 
 CREATE TYPE idempotency.outbox_state AS ENUM ('pending', 'in_flight', 'delivered', 'dead');
@@ -171,6 +174,10 @@ CREATE TABLE idempotency.idempotency_keys (
     -- 0.7.0: NULL in the table; true in idem_get's answer for a key of
     -- which only the tombstone is left (its result has passed its retention)
     result_expired  pg_catalog.bool,
+    -- 0.7.0: the finished steps of multi-step work (idem_step), by name:
+    -- {"<step>": {"n": place, "attempt": claim, "result": ...}}. No index
+    -- follows it, so that recording a step is a HOT update.
+    steps           pg_catalog.jsonb,
     PRIMARY KEY (scope, key)
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.05);
 
@@ -369,6 +376,29 @@ RETURNS idempotency.idempotency_keys
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'idem_get';
 
+-- 0.7.0: multi-step work. The holder records each finished step in the
+-- transaction of the step's own writes; a later claim returns the steps
+-- finished so far (docs/keys.md).
+CREATE FUNCTION idempotency.idem_step(
+    key pg_catalog.text,
+    token pg_catalog.int8,
+    step pg_catalog.text,
+    result pg_catalog.jsonb DEFAULT NULL,
+    scope pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.int4
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_step';
+
+-- The key to give a step's external call as the provider's idempotency
+-- key: the same at every attempt of the work.
+CREATE FUNCTION idempotency.idem_step_key(
+    key pg_catalog.text,
+    step pg_catalog.text,
+    scope pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.text
+LANGUAGE c IMMUTABLE
+AS 'MODULE_PATHNAME', 'idem_step_key';
+
 CREATE FUNCTION idempotency.idem_assert_owner(
     key pg_catalog.text,
     token pg_catalog.int8,
@@ -541,7 +571,9 @@ CREATE FUNCTION idempotency.idem_metrics_row(
     OUT processing_count pg_catalog.int8,
     OUT processing_ms_sum pg_catalog.int8,
     OUT processing_ms_buckets pg_catalog.int8[],
-    OUT stats_reset pg_catalog.timestamptz)
+    OUT stats_reset pg_catalog.timestamptz,
+    -- 0.7.0: claims granted on a key with finished steps
+    OUT resumed_takeovers pg_catalog.int8)
 RETURNS record
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'idem_metrics_row';
@@ -866,6 +898,8 @@ INSERT INTO idempotency.role_kind_rights (kind, object, is_view) VALUES
     ('application', 'idem_release(text,bigint,text)', false),
     ('application', 'idem_get(text,text)', false),
     ('application', 'idem_assert_owner(text,bigint,text)', false),
+    ('application', 'idem_step(text,bigint,text,jsonb,text)', false),
+    ('application', 'idem_step_key(text,text,text)', false),
     ('application', 'inbox_receive(text,text,jsonb)', false),
     ('application', 'idem_lock(text,interval,text,interval)', false),
     ('application', 'idem_lock_renew(text,bigint,interval)', false),

@@ -1,7 +1,8 @@
 # idempotency.log_transitions: with it on, every transition of a key is one
 # LOG line of key=value fields (scope, key, from, to, token, attempt, and a
-# reason for expiries, failures, releases and retention);
-# with it off, none. Only a superuser may SET it.
+# reason for expiries, failures, releases, retention and claims that resume
+# after finished steps), and every finished step of multi-step work a line
+# of its own; with it off, none. Only a superuser may SET it.
 #
 # Every call below runs in a session of its own that sets the parameter
 # first; the server log written since the previous check is then parsed and
@@ -199,6 +200,44 @@ is_deeply(
 		tx('mfinal', 'PROCESSING', 'FAILED_FINAL', $t_mf, 1, 'lease expired'),
 	],
 	'late complete after maintenance expiry; maintenance expiry to FAILED_FINAL');
+
+# --- multi-step work: a step is a line of its own; a claim that resumes says so --
+# The step lines logged since the previous check, as they are (logged()
+# then reads the transitions of the same stretch).
+sub steps_logged
+{
+	my $log = slurp_file($node->logfile, $offset);
+	return [ map { / LOG:  idempotency step: (.*)$/ ? ($1) : () } split /\n/, $log ];
+}
+my $t_st1 = claim('steps', "lease => '100ms'");
+run("SELECT idempotency.idem_step('steps', $t_st1, 'reserve', scope => 'tlog')");
+run("SELECT idempotency.idem_step('steps', $t_st1, 'charge', '\"ch_1\"', scope => 'tlog')");
+# A refused step (a name already recorded) logs nothing.
+$node->psql('postgres', "$log_on\nSELECT idempotency.idem_step('steps', $t_st1, 'charge', scope => 'tlog')");
+usleep(300_000);
+my $t_st2 = claim('steps');
+run("SELECT idempotency.idem_step('steps', $t_st2, 'email', scope => 'tlog')");
+run("SELECT idempotency.idem_fail('steps', $t_st2, 'boom', retry_in => '0', scope => 'tlog')");
+my $t_st3 = claim('steps');
+run("SELECT idempotency.idem_complete('steps', $t_st3, scope => 'tlog')");
+is_deeply(
+	steps_logged(),
+	[
+		"scope=tlog key=steps status=PROCESSING step=reserve n=1 token=$t_st1 attempt=1",
+		"scope=tlog key=steps status=PROCESSING step=charge n=2 token=$t_st1 attempt=1",
+		"scope=tlog key=steps status=PROCESSING step=email n=3 token=$t_st2 attempt=2",
+	],
+	'each recorded step is one line');
+is_deeply(
+	logged(),
+	[
+		tx('steps', 'none', 'PROCESSING', $t_st1, 1),
+		tx('steps', 'PROCESSING', 'PROCESSING', $t_st2, 2, 'lease expired, resumed after 2 finished steps'),
+		tx('steps', 'PROCESSING', 'FAILED_RETRYABLE', $t_st2, 2, 'retryable'),
+		tx('steps', 'FAILED_RETRYABLE', 'PROCESSING', $t_st3, 3, 'resumed after 3 finished steps'),
+		tx('steps', 'PROCESSING', 'COMPLETED', $t_st3, 3),
+	],
+	'a takeover and a retry that resume after finished steps say so');
 
 # --- idempotency.expire_on_disconnect: the holder's backend has exited ------------
 $node->safe_psql('postgres',

@@ -1,7 +1,8 @@
 // check_fence against the state machine: only the holder of the current
 // token may complete, fail, heartbeat or release a PROCESSING key; the late
 // holder whose lease expired while nobody claimed again may only complete;
-// complete's idempotent replay, IK001 vs IK003, and idem_assert_owner.
+// complete's idempotent replay, IK001 vs IK003, idem_assert_owner, and
+// idem_step (fenced as complete, but never replayed after it).
 #include "core/fence.hpp"
 
 #include <gtest/gtest.h>
@@ -16,7 +17,8 @@ namespace {
 constexpr std::int64_t kToken = 1000;
 
 constexpr HolderCall kAllCalls[] = {HolderCall::Complete, HolderCall::Fail, HolderCall::Heartbeat,
-                                    HolderCall::Release, HolderCall::AssertOwner};
+                                    HolderCall::Release, HolderCall::AssertOwner,
+                                    HolderCall::Step};
 constexpr Status kAllStatuses[] = {Status::Received, Status::Processing, Status::Completed,
                                    Status::FailedRetryable, Status::FailedFinal};
 
@@ -27,6 +29,7 @@ const char* call_name(HolderCall call) {
         case HolderCall::Heartbeat: return "heartbeat";
         case HolderCall::Release: return "release";
         case HolderCall::AssertOwner: return "assert_owner";
+        case HolderCall::Step: return "step";
     }
     return "?";
 }
@@ -53,29 +56,31 @@ constexpr V W = V::WrongState;
 struct Row {
     Status status;
     bool lease_expired;
-    V complete, fail, heartbeat, release, assert_owner;
+    V complete, fail, heartbeat, release, assert_owner, step;
 };
 constexpr Row kCurrentTokenTable[] = {
-    //                                      complete fail hb release assert
+    //                                      complete fail hb release assert step
     // RECEIVED: nobody holds a lease (a current token here would be a bug elsewhere).
-    {Status::Received, false,               W, W, W, W, S},
-    {Status::Received, true,                W, W, W, W, S},
+    {Status::Received, false,               W, W, W, W, S, W},
+    {Status::Received, true,                W, W, W, W, S, W},
     // PROCESSING: the holder does everything, live lease or expired but not yet
     // swept ("a late complete whose lease expired but whose token is still current").
-    {Status::Processing, false,             P, P, P, P, P},
-    {Status::Processing, true,              P, P, P, P, P},
-    // COMPLETED: complete again is a no-op replay; nothing else is allowed (IK003).
-    {Status::Completed, false,              A, W, W, W, S},
-    {Status::Completed, true,               A, W, W, W, S},
+    {Status::Processing, false,             P, P, P, P, P, P},
+    {Status::Processing, true,              P, P, P, P, P, P},
+    // COMPLETED: complete again is a no-op replay; nothing else is allowed
+    // (IK003), a step neither: the work is done.
+    {Status::Completed, false,              A, W, W, W, S, W},
+    {Status::Completed, true,               A, W, W, W, S, W},
     // FAILED_RETRYABLE: reported by the holder itself -> IK003; expired under
-    // the holder and nobody claimed since -> only its late complete counts:
-    // no fail, heartbeat or release moves a key that is not PROCESSING.
-    {Status::FailedRetryable, false,        W, W, W, W, S},
-    {Status::FailedRetryable, true,         P, W, W, W, S},
+    // the holder and nobody claimed since -> only its late complete (and
+    // the steps it finished) count: no fail, heartbeat or release moves a
+    // key that is not PROCESSING.
+    {Status::FailedRetryable, false,        W, W, W, W, S, W},
+    {Status::FailedRetryable, true,         P, W, W, W, S, P},
     // FAILED_FINAL: a complete after a final failure the holder reported
     // itself is IK003; after an exhausted expiry the late complete counts.
-    {Status::FailedFinal, false,            W, W, W, W, S},
-    {Status::FailedFinal, true,             P, W, W, W, S},
+    {Status::FailedFinal, false,            W, W, W, W, S, W},
+    {Status::FailedFinal, true,             P, W, W, W, S, P},
 };
 
 V expected_for(const Row& row, HolderCall call) {
@@ -85,6 +90,7 @@ V expected_for(const Row& row, HolderCall call) {
         case HolderCall::Heartbeat: return row.heartbeat;
         case HolderCall::Release: return row.release;
         case HolderCall::AssertOwner: return row.assert_owner;
+        case HolderCall::Step: return row.step;
     }
     return S;
 }

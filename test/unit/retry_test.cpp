@@ -257,6 +257,17 @@ TEST(DecideRelease, UnregisteredKeyWithEarlierAttemptsIsRemovedToo) {
         EXPECT_EQ(decide_release(held(attempts, false)), ReleaseAction::Delete) << attempts;
 }
 
+TEST(DecideRelease, KeyWithFinishedStepsIsKeptWithThem) {
+    // Its steps' effects have committed: removing the key would have the
+    // next claim run them again.
+    for (bool registered : {false, true})
+        for (std::int32_t attempts : {1, 2, 5}) {
+            KeyState state = held(attempts, registered);
+            state.has_steps = true;
+            EXPECT_EQ(decide_release(state), ReleaseAction::BackToReceived) << attempts;
+        }
+}
+
 TEST(DecideRelease, LateHolderReleaseFollowsTheSameRule) {
     // A holder whose lease expired may still release while nobody claimed again.
     KeyState registered = held(2, true, Status::FailedRetryable);

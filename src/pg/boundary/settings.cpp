@@ -17,6 +17,8 @@ int outbox_run_length = 1;
 int outbox_retention_s = 3600;
 int inbox_retention_s = 7 * 24 * 3600;
 int max_value_bytes = 1024 * 1024;
+int max_steps = 32;
+int max_step_bytes = 16 * 1024;
 int naptime_ms = 1000;
 int launcher_naptime_ms = 10 * 1000;
 int purge_batch = 10000;
@@ -76,6 +78,11 @@ void define() {
                &max_lease_ms, 1, INT_MAX, PGC_SUSET, GUC_UNIT_MS);
     define_int("idempotency.max_value_bytes", "Largest result, payload or error accepted.",
                &max_value_bytes, 1, MaxAllocSize, PGC_SUSET, GUC_UNIT_BYTE);
+    // Every step rewrites the key's steps whole: both bound what that costs.
+    define_int("idempotency.max_steps", "Finished steps a key of multi-step work may record.",
+               &max_steps, 1, 10000, PGC_SUSET, 0);
+    define_int("idempotency.max_step_bytes", "Largest result of one step accepted.",
+               &max_step_bytes, 1, MaxAllocSize, PGC_SUSET, GUC_UNIT_BYTE);
     define_bool("idempotency.log_transitions", "Log each state transition.", &log_transitions,
                 PGC_SUSET);
     define_bool("idempotency.force_drop",

@@ -19,6 +19,8 @@ extern int outbox_run_length;
 extern int outbox_retention_s;
 extern int inbox_retention_s;
 extern int max_value_bytes;
+extern int max_steps;       // finished steps a key may hold
+extern int max_step_bytes;  // the largest result of one step
 extern int naptime_ms;
 extern int launcher_naptime_ms;
 extern int purge_batch;

@@ -15,6 +15,7 @@
 #include "pg/keys/key_insert.hpp"
 #include "pg/keys/key_store.hpp"
 #include "pg/keys/outcome.hpp"
+#include "pg/keys/steps_value.hpp"
 #include "pg/keys/tombstone_store.hpp"
 #include "pg/keys/transition_log.hpp"
 #include "pg/runtime/due_table.hpp"
@@ -64,6 +65,16 @@ void describe(const StoredKey& stored, const ClaimDecision& decision, OutcomeFie
     out->result = stored.result;
     out->has_error = decision.outcome == Outcome::Failed && stored.has_last_error;
     out->error = stored.last_error;
+    out->has_steps = false;  // only a claim granted on a key with steps returns them
+}
+
+// Why a claim of an existing key granted it, for the transition log: a
+// takeover of an expired lease, and multi-step work resumed after its
+// finished steps.
+const char* resumed_reason(const StoredKey& stored, bool takeover) {
+    if (!stored.state.has_steps) return takeover ? "lease expired" : nullptr;
+    return psprintf("%sresumed after %d finished steps", takeover ? "lease expired, " : "",
+                    steps_count(stored.steps));
 }
 
 // An in_progress answer about a holder at work reports, instead of its
@@ -297,7 +308,14 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
                 if (decision.takeover) count_on_commit(Counter::LeaseExpirations);
                 log_transition(args.id, stored.state.status, Status::Processing,
                                out->token, out->attempt,
-                               decision.takeover ? "lease expired" : nullptr);
+                               resumed_reason(stored, decision.takeover));
+                // Multi-step work resumes after the steps an earlier attempt
+                // finished: the new holder gets them and skips them.
+                if (stored.state.has_steps) {
+                    out->steps = stored.steps;
+                    out->has_steps = true;
+                    count_on_commit(Counter::ResumedTakeovers);
+                }
                 break;
             }
             case ClaimAction::ExpireToFinal:

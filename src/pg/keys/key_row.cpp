@@ -121,7 +121,8 @@ const KeyColumns& key_columns(Relation keys) {
                        column_named(desc, "registered"),      column_named(desc, "lease_expired"),
                        column_named(desc, "holder_pid"),      column_named(desc, "purge_at"),
                        column_named(desc, "max_attempts"),    column_named(desc, "retention"),
-                       column_named(desc, "active_since"),    column_named(desc, "key_retention")};
+                       column_named(desc, "active_since"),    column_named(desc, "key_retention"),
+                       column_named(desc, "steps")};
     known_table = RelationGetRelid(keys);
     known_layout = layout;
     return known;
@@ -144,6 +145,9 @@ void read_stored_key(TupleTableSlot* row, const KeyColumns& at, Oid status_type,
     out->last_error = copied(row, at.last_error, &out->has_last_error);
     out->job_ref = copied(row, at.job_ref, &out->has_job_ref);
     out->claimed_at = optional_value(row, at.claimed_at, as_timestamp);
+    // As stored (a TOAST pointer is copied, not its value): a claim reads
+    // it only when it grants a key that has steps.
+    out->steps = copied(row, at.steps, &state.has_steps);
     out->retention.reset();
     if (at.retention != 0) {
         const Datum kept = slot_getattr(row, at.retention, &isnull);
@@ -276,6 +280,14 @@ void write_release(KeyWrite* write, const StoredKey& stored, Status next, Micros
     put(write, at.lease_expired, BoolGetDatum(false));
     clear(write, at.holder_pid);
     clear(write, at.purge_at);
+}
+
+// Recording a step changes no other column: no index follows steps, so it
+// is a HOT update, like a heartbeat.
+void write_steps(KeyWrite* write, Datum steps) {
+    if (write->at->steps == 0)
+        elog(ERROR, "idempotency: the keys table has no steps column: update the extension");
+    put(write, write->at->steps, steps);
 }
 
 Datum interval_datum(Micros micros) {

@@ -20,7 +20,8 @@ struct KeyColumns {
     AttrNumber scope, key, status, token, attempts, lease_until, next_attempt_at, fingerprint,
         result, last_error, job_ref, created_at, updated_at, completed_at, expires_at, claimed_at,
         registered, lease_expired, holder_pid, purge_at, max_attempts, retention, active_since,
-        key_retention;  // 0.7.0
+        key_retention,  // 0.7.0
+        steps;
 };
 
 // The columns of the keys table `keys` (open).
@@ -57,6 +58,7 @@ void write_failure(KeyWrite* write, Status next, const text* error, Micros now,
                    std::optional<Micros> key_retention);
 void write_renewal(KeyWrite* write, Micros lease_until);
 void write_release(KeyWrite* write, const StoredKey& stored, Status next, Micros now);
+void write_steps(KeyWrite* write, Datum steps);
 
 // An interval value of `micros` microseconds.
 Datum interval_datum(Micros micros);

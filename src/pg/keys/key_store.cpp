@@ -139,6 +139,12 @@ Change renew_lease(KeyRow* key, Micros lease_until) {
     return apply(key, write);
 }
 
+Change record_steps(KeyRow* key, Datum steps) {
+    KeyWrite write = begin_change(key);
+    write_steps(&write, steps);
+    return apply(key, write);
+}
+
 Change release_to(KeyRow* key, const StoredKey& stored, Status next, Micros now) {
     KeyWrite write = begin_change(key);
     write_release(&write, stored, next, now);

@@ -32,6 +32,7 @@ struct StoredKey {
     bool has_job_ref;
     std::optional<Micros> claimed_at;  // when the current token was granted
     std::optional<Micros> retention;   // the retention its claim decided, if recorded
+    Datum steps;  // jsonb, the finished steps (pg/keys/steps_value.hpp), when state.has_steps
 };
 
 // A plain read (SELECT): false when the key does not exist in this step's
@@ -100,6 +101,9 @@ Change record_failure(KeyRow* row, Status next, const text* error, Micros now,
 
 // A heartbeat: a new lease for a PROCESSING key.
 Change renew_lease(KeyRow* row, Micros lease_until);
+
+// A finished step recorded: `steps` is the key's steps with the new one.
+Change record_steps(KeyRow* row, Datum steps);
 
 // A release: back to RECEIVED with the attempt given back, or deleted.
 Change release_to(KeyRow* row, const StoredKey& stored, Status next, Micros now);

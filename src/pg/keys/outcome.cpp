@@ -8,7 +8,7 @@ namespace {
 
 enum Column {
     kOutcome, kStatus, kToken, kAttempt, kResult, kError, kRetryAfter, kJobRef,
-    kResultExpired,  // from 0.7.0
+    kResultExpired, kSteps,  // from 0.7.0
     kColumns
 };
 
@@ -25,7 +25,7 @@ Datum interval_datum(Micros value) {
 Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields) {
     TupleDesc desc = nullptr;
     if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE ||
-        (desc->natts != kColumns && desc->natts != kResultExpired))
+        desc->natts < kResultExpired || desc->natts > kColumns)
         elog(ERROR, "idempotency: function must return idem_outcome");
 
     Datum values[kColumns];
@@ -48,6 +48,8 @@ Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields) {
     values[kJobRef] = fields.job_ref;
     nulls[kJobRef] = !fields.has_job_ref;
     values[kResultExpired] = BoolGetDatum(fields.result_expired);
+    values[kSteps] = fields.steps;
+    nulls[kSteps] = !fields.has_steps;
     return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 }
 

@@ -29,6 +29,10 @@ struct OutcomeFields {
     // The answer comes from the key's tombstone: its result has passed its
     // retention (0.7.0; an older version's type has no such column).
     bool result_expired = false;
+    // The key's finished steps, for a claim that resumes multi-step work
+    // (0.7.0; pg/keys/steps_value.hpp).
+    Datum steps = 0;  // jsonb, when has_steps
+    bool has_steps = false;
 };
 
 Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields);

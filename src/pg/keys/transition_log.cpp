@@ -55,4 +55,20 @@ void log_transition(const KeyId& id, std::optional<Status> from,
     pfree(line.data);
 }
 
+void log_step(const KeyId& id, Status status, const text* step, std::int32_t n,
+              std::int64_t token, std::int32_t attempt) {
+    if (!settings::log_transitions) return;
+    StringInfoData line;
+    initStringInfo(&line);
+    appendStringInfoString(&line, "idempotency step:");
+    append_field(&line, "scope", text_to_cstring(id.scope));
+    append_field(&line, "key", text_to_cstring(id.key));
+    append_field(&line, "status", status_label(status));
+    append_field(&line, "step", text_to_cstring(step));
+    appendStringInfo(&line, " n=%d token=%lld attempt=%d", n, static_cast<long long>(token),
+                     attempt);
+    ereport(LOG, (errmsg("%s", line.data), errhidestmt(true)));
+    pfree(line.data);
+}
+
 }  // namespace idem::pg

@@ -19,4 +19,10 @@ void log_transition(const KeyId& id, std::optional<Status> from,
                     std::optional<Status> to, std::optional<std::int64_t> token,
                     std::int32_t attempt, const char* reason = nullptr);
 
+// A finished step recorded (idem_step): a line of its own under the same
+// setting, "idempotency step:", with the key's status, the step's name and
+// its place `n`, the token and the attempt. Not a transition: not counted.
+void log_step(const KeyId& id, Status status, const text* step, std::int32_t n,
+              std::int64_t token, std::int32_t attempt);
+
 }  // namespace idem::pg

@@ -12,7 +12,7 @@ extern "C" {
 
 namespace idem::pg {
 
-inline constexpr int kCounterCount = 20;     // the idem_metrics bigint columns
+inline constexpr int kCounterCount = 21;     // the idem_metrics bigint columns
 inline constexpr int kBucketCount = 10;      // processing_ms_buckets
 
 struct SharedCounters {

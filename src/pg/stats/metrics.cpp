@@ -115,10 +115,20 @@ Datum metrics_body(FunctionCallInfo fcinfo) {
         elog(ERROR, "idempotency: idem_metrics must return a row");
     desc = BlessTupleDesc(desc);
 
-    Datum values[kCounterCount + 2];
-    bool nulls[kCounterCount + 2] = {};
-    for (int i = 0; i < kCounterCount; ++i)
-        values[i] = Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&shared->counters[i])));
+    // The counters up to ProcessingMsSum, the buckets and stats_reset (the
+    // columns of 0.6.0), then the counters 0.7.0 added after them.
+    constexpr int kFirstCounters = static_cast<int>(Counter::ProcessingMsSum) + 1;
+    constexpr int kLaterCounters = kCounterCount - kFirstCounters;
+    constexpr int kColumns = kCounterCount + 2;
+    if (desc->natts != kColumns && desc->natts != kColumns - kLaterCounters)
+        elog(ERROR, "idempotency: idem_metrics_row returns %d columns, not %d", desc->natts,
+             kColumns);
+    Datum values[kColumns];
+    bool nulls[kColumns] = {};
+    auto counter_datum = [shared](int i) {
+        return Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&shared->counters[i])));
+    };
+    for (int i = 0; i < kFirstCounters; ++i) values[i] = counter_datum(i);
     // processing_ms_sum is kept in microseconds.
     constexpr int kMsSum = static_cast<int>(Counter::ProcessingMsSum);
     values[kMsSum] = Int64GetDatum(
@@ -126,10 +136,11 @@ Datum metrics_body(FunctionCallInfo fcinfo) {
     Datum buckets[kBucketCount];
     for (int i = 0; i < kBucketCount; ++i)
         buckets[i] = Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&shared->buckets[i])));
-    values[kCounterCount] = int8_array(buckets, kBucketCount);
+    values[kFirstCounters] = int8_array(buckets, kBucketCount);
     SpinLockAcquire(&shared->mutex);
-    values[kCounterCount + 1] = TimestampTzGetDatum(shared->stats_reset);
+    values[kFirstCounters + 1] = TimestampTzGetDatum(shared->stats_reset);
     SpinLockRelease(&shared->mutex);
+    for (int i = kFirstCounters; i < kCounterCount; ++i) values[i + 2] = counter_datum(i);
     return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 }
 

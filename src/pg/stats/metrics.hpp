@@ -10,7 +10,8 @@
 
 namespace idem::pg {
 
-// In the order of the idem_metrics columns.
+// In the order of the idem_metrics columns (ResumedTakeovers, from 0.7.0,
+// comes after processing_ms_buckets and stats_reset).
 enum class Counter : int {
     Claims,
     Replays,
@@ -32,6 +33,7 @@ enum class Counter : int {
     LocksContended,
     ProcessingCount,
     ProcessingMsSum,  // kept in microseconds, shown in ms
+    ResumedTakeovers,  // claims granted on a key with finished steps
 };
 
 // An answer given: counted now, whatever becomes of the transaction.
