@@ -102,18 +102,23 @@ func registerOnce(ctx context.Context, q Queryer, key string, request any, o Cla
 
 func readOutcome(row *sql.Row, key string, o ClaimOptions) (Result, error) {
 	var (
-		outcome               string
-		status, result, cause sql.NullString
-		token, attempt        sql.NullInt64
-		retryAfter            sql.NullFloat64
-		expired               bool
+		outcome                      string
+		status, result, cause, steps sql.NullString
+		token, attempt               sql.NullInt64
+		retryAfter                   sql.NullFloat64
+		expired                      bool
 	)
-	if err := row.Scan(&outcome, &status, &token, &attempt, &result, &cause, &retryAfter, &expired); err != nil {
+	if err := row.Scan(&outcome, &status, &token, &attempt, &result, &cause, &retryAfter, &expired, &steps); err != nil {
 		return nil, wrap(err)
 	}
 	switch Outcome(outcome) {
 	case OutcomeClaimed:
-		return &Claimed{Key: key, Scope: o.Scope, Token: token.Int64, Attempt: int(attempt.Int64), Lease: o.Lease}, nil
+		finished, err := parseSteps(steps)
+		if err != nil {
+			return nil, err
+		}
+		return &Claimed{Key: key, Scope: o.Scope, Token: token.Int64, Attempt: int(attempt.Int64), Lease: o.Lease,
+			steps: finished, resumed: len(finished) > 0}, nil
 	case outcomeRegistered:
 		return &registered{}, nil
 	case OutcomeCompleted:

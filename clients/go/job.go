@@ -23,6 +23,8 @@ type Claimed struct {
 	lost     error  // set by the heartbeat when the lease is lost
 	finished string // "completed" or "released" once recorded
 	result   []byte
+	steps    map[string]FinishedStep // multi-step work: the steps finished so far (steps.go)
+	resumed  bool                    // the claim resumed after steps an earlier attempt finished
 }
 
 // Resume rebuilds a claim made elsewhere (another process handed over its

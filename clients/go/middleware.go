@@ -151,7 +151,10 @@ func stateOf(ctx context.Context) *requestState {
 
 // ClaimOf is the claim of the request a handler under Middleware serves
 // (claim and transaction modes): Key, Token, Attempt, and AssertOwner to
-// fence a transaction of its own. nil otherwise.
+// fence a transaction of its own; for a multi-step handler Steps, Step (in
+// claim mode: a transaction of its own per step, so that a retry of a
+// failed request resumes after the steps that finished) and StepTx (in
+// transaction mode, on TxOf). nil otherwise.
 func ClaimOf(ctx context.Context) *Claimed { return stateOf(ctx).claim }
 
 // TxOf is the request's transaction in transaction and register modes: the

@@ -8,7 +8,7 @@ package idempotency
 // result_expired (extension 0.7.0): the answer came from the key's
 // tombstone; the result is gone and the work is never run again.
 const outcomeColumns = `outcome::text, status::text, token, attempt, result::text, error,
-       extract(epoch FROM retry_after)::float8, coalesce(result_expired, false)`
+       extract(epoch FROM retry_after)::float8, coalesce(result_expired, false), steps::text`
 
 const sqlClaim = `SELECT ` + outcomeColumns + `
   FROM idempotency.idem_claim($1, $2::jsonb, lease => make_interval(secs => $3::float8), scope => $4)`
@@ -34,6 +34,9 @@ const sqlHeartbeat = `SELECT idempotency.idem_heartbeat($1, $2::bigint,
 const sqlRelease = `SELECT idempotency.idem_release($1, $2::bigint, scope => $3)`
 
 const sqlAssertOwner = `SELECT idempotency.idem_assert_owner($1, $2::bigint, scope => $3)`
+
+// A finished step of multi-step work, recorded in the step's transaction.
+const sqlStep = `SELECT idempotency.idem_step($1, $2::bigint, $3, $4::jsonb, scope => $5)`
 
 const sqlEnqueue = `SELECT idempotency.outbox_enqueue($1, $2::jsonb, key => $3, headers => $4::jsonb,
                            dedup_key => $5)`

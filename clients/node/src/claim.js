@@ -7,6 +7,7 @@ import { Heartbeat } from './heartbeat.js';
 import { callHook } from './hooks.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, NEXT_ATTEMPT, RELEASE, jsonParam } from './sql.js';
 import { isClosing, track } from './state.js';
+import { parseSteps, runStep, stepKey } from './steps.js';
 import { withTransaction } from './transaction.js';
 import { claimWaiting, groupId } from './wait.js';
 
@@ -14,11 +15,29 @@ const DEFAULT_LEASE = 30;
 
 // A claimed key, handed to the work function.
 export class Job {
-  constructor(pool, { key, token, scope, attempt, lease, signal }) {
+  constructor(pool, { key, token, scope, attempt, lease, signal, steps = null }) {
     Object.assign(this, { key, token, scope, attempt, lease, signal });
     this.pool = pool;
     this.finished = null;   // 'completed' or 'released' once recorded
     this.result = undefined;
+    // The steps finished so far, by name, in their order: those an earlier
+    // attempt finished (this claim resumes after them), then this job's.
+    this.steps = parseSteps(steps);
+    this.resumed = this.steps.size > 0;
+  }
+
+  // A step of multi-step work: the stored result when it finished before
+  // (in an earlier attempt, or in this one), else fn(client, { key }) in a
+  // transaction of its own, recorded with idem_step in that transaction
+  // (so its writes on `client` commit with the record, or neither does).
+  // `key` is the step's key for an external call (idem_step_key).
+  step(name, fn) {
+    return runStep(this, name, fn);
+  }
+
+  // The key of a step's external call (the same as idem_step_key).
+  stepKey(name) {
+    return stepKey(this.scope, this.key, name);
   }
 
   // Fences the caller's transaction: IK001 unless this job still holds the
@@ -115,7 +134,7 @@ async function run(pool, options, row, work) {
   };
   forward(beat?.signal);
   forward(signal);
-  const job = new Job(pool, { key, token: row.token, scope, attempt: row.attempt, lease, signal: controller.signal });
+  const job = new Job(pool, { key, token: row.token, scope, attempt: row.attempt, lease, signal: controller.signal, steps: row.steps });
   let settled;
   let stopped = false;
   const untrack = track(pool, {

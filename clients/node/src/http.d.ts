@@ -1,4 +1,4 @@
-import type { Json, PoolClientLike, PoolLike, Queryable } from './index.js';
+import type { FinishedStep, Json, PoolClientLike, PoolLike, Queryable } from './index.js';
 
 /** A response as the middleware records and replays it. */
 export interface IdempotentResponse {
@@ -82,4 +82,14 @@ export interface IdempotencyContext {
   signal: AbortSignal;
   /** Fences a transaction of the handler's own (claim mode): IK001 once the key was taken over. */
   fence(client: Queryable): Promise<unknown>;
+  /** The steps finished so far (by earlier attempts, then this request), in their order. */
+  readonly steps: Map<string, FinishedStep>;
+  /**
+   * A step of multi-step work: its stored result when it finished before, else fn's,
+   * recorded with idem_step in the transaction fn's writes are in (its own in claim
+   * mode, the request's in transaction mode; not in register mode).
+   */
+  step<T extends Json>(name: string, fn: (client: PoolClientLike, step: { key: string }) => Promise<T>): Promise<T>;
+  /** The key of a step's external call, as idem_step_key gives it. */
+  stepKey(name: string): string;
 }

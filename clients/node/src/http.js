@@ -26,6 +26,7 @@ import { callHook } from './hooks.js';
 import { decodeResponse, encodeResponse, isStoredResponse, jsonResponse, problem, response, storedFailure } from './response.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, REGISTER, RELEASE, jsonParam } from './sql.js';
 import { isClosing, track } from './state.js';
+import { parseSteps, runStep, stepKey } from './steps.js';
 import { claimWaiting, groupId } from './wait.js';
 
 const MODES = new Set(['claim', 'transaction', 'register']);
@@ -170,7 +171,7 @@ async function beginClaim(opts, key, request, signal) {
     await pool.query(sql, params);
   };
   return {
-    exchange: new Exchange(opts, { key, request, token: row.token, attempt: row.attempt, heartbeat: beat }, {
+    exchange: new Exchange(opts, { key, request, token: row.token, attempt: row.attempt, heartbeat: beat, steps: row.steps }, {
       complete: (stored) => record(COMPLETE, [key, row.token, jsonParam(stored), opts.scope]),
       fail: (error, retryable) => record(FAIL, [key, row.token, error, retryable, retryable ? opts.retryIn : null, opts.scope]),
       discard: () => beat.stop(),
@@ -240,7 +241,7 @@ async function beginInTransaction(opts, key, request, signal) {
       client.release();
     }
   };
-  const context = { key, request, token: row.token, attempt: row.attempt, client };
+  const context = { key, request, token: row.token, attempt: row.attempt, client, steps: row.steps };
   const registering = opts.mode === 'register';
   // Runs the statements of an outcome, then COMMIT; ROLLBACK if any fails.
   const settle = async (statements) => {
@@ -289,6 +290,10 @@ export class Exchange {
     this.steps = steps;
     this.settled = false;
     const { key, request, token = null, attempt = null, client = null, heartbeat = null } = context;
+    // Multi-step handlers: the steps an earlier attempt finished, and
+    // step(name, fn) as a worker's job has it (steps.js): in claim mode in
+    // a transaction of its own, in transaction mode on the request's.
+    const holder = { pool: opts.pool, client, key, token, scope: opts.scope, attempt, steps: parseSteps(context.steps) };
     this.key = key;
     this.heartbeat = heartbeat;
     // Aborted when the lease is lost, the client went away, or a shutdown
@@ -302,6 +307,12 @@ export class Exchange {
       key, request, token, attempt, client, signal: this.controller.signal,
       // Fences a transaction of the handler's own (claim mode).
       fence: (other) => other.query(ASSERT_OWNER, [key, token, opts.scope]),
+      steps: holder.steps,
+      step: async (name, fn) => {
+        if (token === null) throw new Error('idempotency: steps need a claimed key (claim or transaction mode)');
+        return runStep(holder, name, fn);
+      },
+      stepKey: (name) => stepKey(opts.scope, key, name),
     };
     let done;
     this.owner = {

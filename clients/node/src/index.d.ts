@@ -59,6 +59,16 @@ export interface ClaimEvent {
 export declare function shutdown(pool: PoolLike, options?: { timeout?: number }): Promise<void>;
 
 /** A claimed key, handed to the work function. */
+/** A finished step of multi-step work: its place, the attempt that recorded it, its result. */
+export interface FinishedStep {
+  n: number;
+  attempt: number;
+  result: Json;
+}
+
+/** The key of a step's external call, as idem_step_key(key, step, scope) gives it. */
+export declare function stepKey(scope: string, key: string, step: string): string;
+
 export declare class Job {
   readonly key: string;
   readonly token: string;
@@ -77,6 +87,18 @@ export declare class Job {
   transaction<T extends Json>(fn: (client: PoolClientLike) => Promise<T>): Promise<T>;
   /** Gives the key back without counting an attempt. */
   release(): Promise<void>;
+  /** The steps finished so far (by earlier attempts, then this job), in their order. */
+  readonly steps: Map<string, FinishedStep>;
+  /** True when the claim resumed after steps an earlier attempt finished. */
+  readonly resumed: boolean;
+  /**
+   * A step of multi-step work: its stored result when it finished before, else fn's,
+   * recorded with idem_step in the transaction fn's writes on `client` are in.
+   * `step.key` is the key to give the step's external call.
+   */
+  step<T extends Json>(name: string, fn: (client: PoolClientLike, step: { key: string }) => Promise<T>): Promise<T>;
+  /** The key of a step's external call (idem_step_key). */
+  stepKey(name: string): string;
 }
 
 export type ClaimResult<T = Json> =

@@ -5,3 +5,4 @@ export { FinalError, RetryableError, isStaleToken } from './errors.js';
 export { canonicalJson, defaultFingerprint } from './fingerprint.js';
 export { jsonResponse, problem } from './response.js';
 export { shutdown } from './state.js';
+export { stepKey } from './steps.js';

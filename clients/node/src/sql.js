@@ -11,7 +11,7 @@ export function jsonParam(value) {
 // tombstone, its result is gone (docs/keys.md#tombstones-the-dedup-window-outlives-the-result).
 const OUTCOME_COLUMNS = `outcome, status, token::text AS token, attempt, result, error,
        extract(epoch FROM retry_after)::float8 AS retry_after, job_ref,
-       coalesce(result_expired, false) AS result_expired`;
+       coalesce(result_expired, false) AS result_expired, steps`;
 
 export const CLAIM = `SELECT ${OUTCOME_COLUMNS}
   FROM idempotency.idem_claim($1, $2::jsonb, lease => make_interval(secs => $3::float8),
@@ -33,6 +33,7 @@ export const HEARTBEAT = `SELECT idempotency.idem_heartbeat($1, $2::bigint,
                                           extend => make_interval(secs => $3::float8), scope => $4)`;
 export const RELEASE = 'SELECT idempotency.idem_release($1, $2::bigint, scope => $3)';
 export const ASSERT_OWNER = 'SELECT idempotency.idem_assert_owner($1, $2::bigint, scope => $3)';
+export const STEP = 'SELECT idempotency.idem_step($1, $2::bigint, $3, $4::jsonb, scope => $5) AS n';
 
 export const ENQUEUE = `SELECT idempotency.outbox_enqueue($1, $2::jsonb, key => $3, headers => $4::jsonb,
                                       dedup_key => $5, deliver_at => $6::timestamptz)::text AS id`;

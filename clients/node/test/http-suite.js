@@ -14,6 +14,7 @@ export function httpSuite(framework, startServer) {
     const runs = new Map();          // per key: how many times a handler ran
     const ran = (key) => runs.get(key) ?? 0;
     const count = (key) => runs.set(key, ran(key) + 1).get(key);
+    const charges = new Map();       // per step key: how many charges the provider saw
     let server;
 
     const routes = [
@@ -31,6 +32,26 @@ export function httpSuite(framework, startServer) {
           const n = count(idempotency.key);
           await sleep(body.delay);
           return { status: 201, json: { order: n } };
+        },
+      },
+      {
+        // Multi-step: a write in this database, then a charge at a provider
+        // (charges, by the step's key); the first run answers 503 after the
+        // charge, and the retry resumes after both steps.
+        path: '/steps', options: { scope: `${framework}.steps` },
+        handler: async ({ idempotency }) => {
+          const n = count(idempotency.key);
+          const resumed = [...idempotency.steps.keys()];
+          const reserve = await idempotency.step('reserve', async (client) => {
+            await client.query('INSERT INTO effects (key, worker) VALUES ($1, $2)', [idempotency.key, 'reserve']);
+            return { reserved: 1 };
+          });
+          const charge = await idempotency.step('charge', async (client, step) => {
+            charges.set(step.key, (charges.get(step.key) ?? 0) + 1);
+            return { charge: step.key };
+          });
+          if (n === 1) return { status: 503, json: { error: 'mail provider down' } };
+          return { status: 201, json: { reserve, charge, resumed, stepKey: idempotency.stepKey('charge') } };
         },
       },
       {
@@ -196,6 +217,26 @@ export function httpSuite(framework, startServer) {
       assert.equal(retry.status, 201);
       assert.equal(retry.replayed, false);
       assert.equal((await post('/flaky', key, {})).replayed, true);
+      assert.equal(ran(key), 2);
+    });
+
+    test('steps: the retry of a multi-step handler resumes after the steps that finished', async () => {
+      const key = newKey();
+      assert.equal((await post('/steps', key, {})).status, 503);
+      const retry = await post('/steps', key, {});
+      assert.equal(retry.status, 201);
+      const body = JSON.parse(retry.text);
+      assert.deepEqual(body.resumed, ['reserve', 'charge']);
+      assert.deepEqual(body.reserve, { reserved: 1 });
+      assert.equal(body.charge.charge, body.stepKey);
+      assert.equal(charges.get(body.stepKey), 1);
+      const { rows: [{ sql }] } = await pool.query('SELECT idempotency.idem_step_key($1, $2, $3) AS sql',
+        [key, 'charge', `${framework}.steps`]);
+      assert.equal(body.stepKey, sql);
+      const { rows: [{ n }] } = await pool.query(
+        "SELECT count(*)::int AS n FROM effects WHERE key = $1 AND worker = 'reserve'", [key]);
+      assert.equal(n, 1);
+      assert.equal((await post('/steps', key, {})).replayed, true);
       assert.equal(ran(key), 2);
     });
 

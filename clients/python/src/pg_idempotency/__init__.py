@@ -8,9 +8,10 @@ with ``pg_idempotency.flask``, and ``pg_idempotency.django``."""
 from .aclaim import AsyncJob, aclaim, arun_once
 from .claim import Job, claim, idempotent, run_once
 from .errors import FinalError, NotClaimed, RetryableError, default_classify, is_stale_token
+from ._steps import Step, step_key
 from .outbox import AsyncConsumer, Consumer, aenqueue, enqueue, settlement
 
 __all__ = ["AsyncConsumer", "AsyncJob", "Consumer", "FinalError", "Job", "NotClaimed", "RetryableError", "aclaim",
            "aenqueue", "arun_once", "claim", "default_classify", "enqueue", "idempotent", "is_stale_token",
-           "run_once", "settlement"]
+           "run_once", "settlement", "Step", "step_key"]
 __version__ = "0.2.0"

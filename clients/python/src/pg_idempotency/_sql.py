@@ -13,7 +13,7 @@ def jsonb(value):
 # tombstone; the result is gone and the work is never run again.
 _OUTCOME = """outcome::text AS outcome, status::text AS status, token, attempt, result, error,
        extract(epoch FROM retry_after)::float8 AS retry_after, job_ref,
-       coalesce(result_expired, false) AS result_expired"""
+       coalesce(result_expired, false) AS result_expired, steps"""
 
 CLAIM = f"""SELECT {_OUTCOME}
   FROM idempotency.idem_claim(%(key)s, %(request)s, lease => make_interval(secs => %(lease)s),
@@ -36,6 +36,7 @@ HEARTBEAT = """SELECT idempotency.idem_heartbeat(%(key)s, %(token)s,
                                     extend => make_interval(secs => %(lease)s), scope => %(scope)s)"""
 RELEASE = "SELECT idempotency.idem_release(%(key)s, %(token)s, scope => %(scope)s)"
 ASSERT_OWNER = "SELECT idempotency.idem_assert_owner(%(key)s, %(token)s, scope => %(scope)s)"
+STEP = "SELECT idempotency.idem_step(%(key)s, %(token)s, %(step)s, %(result)s, scope => %(scope)s)"
 
 ENQUEUE = """SELECT idempotency.outbox_enqueue(%(topic)s, %(payload)s, key => %(key)s, headers => %(headers)s,
                                    dedup_key => %(dedup_key)s, deliver_at => %(deliver_at)s) AS id"""

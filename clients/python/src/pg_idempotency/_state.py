@@ -4,6 +4,7 @@ the extension's answers, and how a job's error becomes a failure."""
 from psycopg.rows import dict_row
 
 from . import _sql
+from ._steps import parse_steps, step_key
 from .errors import default_classify, is_stale_token
 
 
@@ -35,9 +36,17 @@ class JobState:
         self.result_expired = False
         self.exception = None       # what the block raised
         self.finished = None        # 'completed' or 'released' once recorded
+        # Multi-step work: the steps finished so far, by name, in their order
+        # (an earlier attempt's, which the claim resumes after, then this job's).
+        self.steps = {}
+        self.resumed = False
 
     def __repr__(self):
         return f"<Job {self.scope}/{self.key} {self.outcome}>"
+
+    def step_key(self, name):
+        """The key of a step's external call (the same as idem_step_key)."""
+        return step_key(self.scope, self.key, name)
 
     def params(self, **extra):
         return {"key": self.key, "scope": self.scope, "token": self.token, "lease": self.lease, **extra}
@@ -52,6 +61,8 @@ class JobState:
         self.token = row["token"]
         self.attempt = row["attempt"]
         self.result_expired = bool(row.get("result_expired"))
+        self.steps = parse_steps(row.get("steps"))
+        self.resumed = bool(self.steps)
         if self.outcome == "completed":
             self.result, self.replayed = row["result"], True
         elif self.outcome == "failed":

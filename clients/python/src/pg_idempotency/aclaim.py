@@ -2,6 +2,7 @@
 behaves as ``claim`` (see claim.py), with the heartbeat in a task."""
 
 import asyncio
+import contextlib
 from contextlib import asynccontextmanager
 
 import psycopg
@@ -9,6 +10,7 @@ from psycopg import pq
 
 from . import _sql
 from ._state import JobState, dict_cursor, exit_action
+from ._steps import AsyncStep, StepHolder, arun_step
 from .errors import NotClaimed, is_stale_token
 from .hooks import Hooks
 
@@ -122,6 +124,14 @@ class AsyncJob(JobState):
         async with self.conn.transaction():
             await self.conn.execute(_sql.RELEASE, self.params())
         self.outcome = self.finished = "released"
+
+    def step(self, name, fn=None):
+        """A step of multi-step work (see ``Job.step``): ``await
+        job.step(name, afn)`` awaits ``afn(step)`` unless the step finished
+        before, or ``async with job.step(name) as s``."""
+        holder = StepHolder(self.key, self.token, self.scope, self.attempt, self.steps,
+                            lambda: contextlib.nullcontext(self.conn))
+        return AsyncStep(holder, name) if fn is None else arun_step(holder, name, fn)
 
     async def _fail(self, exc):
         async with self.conn.transaction():

@@ -20,14 +20,16 @@ requests replay what it stored).
 """
 
 import asyncio
+import contextlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import psycopg
 
 from . import _sql
 from ._state import JobState, dict_cursor
+from ._steps import AsyncStep, StepHolder, arun_step, step_key
 from .aclaim import start_beat, stop_beat
 from .hooks import Hooks
 from .waiting import AsyncOwners, answered_row
@@ -49,9 +51,26 @@ class IdempotencyContext:
     conn: Any = None              # the AsyncConnection of the key's transaction (transaction, register)
     lost: Optional[asyncio.Event] = None   # set when the lease is lost (claim mode)
 
+    steps: dict = field(default_factory=dict)   # multi-step handlers: the steps finished so far
+    # Where a step's transaction runs: a connection of the pool (claim mode)
+    # or the key's transaction (transaction mode).
+    connection: Any = field(default=None, repr=False)
+
     async def fence(self, conn):
         """Fences a transaction of the handler's own: IK001 once the key was taken over."""
         await conn.execute(_sql.ASSERT_OWNER, {"key": self.key, "token": self.token, "scope": self.scope})
+
+    def step(self, name, fn=None):
+        """A step of a multi-step handler, as ``AsyncJob.step``: in claim mode
+        in a transaction of its own, so that a retry of a failed request
+        resumes after the steps that finished; in transaction mode on
+        ``conn``, committed with everything else; not in register mode."""
+        holder = StepHolder(self.key, self.token, self.scope, self.attempt, self.steps, self.connection)
+        return AsyncStep(holder, name) if fn is None else arun_step(holder, name, fn)
+
+    def step_key(self, name):
+        """The key of a step's external call (idem_step_key)."""
+        return step_key(self.scope, self.key, name)
 
 
 class _Recorder:
@@ -200,6 +219,7 @@ class IdempotencyMiddleware:
             return await _send(send, self._answer(row, job, scope))
         job.answered(row)
         context.token, context.attempt, context.lost = job.token, job.attempt, asyncio.Event()
+        context.steps, context.connection = job.steps, pool.connection
         job.lost = context.lost
 
         async def record(sql, **params):
@@ -293,6 +313,8 @@ class IdempotencyMiddleware:
         registering = self.mode == "register"
         job.answered(row)
         context.token, context.attempt, context.conn = job.token, job.attempt, conn
+        if not registering:
+            context.steps, context.connection = job.steps, lambda: contextlib.nullcontext(conn)
         await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
         recorder = _Recorder()
         try:

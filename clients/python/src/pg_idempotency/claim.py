@@ -23,6 +23,7 @@ claim, business writes and complete commit together): no heartbeat then,
 and exceptions propagate, since the caller's rollback undoes the claim.
 """
 
+import contextlib
 import functools
 import threading
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from psycopg import pq
 
 from . import _sql
 from ._state import JobState, dict_cursor, exit_action
+from ._steps import StepHolder, SyncStep, run_step
 from .errors import NotClaimed, is_stale_token
 from .hooks import Hooks
 
@@ -115,6 +117,19 @@ class Job(JobState):
         with self.conn.transaction():
             self.conn.execute(_sql.RELEASE, self.params())
         self.outcome = self.finished = "released"
+
+    def step(self, name, fn=None):
+        """A step of multi-step work. ``job.step(name, fn)`` returns the
+        stored result when the step finished before, else runs ``fn(step)``
+        in a transaction on the job's connection and records the step in it
+        (``step.key``: the key for the step's external call; ``step.conn``:
+        the connection whose writes commit with the record). Without ``fn``,
+        a context manager: ``with job.step(name) as s`` (the block runs
+        either way: when ``s.done`` it finished before and ``s.result`` is
+        its result; else set ``s.result``)."""
+        holder = StepHolder(self.key, self.token, self.scope, self.attempt, self.steps,
+                            lambda: contextlib.nullcontext(self.conn))
+        return SyncStep(holder, name) if fn is None else run_step(holder, name, fn)
 
     def _fail(self, exc):
         with self.conn.transaction():

@@ -5,6 +5,7 @@ The behaviour is the ASGI middleware's (see pg_idempotency.asgi), in the
 modes 'claim' and 'transaction', on a ``psycopg_pool.ConnectionPool``;
 the heartbeat of claim mode is a thread, stopped by a flag."""
 
+import contextlib
 import json
 import threading
 
@@ -13,6 +14,7 @@ from psycopg.rows import dict_row
 
 from . import _sql
 from ._state import JobState
+from ._steps import StepHolder, SyncStep, run_step
 from .asgi import IdempotencyContext
 from .hooks import Hooks
 from .http import answer, default_classify, default_fingerprint, encode_response, json_response, problem
@@ -26,10 +28,19 @@ class SyncContext(IdempotencyContext):
     """What the handler finds (``request.environ['idempotency']`` with
     Flask, ``request.idempotency`` with Django): key, request, scope, token,
     attempt, conn (transaction mode: a psycopg Connection in the key's
-    transaction), lost (a threading.Event, claim mode), fence(conn)."""
+    transaction), lost (a threading.Event, claim mode), fence(conn), and for
+    multi-step handlers steps, step(name, fn) and step_key(name)."""
 
     def fence(self, conn):
         conn.execute(_sql.ASSERT_OWNER, {"key": self.key, "token": self.token, "scope": self.scope})
+
+    def step(self, name, fn=None):
+        """A step of a multi-step handler, as ``Job.step``: in claim mode in
+        a transaction of its own on a connection of the pool, so that a
+        retry of a failed request resumes after the steps that finished; in
+        transaction mode on ``conn``, committed with everything else."""
+        holder = StepHolder(self.key, self.token, self.scope, self.attempt, self.steps, self.connection)
+        return SyncStep(holder, name) if fn is None else run_step(holder, name, fn)
 
 
 class _Beat(threading.Thread):
@@ -154,6 +165,7 @@ class SyncIdempotency:
         job.answered(row)
         job.lost = threading.Event()
         context.token, context.attempt, context.lost = job.token, job.attempt, job.lost
+        context.steps, context.connection = job.steps, pool.connection
 
         def record(sql, **params):
             with pool.connection() as conn:
@@ -227,6 +239,7 @@ class SyncIdempotency:
     def _handle_in(self, conn, row, job, context, call):
         job.answered(row)
         context.token, context.attempt, context.conn = job.token, job.attempt, conn
+        context.steps, context.connection = job.steps, lambda: contextlib.nullcontext(conn)
         conn.execute(f"SAVEPOINT {_SAVEPOINT}")
         try:
             response = call(context)

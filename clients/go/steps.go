@@ -1,0 +1,153 @@
+package idempotency
+
+// Multi-step work (docs/keys.md, "Multi-step work"): each finished step is
+// recorded on the key with idem_step, in the transaction of the step's own
+// writes; a claim that resumes the key is given the finished steps, and
+// Step returns a finished step's stored result instead of running it.
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+)
+
+// FinishedStep is a step recorded on the key: its place in the order the
+// steps finished, the attempt (claim) that recorded it, and its result.
+type FinishedStep struct {
+	Name    string
+	N       int
+	Attempt int
+	Result  json.RawMessage
+}
+
+// StepFunc runs a step in tx (its writes commit with the step's record);
+// stepKey is the key to give the step's external call as the provider's
+// idempotency key. Its value is the step's result (any JSON value).
+type StepFunc func(ctx context.Context, tx *sql.Tx, stepKey string) (any, error)
+
+// StepKey is the key of a step's external call: the text
+// idem_step_key(key, step, scope) returns, computed without a round trip
+// (the step's name, a dash and the first 128 bits of the SHA-256 of scope,
+// key and step, each preceded by its length in bytes and a colon).
+func StepKey(scope, key, step string) string {
+	h := sha256.New()
+	for _, part := range []string{scope, key, step} {
+		fmt.Fprintf(h, "%d:%s", len(part), part)
+	}
+	return step + "-" + hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// parseSteps reads the steps of a claim's answer (name -> {n, attempt,
+// result}).
+func parseSteps(s sql.NullString) (map[string]FinishedStep, error) {
+	steps := map[string]FinishedStep{}
+	if !s.Valid {
+		return steps, nil
+	}
+	var raw map[string]struct {
+		N       int             `json:"n"`
+		Attempt int             `json:"attempt"`
+		Result  json.RawMessage `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(s.String), &raw); err != nil {
+		return nil, fmt.Errorf("idempotency: the claim's steps: %w", err)
+	}
+	for name, step := range raw {
+		steps[name] = FinishedStep{Name: name, N: step.N, Attempt: step.Attempt, Result: step.Result}
+	}
+	return steps, nil
+}
+
+// Steps are the steps finished so far, in their order: those an earlier
+// attempt finished (this claim resumed after them), then this claim's.
+func (c *Claimed) Steps() []FinishedStep {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]FinishedStep, 0, len(c.steps))
+	for _, step := range c.steps {
+		out = append(out, step)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].N < out[j].N })
+	return out
+}
+
+// Resumed is true when the claim resumed after steps an earlier attempt
+// finished.
+func (c *Claimed) Resumed() bool { return c.resumed }
+
+// StepKey is the key of the step's external call (idem_step_key).
+func (c *Claimed) StepKey(name string) string { return StepKey(c.Scope, c.Key, name) }
+
+// Step runs the step name unless it finished before: fn in a transaction
+// of its own, then the step's record (idem_step) in it, and commits. It
+// returns the step's result: the stored one when the step had finished.
+// ErrFenced when the key was taken over: the step's writes roll back.
+func (c *Claimed) Step(ctx context.Context, name string, fn StepFunc) (json.RawMessage, error) {
+	if result, done := c.finishedStep(name); done {
+		return result, nil
+	}
+	tx, err := c.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it does nothing
+	step, err := c.runStep(ctx, tx, name, fn)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, wrap(err)
+	}
+	c.recorded(step)
+	return step.Result, nil
+}
+
+// StepTx is Step inside tx, the caller's transaction (in the middleware's
+// transaction mode, TxOf's): the step's record commits with it.
+func (c *Claimed) StepTx(ctx context.Context, tx *sql.Tx, name string, fn StepFunc) (json.RawMessage, error) {
+	if result, done := c.finishedStep(name); done {
+		return result, nil
+	}
+	step, err := c.runStep(ctx, tx, name, fn)
+	if err != nil {
+		return nil, err
+	}
+	c.recorded(step)
+	return step.Result, nil
+}
+
+func (c *Claimed) finishedStep(name string) (json.RawMessage, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	step, ok := c.steps[name]
+	return step.Result, ok
+}
+
+func (c *Claimed) runStep(ctx context.Context, tx *sql.Tx, name string, fn StepFunc) (FinishedStep, error) {
+	value, err := fn(ctx, tx, c.StepKey(name))
+	if err != nil {
+		return FinishedStep{}, err
+	}
+	result, err := json.Marshal(value)
+	if err != nil {
+		return FinishedStep{}, err
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, sqlStep, c.Key, c.Token, name, string(result), c.Scope).Scan(&n); err != nil {
+		return FinishedStep{}, wrap(err)
+	}
+	return FinishedStep{Name: name, N: n, Attempt: c.Attempt, Result: result}, nil
+}
+
+func (c *Claimed) recorded(step FinishedStep) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.steps == nil {
+		c.steps = map[string]FinishedStep{}
+	}
+	c.steps[step.Name] = step
+}

@@ -1,0 +1,136 @@
+package idempotency_test
+
+// Multi-step work: Step runs a step and records it in the step's
+// transaction, returns the stored result of a step that finished before
+// (an earlier attempt, which the claim resumes after), and a worker that
+// lost its key is fenced at its next step, whose writes roll back.
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	idempotency "github.com/idempotency/idempotency/clients/go"
+)
+
+func TestStepKeyIsWhatTheExtensionDerives(t *testing.T) {
+	db := openDB(t)
+	for _, c := range [][3]string{{"default", "order-42", "charge"}, {"payment.capture", "order-42", "charge"},
+		{"s", "clé-ünïcode-🔑", "email:1"}, {"a", "b", "c"}} {
+		var derived string
+		if err := db.QueryRow(`SELECT idempotency.idem_step_key($1, $2, $3)`, c[1], c[2], c[0]).Scan(&derived); err != nil {
+			t.Fatal(err)
+		}
+		if got := idempotency.StepKey(c[0], c[1], c[2]); got != derived {
+			t.Fatalf("StepKey%v = %s, the extension %s", c, got, derived)
+		}
+	}
+}
+
+func TestStepsResumeAfterAFailedAttempt(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	mustExec(t, db, `CREATE TABLE IF NOT EXISTS go_step_effects (key text, step text)`)
+	key := newKey(t)
+	charges := map[string]int{}
+	work := func(mailDown bool) idempotency.Work {
+		return func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+			finished := []string{}
+			for _, s := range job.Steps() {
+				finished = append(finished, s.Name)
+			}
+			reserve, err := job.Step(ctx, "reserve", func(ctx context.Context, tx *sql.Tx, _ string) (any, error) {
+				_, err := tx.ExecContext(ctx, `INSERT INTO go_step_effects VALUES ($1, 'reserve')`, key)
+				return map[string]int{"attempt": job.Attempt}, err
+			})
+			if err != nil {
+				return nil, err
+			}
+			charge, err := job.Step(ctx, "charge", func(ctx context.Context, tx *sql.Tx, stepKey string) (any, error) {
+				charges[stepKey]++
+				return stepKey, nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			if mailDown {
+				return nil, errors.New("mail provider timeout")
+			}
+			return map[string]any{"finished": finished, "reserve": reserve, "charge": charge, "resumed": job.Resumed()}, nil
+		}
+	}
+	opts := &idempotency.ClaimOptions{}
+	if _, err := idempotency.Run(ctx, db, key, nil, opts, work(true)); !errors.Is(err, idempotency.ErrFailed) {
+		t.Fatalf("first attempt: %v", err)
+	}
+	var done *idempotency.Completed
+	eventually(t, 10*time.Second, "the retry completes", func() bool {
+		var err error
+		done, err = idempotency.Run(ctx, db, key, nil, opts, work(false))
+		return err == nil
+	})
+	var got struct {
+		Finished []string       `json:"finished"`
+		Reserve  map[string]int `json:"reserve"`
+		Charge   string         `json:"charge"`
+		Resumed  bool           `json:"resumed"`
+	}
+	if err := json.Unmarshal(done.Result, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := idempotency.StepKey("default", key, "charge")
+	if !got.Resumed || len(got.Finished) != 2 || got.Finished[0] != "reserve" || got.Finished[1] != "charge" ||
+		got.Reserve["attempt"] != 1 || got.Charge != want || charges[want] != 1 || len(charges) != 1 {
+		t.Fatalf("resumed job: %+v, charges %v", got, charges)
+	}
+	var n int
+	db.QueryRow(`SELECT count(*) FROM go_step_effects WHERE key = $1`, key).Scan(&n)
+	if n != 1 {
+		t.Fatalf("reserve wrote %d rows", n)
+	}
+}
+
+func TestALateWorkerIsFencedAtItsNextStep(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	mustExec(t, db, `CREATE TABLE IF NOT EXISTS go_step_effects (key text, step text)`)
+	key := newKey(t)
+	opts := &idempotency.ClaimOptions{Lease: 500 * time.Millisecond}
+	r, err := idempotency.Claim(ctx, db, key, nil, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := r.(*idempotency.Claimed)
+	write := func(step string) idempotency.StepFunc {
+		return func(ctx context.Context, tx *sql.Tx, _ string) (any, error) {
+			_, err := tx.ExecContext(ctx, `INSERT INTO go_step_effects VALUES ($1, $2)`, key, step)
+			return step, err
+		}
+	}
+	if _, err := late.Step(ctx, "reserve", write("reserve")); err != nil {
+		t.Fatal(err)
+	}
+	var taker *idempotency.Claimed
+	eventually(t, 10*time.Second, "the lease ended and the key was claimed again", func() bool {
+		r, err := idempotency.Claim(ctx, db, key, nil, opts)
+		taker, _ = r.(*idempotency.Claimed)
+		return err == nil && taker != nil
+	})
+	if steps := taker.Steps(); !taker.Resumed() || len(steps) != 1 || steps[0].Name != "reserve" || steps[0].Attempt != 1 {
+		t.Fatalf("the takeover's steps: %+v", steps)
+	}
+	if _, err := late.Step(ctx, "charge", write("charge late")); !errors.Is(err, idempotency.ErrFenced) {
+		t.Fatalf("late step: %v", err)
+	}
+	var n int
+	db.QueryRow(`SELECT count(*) FROM go_step_effects WHERE key = $1 AND step = 'charge late'`, key).Scan(&n)
+	if n != 0 {
+		t.Fatal("the late worker's step committed")
+	}
+	if err := taker.Complete(ctx, "taker"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,46 @@
+// Multi-step work (docs/keys.md, "Multi-step work"): each finished step is
+// recorded on the key with idem_step, in the transaction of the step's own
+// writes; a claim that resumes the key is given the finished steps, and
+// step() returns a finished step's stored result instead of running it.
+import { createHash } from 'node:crypto';
+import { STEP, jsonParam } from './sql.js';
+import { withTransaction } from './transaction.js';
+
+// The finished steps of a claim's answer (an object name -> { n, attempt,
+// result }) as a Map in the order they finished.
+export function parseSteps(steps) {
+  const entries = Object.entries(steps ?? {}).sort(([, a], [, b]) => a.n - b.n);
+  return new Map(entries.map(([name, { n, attempt, result }]) => [name, { n, attempt, result }]));
+}
+
+// The key of a step's external call, to give the provider as its own
+// idempotency key: the same text idem_step_key(key, step, scope) returns,
+// computed here without a round trip (the step's name, a dash, and the
+// first 128 bits of the SHA-256 of scope, key and step, each preceded by
+// its length in bytes and a colon).
+export function stepKey(scope, key, step) {
+  const hash = createHash('sha256');
+  for (const part of [scope, key, step]) {
+    const bytes = Buffer.from(part, 'utf8');
+    hash.update(`${bytes.length}:`);
+    hash.update(bytes);
+  }
+  return `${step}-${hash.digest('hex').slice(0, 32)}`;
+}
+
+// Runs the step `name` of the key held under `token`, unless it finished:
+// fn(client, { key }) in a transaction (on `client` when one is given, the
+// caller's, else one of the pool's), then its record in that transaction.
+// Resolves to the step's result, the stored one when it had finished.
+export async function runStep(holder, name, fn) {
+  const { pool, client = null, key, token, scope, steps } = holder;
+  if (steps.has(name)) return steps.get(name).result;
+  const record = async (tx) => {
+    const result = (await fn(tx, { key: stepKey(scope, key, name) })) ?? null;
+    const { rows: [{ n }] } = await tx.query(STEP, [key, token, name, jsonParam(result), scope]);
+    return { n, result };
+  };
+  const done = client ? await record(client) : await withTransaction(pool, record);
+  steps.set(name, { n: done.n, attempt: holder.attempt, result: done.result });
+  return done.result;
+}

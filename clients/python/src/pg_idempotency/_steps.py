@@ -1,0 +1,151 @@
+"""Multi-step work (docs/keys.md, "Multi-step work"): each finished step is
+recorded on the key with idem_step, in the transaction of the step's own
+writes; a claim that resumes the key is given the finished steps, and a
+step that finished returns its stored result instead of running again.
+
+    charge = job.step("charge", lambda s: provider.charge(idempotency_key=s.key))
+
+    with job.step("charge") as s:       # the block always runs: skip it when s.done
+        if not s.done:
+            s.result = provider.charge(idempotency_key=s.key)
+    charge = s.result
+
+The asynchronous forms are ``await job.step(name, afn)`` and ``async with
+job.step(name) as s``."""
+
+import contextlib
+import hashlib
+
+from . import _sql
+
+
+def parse_steps(steps):
+    """The finished steps of a claim's answer (name -> {n, attempt,
+    result}) as a dict in the order they finished."""
+    return dict(sorted((steps or {}).items(), key=lambda item: item[1]["n"]))
+
+
+def step_key(scope, key, step):
+    """The key of a step's external call, to give the provider as its own
+    idempotency key: the text idem_step_key(key, step, scope) returns,
+    computed without a round trip (the step's name, a dash and the first
+    128 bits of the SHA-256 of scope, key and step, each preceded by its
+    length in bytes and a colon)."""
+    digest = hashlib.sha256()
+    for part in (scope, key, step):
+        data = part.encode()
+        digest.update(f"{len(data)}:".encode())
+        digest.update(data)
+    return f"{step}-{digest.hexdigest()[:32]}"
+
+
+class Step:
+    """What a step's code gets: its ``name``, ``key`` (for the external
+    call), ``conn`` (the connection of the step's transaction: its writes
+    commit with the step's record), ``done`` (True when the step finished
+    before: ``result`` is then the stored result) and ``result`` (what to
+    record, set by the block)."""
+
+    def __init__(self, name, key, done, result):
+        self.name, self.key, self.done, self.result = name, key, done, result
+        self.conn = None
+
+    def __repr__(self):
+        return f"<Step {self.name} {'done' if self.done else 'running'}>"
+
+
+class StepHolder:
+    """The claim a step belongs to: the key, its token, scope and attempt,
+    the steps finished so far, and where a step's transaction runs:
+    ``connection()`` gives a context manager of a connection (the job's
+    own, a pool's)."""
+
+    def __init__(self, key, token, scope, attempt, steps, connection):
+        self.key, self.token, self.scope, self.attempt = key, token, scope, attempt
+        self.steps = steps
+        self.connection = connection
+
+    def begin(self, name):
+        if self.token is None:
+            raise RuntimeError("idempotency: steps need a claimed key")
+        done = name in self.steps
+        return Step(name, step_key(self.scope, self.key, name), done,
+                    self.steps[name]["result"] if done else None)
+
+    def params(self, step):
+        return {"key": self.key, "token": self.token, "step": step.name,
+                "result": _sql.jsonb(step.result), "scope": self.scope}
+
+    def recorded(self, step, n):
+        self.steps[step.name] = {"n": n, "attempt": self.attempt, "result": step.result}
+
+
+class SyncStep:
+    """``with holder's step(name) as s``: a transaction on the holder's
+    connection around the block, and the step's record in it."""
+
+    def __init__(self, holder, name):
+        self.holder, self.step = holder, holder.begin(name)
+        self.stack = None
+
+    def __enter__(self):
+        if not self.step.done:
+            self.stack = contextlib.ExitStack()
+            conn = self.stack.enter_context(self.holder.connection())
+            self.stack.enter_context(conn.transaction())
+            self.step.conn = conn
+        return self.step
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.stack is None:
+            return False
+        if exc_type is not None:        # the block failed: rolled back, nothing recorded
+            self.stack.__exit__(exc_type, exc, tb)
+            return False
+        with self.stack:      # commits (an error in the record rolls back) and gives the connection back
+            n = self.step.conn.execute(_sql.STEP, self.holder.params(self.step)).fetchone()[0]
+        self.holder.recorded(self.step, n)
+        return False
+
+
+class AsyncStep:
+    """``async with holder's step(name) as s``, asynchronously."""
+
+    def __init__(self, holder, name):
+        self.holder, self.step = holder, holder.begin(name)
+        self.stack = None
+
+    async def __aenter__(self):
+        if not self.step.done:
+            self.stack = contextlib.AsyncExitStack()
+            conn = await self.stack.enter_async_context(self.holder.connection())
+            await self.stack.enter_async_context(conn.transaction())
+            self.step.conn = conn
+        return self.step
+
+    async def __aexit__(self, exc_type, exc, tb):
+        if self.stack is None:
+            return False
+        if exc_type is not None:
+            await self.stack.__aexit__(exc_type, exc, tb)
+            return False
+        async with self.stack:
+            row = await (await self.step.conn.execute(_sql.STEP, self.holder.params(self.step))).fetchone()
+        self.holder.recorded(self.step, row[0])
+        return False
+
+
+def run_step(holder, name, fn):
+    """``fn(step)`` as the step ``name`` unless it finished; its result."""
+    with SyncStep(holder, name) as step:
+        if not step.done:
+            step.result = fn(step)
+    return step.result
+
+
+async def arun_step(holder, name, fn):
+    """``await fn(step)`` as the step ``name`` unless it finished; its result."""
+    async with AsyncStep(holder, name) as step:
+        if not step.done:
+            step.result = await fn(step)
+    return step.result
