@@ -72,6 +72,8 @@ my ($rc, $out, $err) = as_role(
 SELECT idempotency.idem_register('k-received', '{"a": 1}', 'job-1');
 SELECT idempotency.idem_claim('k-processing', NULL, '1 hour');
 SELECT idempotency.idem_claim('k-lapsing', NULL, '1 second');
+SELECT idempotency.idem_step('k-stepped', (idempotency.idem_claim('k-stepped', NULL, '1 second')).token,
+                             'reserve', '{"reserved": 2}');
 SELECT idempotency.idem_complete('k-completed', (idempotency.idem_claim('k-completed', '{"n": 1}')).token,
                                  '{"charge": 77}');
 SELECT idempotency.idem_fail('k-retryable', (idempotency.idem_claim('k-retryable')).token, 'boom', true, '1 hour');
@@ -177,6 +179,17 @@ for my $db (qw(r_full r_data r_schema))
 	($rc, $out, $err) = as_role('app', $db,
 		q{SELECT outcome || ' ' || result::text FROM idempotency.idem_claim('k-completed', '{"n": 1}')});
 	is($out, 'completed {"charge": 77}', "$db: a completed key replays its stored result") or diag($err);
+	# A key's finished steps come back with it: the takeover of its ended
+	# lease resumes after them.
+	ok( poll_until(
+			10,
+			sub {
+				($rc, $out, $err) = as_role('app', $db,
+					q{SELECT outcome || ' ' || (steps->'reserve'->'result')::text FROM idempotency.idem_claim('k-stepped')});
+				($out // '') ne '';    # in_progress has no steps: an empty line
+			}),
+		"$db: the stepped key's lease ends");
+	is($out, 'claimed {"reserved": 2}', "$db: its finished step is restored; the takeover gets it") or diag($err);
 	($rc, $out, $err) = as_role('app', $db,
 		q{SELECT outcome || ' ' || job_ref FROM idempotency.idem_register('k-received')});
 	is($out, 'in_progress job-1', "$db: a registered key is still there") or diag($err);
