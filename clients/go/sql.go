@@ -6,16 +6,20 @@ package idempotency
 // PostgreSQL driver for database/sql accepts.
 
 // result_expired (extension 0.7.0): the answer came from the key's
-// tombstone; the result is gone and the work is never run again.
+// tombstone; the result is gone and the work is never run again. steps
+// (0.7.0): the finished steps of a resumed claim. Both are read from the
+// outcome as JSON, so that a database whose extension is not updated yet
+// answers false and NULL instead of failing every call.
 const outcomeColumns = `outcome::text, status::text, token, attempt, result::text, error,
-       extract(epoch FROM retry_after)::float8, coalesce(result_expired, false), steps::text`
+       extract(epoch FROM retry_after)::float8,
+       coalesce((to_jsonb(o) ->> 'result_expired')::boolean, false), nullif(to_jsonb(o) -> 'steps', 'null')::text`
 
 const sqlClaim = `SELECT ` + outcomeColumns + `
-  FROM idempotency.idem_claim($1, $2::jsonb, lease => make_interval(secs => $3::float8), scope => $4)`
+  FROM idempotency.idem_claim($1, $2::jsonb, lease => make_interval(secs => $3::float8), scope => $4) AS o`
 
 // job_ref is the key: the job the handler enqueues carries it.
 const sqlRegister = `SELECT ` + outcomeColumns + `
-  FROM idempotency.idem_register($1, $2::jsonb, job_ref => $3, scope => $4)`
+  FROM idempotency.idem_register($1, $2::jsonb, job_ref => $3, scope => $4) AS o`
 
 // The result as the key stores it (jsonb's text), as duplicates get it.
 const sqlComplete = `SELECT result::text

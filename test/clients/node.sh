@@ -19,6 +19,13 @@ example_sql -d postgres -c 'CREATE DATABASE clients_docs OWNER app' >/dev/null &
     example_sql -d clients_docs -c 'CREATE EXTENSION idempotency' -c "SELECT idempotency.grant_application('app')" >/dev/null ||
     example_fail "could not create the docs database"
 export DOCS_DATABASE=clients_docs
+# A database whose extension is not updated yet (0.6.0, served by this
+# library): the client must work there as well, without what 0.7.0 added.
+example_sql -d postgres -c 'CREATE DATABASE clients_old OWNER app' >/dev/null &&
+    example_sql -d clients_old -c "CREATE EXTENSION idempotency VERSION '0.6.0'" \
+        -c "SELECT idempotency.grant_application('app')" >/dev/null ||
+    example_fail "could not create the database with extension 0.6.0"
+export OLD_DATABASE=clients_old
 log "clients/node: npm ci"
 example_run timeout 300 npm ci --prefix "$package" --no-audit --no-fund --loglevel=error \
     >"$EXAMPLE_DIR/npm.log" 2>&1 || { cat "$EXAMPLE_DIR/npm.log" >&2; example_fail "npm ci failed"; }

@@ -8,20 +8,24 @@ export function jsonParam(value) {
 }
 
 // result_expired (extension 0.7.0): the answer came from the key's
-// tombstone, its result is gone (docs/keys.md#tombstones-the-dedup-window-outlives-the-result).
+// tombstone, its result is gone (docs/keys.md#tombstones-the-dedup-window-outlives-the-result);
+// steps (0.7.0): the finished steps of a resumed claim. Both are read from
+// the outcome as JSON, so that a database whose extension is not updated
+// yet answers false and NULL instead of failing every call.
 const OUTCOME_COLUMNS = `outcome, status, token::text AS token, attempt, result, error,
        extract(epoch FROM retry_after)::float8 AS retry_after, job_ref,
-       coalesce(result_expired, false) AS result_expired, steps`;
+       coalesce((to_jsonb(o) ->> 'result_expired')::boolean, false) AS result_expired,
+       nullif(to_jsonb(o) -> 'steps', 'null') AS steps`;
 
 export const CLAIM = `SELECT ${OUTCOME_COLUMNS}
   FROM idempotency.idem_claim($1, $2::jsonb, lease => make_interval(secs => $3::float8),
-                              scope => $4, wait => make_interval(secs => $5::float8))`;
+                              scope => $4, wait => make_interval(secs => $5::float8)) AS o`;
 
 export const REGISTER = `SELECT ${OUTCOME_COLUMNS}
-  FROM idempotency.idem_register($1, $2::jsonb, job_ref => $3, scope => $4)`;
+  FROM idempotency.idem_register($1, $2::jsonb, job_ref => $3, scope => $4) AS o`;
 
 export const COMPLETE = `SELECT ${OUTCOME_COLUMNS}
-  FROM idempotency.idem_complete($1, $2::bigint, $3::jsonb, scope => $4)`;
+  FROM idempotency.idem_complete($1, $2::bigint, $3::jsonb, scope => $4) AS o`;
 
 // The failure and when the key may be claimed again (NULL once final).
 export const FAIL = `SELECT idempotency.idem_fail($1, $2::bigint, $3, retryable => $4,

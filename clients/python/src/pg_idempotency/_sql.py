@@ -10,20 +10,24 @@ def jsonb(value):
 
 
 # result_expired (extension 0.7.0): the answer came from the key's
-# tombstone; the result is gone and the work is never run again.
+# tombstone; the result is gone and the work is never run again. steps
+# (0.7.0): the finished steps of a resumed claim. Both are read from the
+# outcome as JSON, so that a database whose extension is not updated yet
+# answers false and NULL instead of failing every call.
 _OUTCOME = """outcome::text AS outcome, status::text AS status, token, attempt, result, error,
        extract(epoch FROM retry_after)::float8 AS retry_after, job_ref,
-       coalesce(result_expired, false) AS result_expired, steps"""
+       coalesce((to_jsonb(o) ->> 'result_expired')::boolean, false) AS result_expired,
+       nullif(to_jsonb(o) -> 'steps', 'null') AS steps"""
 
 CLAIM = f"""SELECT {_OUTCOME}
   FROM idempotency.idem_claim(%(key)s, %(request)s, lease => make_interval(secs => %(lease)s),
-                              scope => %(scope)s, wait => make_interval(secs => %(wait)s))"""
+                              scope => %(scope)s, wait => make_interval(secs => %(wait)s)) AS o"""
 
 REGISTER = f"""SELECT {_OUTCOME}
-  FROM idempotency.idem_register(%(key)s, %(request)s, job_ref => %(key)s, scope => %(scope)s)"""
+  FROM idempotency.idem_register(%(key)s, %(request)s, job_ref => %(key)s, scope => %(scope)s) AS o"""
 
 COMPLETE = f"""SELECT {_OUTCOME}
-  FROM idempotency.idem_complete(%(key)s, %(token)s, %(result)s, scope => %(scope)s)"""
+  FROM idempotency.idem_complete(%(key)s, %(token)s, %(result)s, scope => %(scope)s) AS o"""
 
 FAIL = """SELECT idempotency.idem_fail(%(key)s, %(token)s, %(error)s, retryable => %(retryable)s,
                               retry_in => make_interval(secs => %(retry_in)s), scope => %(scope)s)::text AS status"""
