@@ -26,11 +26,8 @@ batch (its events come back when their lease ends) and reconnects.
 """
 
 import argparse
-import http.client
-import json
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -38,6 +35,7 @@ import psycopg2
 from psycopg2.extras import Json
 
 from chaoslib import FENCE_SQL, STALLS, JsonLog, Lost, connect, connection_lost, interval
+from providers import Provider
 
 
 class Worker:
@@ -47,8 +45,7 @@ class Worker:
         self.log = JsonLog(args.log)
         self.conn = None
         self.stopping = False
-        host, port = args.api.split("//", 1)[1].split("/", 1)[0].split(":")
-        self.api_host, self.api_port = host, int(port)
+        self.api = Provider(args.api, args.http_timeout, self.log)
 
     # ------------------------------------------------------------ database
     def db(self):
@@ -102,34 +99,7 @@ class Worker:
     # ------------------------------------------------------------ the mock API
     def charge(self, key, amount):
         """Side effect 1. Returns (response, None) or (None, error)."""
-        body = json.dumps({"amount_cents": amount, "job": key})
-        error = None
-        for attempt in range(1, 4):
-            conn = http.client.HTTPConnection(self.api_host, self.api_port,
-                                              timeout=self.args.http_timeout)
-            try:
-                conn.request("POST", "/charges", body=body,
-                             headers={"Idempotency-Key": key, "Content-Type": "application/json"})
-                resp = conn.getresponse()
-                data = resp.read()
-                if resp.status in (200, 201):
-                    replayed = resp.getheader("Idempotent-Replayed") == "true"
-                    self.log("api", key=key, status=resp.status, replayed=replayed, attempt=attempt)
-                    return json.loads(data), None
-                error = f"HTTP {resp.status}"
-                self.log("api", key=key, status=resp.status, attempt=attempt)
-                break  # an error answer: report it, no blind retry
-            except (socket.timeout, TimeoutError):
-                error = "timeout"
-                self.log("api_timeout", key=key, attempt=attempt)
-            except OSError as e:
-                error = f"{type(e).__name__}: {e}"
-                self.log("api", key=key, status=None, error=error, attempt=attempt)
-                time.sleep(0.05)
-            finally:
-                conn.close()
-        self.log("api_failed", key=key, error=error)
-        return None, error
+        return self.api.post("/charges", key, {"amount_cents": amount, "job": key}, key=key)
 
     # ------------------------------------------------------------ one job
     def handle(self, event):
