@@ -4,26 +4,38 @@ real processes under faults, and the proof that it happened once in effect.
 
   producers (producer.py)  register a key and enqueue its job in one
                            transaction; duplicate, racing and rolled-back
-                           submissions
+                           submissions; a share of the jobs have 3 steps
   workers (worker.py)      outbox_claim on topic 'jobs'; idem_claim; charge
                            the mock payment API (mock_api.py) with the job key
                            as Idempotency-Key; INSERT a ledger row and
                            idem_complete in one transaction; outbox_ack
+  step workers             the 3-step jobs of topic 'steps', with the Python
+    (step_worker.py)       client's job.step: reserve (a row in this database,
+                           in the step's transaction), charge through the
+                           payment API and email through the mail API (a
+                           second mock_api.py), each call with the step's key
+                           (idem_step_key) as Idempotency-Key; a claim that
+                           resumes a key skips its finished steps
   injector (injector.py)   external SIGKILLs of workers, worker restarts,
                            pg_ctl -m immediate restart, a lease watchdog;
                            per-job faults are planned by the producers' seeded
                            RNG and carried out by the workers: SIGKILL before
                            the claim, after the side effect and before the
                            complete, after the complete and before the ack;
-                           stalls past the lease; the mock API times out after
-                           applying a charge, or fails with 503
+                           inside each step (after its effect, before its
+                           record) and after each step's record; stalls past
+                           the lease; the mock APIs time out after taking
+                           effect, or fail with 503
   proof (checks.py)        once the queue is drained: exactly-once effects in
-                           the ledger and at the API, delivery, states,
-                           metrics against what the injector did
+                           the ledger, the reservations and at both APIs,
+                           delivery, states, every takeover resumed after its
+                           last recorded step, metrics against what the
+                           injector did
 
 Runs against a cluster that run.sh started (library preloaded), a database
-that exists and the mock API. Prints each check (ok/FAIL) and a summary
-table; exits 1 on any violation.
+that exists and the two mock APIs. Prints each check (ok/FAIL), a summary
+table and a closing note with the count of resumed takeovers; exits 1 on
+any violation.
 """
 
 import argparse
@@ -61,6 +73,18 @@ CREATE TABLE ledger (
 );
 GRANT SELECT, INSERT ON ledger TO chaos_app;
 GRANT USAGE ON SEQUENCE ledger_id_seq TO chaos_app;
+-- The first step of a 3-step job, written in the step's transaction; no
+-- unique constraint either.
+CREATE TABLE reservations (
+    id           bigserial PRIMARY KEY,
+    job_key      text NOT NULL,
+    amount_cents integer NOT NULL,
+    worker       text NOT NULL,
+    token        bigint NOT NULL,
+    reserved_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+GRANT SELECT, INSERT ON reservations TO chaos_app;
+GRANT USAGE ON SEQUENCE reservations_id_seq TO chaos_app;
 SELECT idempotency.idem_metrics_reset();
 """
 
@@ -74,7 +98,8 @@ def parse_args():
     p.add_argument("--server-log", required=True)
     p.add_argument("--bindir", required=True)
     p.add_argument("--os-user", default="postgres")
-    p.add_argument("--api", required=True, help="the mock API, http://127.0.0.1:PORT")
+    p.add_argument("--api", required=True, help="the mock payment API, http://127.0.0.1:PORT")
+    p.add_argument("--mail-api", required=True, help="the mock mail API, http://127.0.0.1:PORT")
     p.add_argument("--logdir", required=True)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--seconds", type=float, default=20, help="how long producers submit")
@@ -82,6 +107,8 @@ def parse_args():
     p.add_argument("--drain-seconds", type=float, default=30)
     p.add_argument("--producers", type=int, default=3)
     p.add_argument("--workers", type=int, default=5)
+    p.add_argument("--step-workers", type=int, default=2, help="workers of the 3-step jobs")
+    p.add_argument("--step-rate", type=float, default=0.12, help="the share of new jobs with 3 steps")
     p.add_argument("--naptime", type=float, default=0.2, help="idempotency.naptime of the cluster")
     p.add_argument("--launcher-naptime", type=float, default=1.0)
     return p.parse_args()
@@ -90,11 +117,12 @@ def parse_args():
 def main():
     a = parse_args()
     cfg = types.SimpleNamespace(
-        seed=a.seed, api=a.api.rstrip("/"), logdir=a.logdir, datadir=a.datadir,
+        seed=a.seed, api=a.api.rstrip("/"), mail_api=a.mail_api.rstrip("/"), logdir=a.logdir, datadir=a.datadir,
         server_log=a.server_log, bindir=a.bindir, os_user=a.os_user,
         admin_dsn=f"host={a.host} port={a.port} dbname={a.dbname} user=postgres",
         app_dsn=f"host={a.host} port={a.port} dbname={a.dbname} user=chaos_app",
         producers=a.producers, workers=a.workers, producer_rate=8.0,
+        step_workers=a.step_workers, step_rate=a.step_rate, step_batch=2,
         # kill_before_claim, kill_after_effect, kill_after_complete, stall_late, stall_fenced
         fault_weights="0.035,0.035,0.035,0.012,0.012",
         batch=3, key_lease=2.0, outbox_lease=3.0, http_timeout=0.5,
@@ -105,7 +133,8 @@ def main():
     assert len(cfg.fault_weights.split(",")) == len(FAULTS)
     os.makedirs(cfg.logdir, exist_ok=True)
     print(f"chaos: seed {a.seed}, {a.seconds:.0f}s of load, {a.producers} producers, "
-          f"{a.workers} workers, {a.restarts} restart(s), drain up to {a.drain_seconds:.0f}s", flush=True)
+          f"{a.workers} workers, {a.step_workers} step workers, {a.restarts} restart(s), "
+          f"drain up to {a.drain_seconds:.0f}s", flush=True)
 
     conn = psycopg2.connect(cfg.admin_dsn)
     conn.autocommit = True
@@ -117,7 +146,7 @@ def main():
     injector = Injector(cfg, fleet)
     started = time.monotonic()
     cfg.t0 = started
-    fleet.start_workers(a.workers)
+    fleet.start_workers()
     fleet.start_producers(a.producers, a.seconds)
     # One restart at 40% of the load, or several spread from 15% to 85%.
     spread = [0.4] if a.restarts == 1 else [0.15 + 0.7 * i / (a.restarts - 1) for i in range(a.restarts)]
@@ -148,7 +177,7 @@ def main():
                 if drain_deadline is not None:
                     left = injector.query(
                         "SELECT (SELECT count(*) FROM idempotency.outbox"
-                        "         WHERE topic = 'jobs' AND state <> 'delivered'),"
+                        "         WHERE topic IN ('jobs', 'steps') AND state <> 'delivered'),"
                         "       (SELECT count(*) FROM idempotency.idempotency_keys"
                         "         WHERE status <> 'COMPLETED')")[0]
                     if left == (0, 0):
@@ -161,9 +190,11 @@ def main():
             if now >= next_progress:
                 next_progress = now + 5
                 row = injector.query(
-                    "SELECT count(*), count(*) FILTER (WHERE state = 'delivered')"
-                    "  FROM idempotency.outbox WHERE topic = 'jobs'")[0]
-                print(f"chaos: t={now - started:4.0f}s jobs {row[0]:5d}, delivered {row[1]:5d}, "
+                    "SELECT count(*), count(*) FILTER (WHERE state = 'delivered'),"
+                    "       count(*) FILTER (WHERE topic = 'steps')"
+                    "  FROM idempotency.outbox WHERE topic IN ('jobs', 'steps')")[0]
+                print(f"chaos: t={now - started:4.0f}s jobs {row[0]:5d} ({row[2]} with 3 steps), "
+                      f"delivered {row[1]:5d}, "
                       f"worker restarts {fleet.restarted}, external kills {injector.external_kills}, "
                       f"PostgreSQL restarts {len(injector.restarts)}", flush=True)
             time.sleep(0.1)
@@ -179,10 +210,12 @@ def main():
     proof, summary = prove(cfg, injector, fleet, data, drained)
     proof.print(sys.stdout)
     print_summary(summary, time.monotonic() - started, sys.stdout)
+    resumed = (f"{summary['resumed_metric']} resumed takeovers ({summary['resumed_logged']} "
+               f"logged by the step workers) in {summary['step_jobs']} 3-step jobs")
     if proof.violations:
-        print(f"chaos: {proof.violations} violation(s) (seed {a.seed})")
+        print(f"chaos: {proof.violations} violation(s) (seed {a.seed}); {resumed}")
         return 1
-    print("chaos: no violations")
+    print(f"chaos: no violations; {resumed}")
     return 0
 
 

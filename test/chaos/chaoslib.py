@@ -34,6 +34,15 @@ KILL_STEPS = ("kill_before_claim", "kill_after_effect", "kill_after_complete")
 STALLS = ("stall_late", "stall_fenced")
 FAULTS = KILL_STEPS + STALLS
 
+# The 3-step job (step_worker.py): its steps in order, in a scope and a topic
+# of their own, and its faults, on the first claim of its key: SIGKILL inside
+# a step (its effect done, its record not committed) or after a step was
+# recorded (before the next step, or the complete).
+STEP_SCOPE = "steps"
+STEP_TOPIC = "steps"
+STEPS = ("reserve", "charge", "email")
+STEP_FAULTS = tuple(f"kill_{where}_{step}" for step in STEPS for where in ("in", "after"))
+
 
 def connection_lost(error, conn):
     """True when error means the connection is gone. After an immediate

@@ -3,8 +3,9 @@
 Ground truth comes from four independent places: what the producers saw
 commit (their logs), what the workers did and the faults they carried out
 (their logs, written before each step, so a SIGKILL loses at most the line
-after it), what the mock payment API applied (its own books), and what is in
-the database. Each check is one line, ok or FAIL.
+after it), what the mock payment and mail APIs applied (their own books),
+and what is in the database. Each check is one line, ok or FAIL. The
+3-step jobs' own checks are in step_checks.py.
 """
 
 import json
@@ -12,7 +13,8 @@ import re
 import urllib.request
 from collections import Counter, defaultdict
 
-from chaoslib import read_jsonl
+from chaoslib import STEP_SCOPE, STEPS, read_jsonl
+from step_checks import prove_steps
 
 
 class Proof:
@@ -46,33 +48,46 @@ def gather(cfg, injector, fleet, final_metrics, total_metrics):
     plogs, wlogs = [], []
     for i in range(cfg.producers):
         plogs += read_jsonl(f"{cfg.logdir}/producer-{i}.jsonl")
-    for slot in range(cfg.workers):
-        for e in read_jsonl(f"{cfg.logdir}/worker-{slot}.jsonl"):
-            e["worker"] = slot
+    for name in fleet.worker_names():
+        for e in read_jsonl(f"{cfg.logdir}/{name}.jsonl"):
+            e["worker"] = name
             wlogs.append(e)
     q = injector.query
-    keys = {r[0]: dict(status=r[1], attempts=r[2], late=r[3], result=r[4], token=r[5])
-            for r in q("SELECT key, status::text, attempts, "
-                       "       claimed_at + %s * interval '1 second' < completed_at, result, token"
-                       "  FROM idempotency.idempotency_keys WHERE scope = 'default'",
-                       (cfg.key_lease,))}
+    # Key names are unique across the two scopes (3-step jobs are step-*).
+    keys = {r[0]: dict(scope=r[1], status=r[2], attempts=r[3], late=r[4], result=r[5], token=r[6],
+                       steps=r[7] or {})
+            for r in q("SELECT key, scope, status::text, attempts, "
+                       "       claimed_at + %s * interval '1 second' < completed_at, result, token, steps"
+                       "  FROM idempotency.idempotency_keys WHERE scope IN ('default', %s)",
+                       (cfg.key_lease, STEP_SCOPE))}
     ledger = defaultdict(list)
     for key, charge_id in q("SELECT job_key, charge_id FROM ledger"):
         ledger[key].append(charge_id)
+    reservations = defaultdict(list)
+    for key, row_id in q("SELECT job_key, id FROM reservations"):
+        reservations[key].append(row_id)
     outbox = defaultdict(list)
-    for key, state, attempts in q("SELECT dedup_key, state::text, attempts FROM idempotency.outbox"
-                                  " WHERE topic = 'jobs'"):
-        outbox[key].append((state, attempts))
-    stats = q("SELECT received, processing, completed, failed_retryable, failed_final, stuck"
-              "  FROM idempotency.idem_stats WHERE scope = 'default'")
-    lag = q("SELECT pending, in_flight, retrying, dead, extract(epoch FROM lag)::float8"
-            "  FROM idempotency.outbox_lag WHERE topic = 'jobs'")
+    for key, state, attempts, topic in q("SELECT dedup_key, state::text, attempts, topic FROM idempotency.outbox"
+                                         " WHERE topic IN ('jobs', 'steps')"):
+        outbox[key].append((state, attempts, topic))
+    stats = {r[0]: tuple(r[1:]) for r in q(
+        "SELECT scope, received, processing, completed, failed_retryable, failed_final, stuck"
+        "  FROM idempotency.idem_stats WHERE scope IN ('default', %s)", (STEP_SCOPE,))}
+    lag = {r[0]: tuple(r[1:]) for r in q(
+        "SELECT topic, pending, in_flight, retrying, dead, extract(epoch FROM lag)::float8"
+        "  FROM idempotency.outbox_lag WHERE topic IN ('jobs', 'steps')")}
+    # The keys of the steps' external calls, as the server derives them.
+    step_keys = defaultdict(dict)
+    for key, step, call_key in q("SELECT k.key, s.step, idempotency.idem_step_key(k.key, s.step, scope => k.scope)"
+                                 "  FROM idempotency.idempotency_keys k, unnest(%s::text[]) s(step)"
+                                 " WHERE k.scope = %s", (list(STEPS), STEP_SCOPE)):
+        step_keys[key][step] = call_key
     with open(cfg.server_log, errors="replace") as f:
         server_log = f.read()
-    return dict(plogs=plogs, wlogs=wlogs, keys=keys, ledger=ledger, outbox=outbox,
-                stats=stats[0] if stats else None, lag=lag[0] if lag else None,
-                api=mock_stats(cfg.api), server_log=server_log, metrics=total_metrics,
-                final_metrics=final_metrics)
+    return dict(plogs=plogs, wlogs=wlogs, keys=keys, ledger=ledger, reservations=reservations,
+                outbox=outbox, stats=stats, lag=lag, step_keys=step_keys,
+                api=mock_stats(cfg.api), mail=mock_stats(cfg.mail_api), server_log=server_log,
+                metrics=total_metrics, final_metrics=final_metrics)
 
 
 def prove(cfg, injector, fleet, data, drained):
@@ -104,33 +119,47 @@ def prove(cfg, injector, fleet, data, drained):
             sample(k for k in jobs if registered[k] != 1))
 
     # ---------------------------------------------------------------- effects
-    not_once = {k: len(ledger.get(k, [])) for k in jobs if len(ledger.get(k, [])) != 1}
+    # Jobs of one step (scope default, worker.py) and 3-step jobs (scope
+    # steps, step_worker.py; their own checks are in step_checks.py).
+    plain = {k for k in jobs if keys[k]["scope"] == "default"}
+    multi = jobs - plain
+    not_once = {k: len(ledger.get(k, [])) for k in plain if len(ledger.get(k, [])) != 1}
     p.check("every job's ledger row exists exactly once", not not_once,
             sample(f"{k}:{n}" for k, n in not_once.items()))
-    applied = api["applied"]
+    # The provider's effects per job, whatever idempotency key it was called with.
+    applied = Counter()
+    for key, job in api["jobs"].items():
+        applied[job] += api["applied"].get(key, 0)
     not_once = {k: applied.get(k, 0) for k in jobs if applied.get(k, 0) != 1}
     p.check("the payment API applied every job's charge exactly once", not not_once,
             sample(f"{k}:{n}" for k, n in not_once.items()))
-    stray = (set(ledger) | set(applied)) - jobs
+    wrong_key = [key for key, job in api["jobs"].items() if job in plain and key != job]
+    p.check("the payment API was called with the job's key for every job of one step", not wrong_key,
+            sample(wrong_key))
+    stray = (set(ledger) - plain) | (set(applied) - jobs) | (set(data["reservations"]) - multi)
     p.check(f"the payment API never saw a key reused with another request ({api['mismatches']})",
             api["mismatches"] == 0)
-    p.check("no never-committed job was charged or written to the ledger",
-            not stray and not (never_committed & (set(ledger) | set(applied))), sample(stray))
+    effects = set(ledger) | set(applied) | set(data["reservations"]) | set(data["mail"]["jobs"].values())
+    p.check("no never-committed job was charged, emailed, reserved or written to the ledger",
+            not stray and not (never_committed & effects), sample(stray | (never_committed & effects)))
     charge_ids = api["ids"]
-    bad = [k for k in jobs if ledger.get(k) and ledger[k][0] != charge_ids.get(k)]
-    bad += [k for k in jobs if (keys[k]["result"] or {}).get("charge_id") != charge_ids.get(k)]
+    bad = [k for k in plain if ledger.get(k) and ledger[k][0] != charge_ids.get(k)]
+    bad += [k for k in plain if (keys[k]["result"] or {}).get("charge_id") != charge_ids.get(k)]
     p.check("ledger rows and stored results carry the charge id the API issued", not bad, sample(bad))
     answers = [e for e in plogs if e["ev"] == "answer" and e["outcome"] == "completed"]
     answers += [e for e in wlogs if e["ev"] == "claim" and e["outcome"] == "completed"]
-    bad = [e["key"] for e in answers if (e.get("result") or {}).get("charge_id") != charge_ids.get(e["key"])]
+    bad = [e["key"] for e in answers if e["key"] in plain
+           and (e.get("result") or {}).get("charge_id") != charge_ids.get(e["key"])]
+    bad += [e["key"] for e in answers if e["key"] in multi and e.get("result") != keys[e["key"]]["result"]]
     p.check(f"every replayed answer ({len(answers)}) carried the stored result", not bad, sample(bad))
 
     # ---------------------------------------------------------------- delivery and state
     p.check("the drain finished before its deadline (every committed job done)", drained)
     not_one = [k for k in jobs if len(outbox.get(k, [])) != 1]
-    p.check("exactly one outbox event per job (duplicate submissions enqueued nothing)",
+    not_one += [k for k in jobs if any(t != ("jobs" if k in plain else "steps") for _, _, t in outbox.get(k, []))]
+    p.check("exactly one outbox event per job, on its topic (duplicate submissions enqueued nothing)",
             not not_one and not (set(outbox) - jobs), sample(not_one + list(set(outbox) - jobs)))
-    undelivered = [k for k in jobs if any(s != "delivered" for s, _ in outbox.get(k, []))]
+    undelivered = [k for k in jobs if any(s != "delivered" for s, _, _ in outbox.get(k, []))]
     p.check("every committed outbox event was delivered", not undelivered, sample(undelivered))
     not_done = [k for k in jobs if keys[k]["status"] != "COMPLETED"]
     p.check("every job's key is COMPLETED", not not_done,
@@ -139,11 +168,13 @@ def prove(cfg, injector, fleet, data, drained):
             f"({injector.watch_samples} samples, max overdue {injector.watch_max_overdue:.2f}s)",
             not injector.watch_bad and injector.watch_samples > 0, sample(injector.watch_bad))
 
-    # The views say the same after the drain.
-    p.check("idem_stats: every job completed, nothing processing, failed or stuck",
-            data["stats"] == (0, 0, len(jobs), 0, 0, 0), str(data["stats"]))
-    p.check("outbox_lag: nothing pending, in flight, retrying or dead; lag 0",
-            data["lag"] == (0, 0, 0, 0, 0.0), str(data["lag"]))
+    # The views say the same after the drain, for each kind of job.
+    expected = {"default": (0, 0, len(plain), 0, 0, 0), STEP_SCOPE: (0, 0, len(multi), 0, 0, 0)}
+    p.check("idem_stats: every job completed, nothing processing, failed or stuck (both scopes)",
+            data["stats"] == expected, str(data["stats"]))
+    expected = {"jobs": (0, 0, 0, 0, 0.0), "steps": (0, 0, 0, 0, 0.0)}
+    p.check("outbox_lag: nothing pending, in flight, retrying or dead; lag 0 (both topics)",
+            data["lag"] == expected, str(data["lag"]))
 
     # ---------------------------------------------------------------- processes and server
     crashes = fleet.crashes
@@ -170,8 +201,13 @@ def prove(cfg, injector, fleet, data, drained):
     for step in ("before_claim", "after_effect", "after_complete"):
         p.check(f"workers were killed {step.replace('_', ' ')} ({kills[step]})", kills[step] > 0)
     p.check(f"the API timed out after applying a charge ({api['timeouts']})", api["timeouts"] > 0)
+    p.check(f"the mail API timed out after sending an email ({data['mail']['timeouts']})",
+            data["mail"]["timeouts"] > 0)
     p.check(f"PostgreSQL was restarted with an immediate shutdown ({len(injector.restarts)})",
             len(injector.restarts) >= 1)
+
+    # ---------------------------------------------------------------- the 3-step jobs
+    steps_summary = prove_steps(p, data, multi, kills)
 
     # ---------------------------------------------------------------- metrics
     # m is the sum of idem_metrics over the epochs between restarts (each
@@ -185,6 +221,8 @@ def prove(cfg, injector, fleet, data, drained):
     stall_done_late = [e for e in wlogs if e["ev"] == "complete" and e.get("stall") == "stall_late"]
     stall_fenced = [e for e in stale if e.get("stall") == "stall_fenced"]
     n = len(jobs)
+    # Every kill of a 3-step job's worker comes after its claim.
+    after_claim = kills["after_effect"] + sum(kills[f"{where}_{step}"] for step in STEPS for where in ("in", "after"))
     attempts = sum(keys[k]["attempts"] for k in jobs)
     late_in_table = sum(1 for k in jobs if keys[k]["late"])
     buckets = sum(m["processing_ms_buckets"])
@@ -205,8 +243,8 @@ def prove(cfg, injector, fleet, data, drained):
     # nor does one whose complete was fenced (IK001): the job needs one more
     # claim for each.
     metric(f"claims >= jobs + kills after the claim + fenced workers "
-           f"({m['claims']} >= {n} + {kills['after_effect']} + {len(stale)})",
-           m["claims"] >= n + kills["after_effect"] + len(stale), "bound: external kills add more")
+           f"({m['claims']} >= {n} + {after_claim} + {len(stale)})",
+           m["claims"] >= n + after_claim + len(stale), "bound: external kills add more")
     # Workers claim with key_lease and never heartbeat, so a lease ends
     # key_lease after claimed_at (lease_until itself is cleared once the
     # sweep settles an ended lease): late = completed after that.
@@ -219,9 +257,9 @@ def prove(cfg, injector, fleet, data, drained):
     # worker that was then fenced (every fenced stall among them), ended by
     # expiry (sweep or takeover), once each.
     metric(f"lease_expirations >= kills after the claim + fenced workers "
-           f"({m['lease_expirations']} >= {kills['after_effect']} + {len(stale)}, "
+           f"({m['lease_expirations']} >= {after_claim} + {len(stale)}, "
            f"{len(stall_fenced)} of them fenced stalls)",
-           m["lease_expirations"] >= kills["after_effect"] + len(stale),
+           m["lease_expirations"] >= after_claim + len(stale),
            "bound: external kills add more")
     # Nothing is left PROCESSING, so every generation ended: by completion,
     # failure or expiry; at most the late ones ended twice (expiry, then a
@@ -276,15 +314,19 @@ def prove(cfg, injector, fleet, data, drained):
         worker_restarts=fleet.restarted, api_timeouts=api["timeouts"], api_errors=api["errors"],
         api_replays=api["replays"], restarts=injector.restarts,
         stalls=Counter(e["kind"] for e in wlogs if e["ev"] == "stall"),
-        stale=len(stale), redeliveries=sum(a for v in outbox.values() for _, a in v) - n,
-        metrics=m, violations=p.violations)
+        stale=len(stale), redeliveries=sum(a for v in outbox.values() for _, a, _ in v) - n,
+        charge_calls=api["requests"], charge_effects=api["effects"],
+        double_ledger=sum(max(0, len(ledger.get(k, [])) - 1) for k in plain),
+        double_charges_plain=sum(max(0, applied[k] - 1) for k in plain),
+        metrics=m, violations=p.violations, **steps_summary)
     return p, summary
 
 
 def print_summary(s, seconds, out):
     m = s["metrics"]
+    kills = s["step_kills"]
     rows = [
-        ("jobs committed", s["jobs"]),
+        ("jobs committed (3-step jobs among them)", "%d  (%d)" % (s["jobs"], s["step_jobs"])),
         ("submissions (all)", s["submissions"]),
         ("duplicates injected (committed)", "%d  %s" % (s["duplicates"], dict(s["duplicate_kinds"]))),
         ("  answered", dict(s["duplicate_answers"])),
@@ -297,9 +339,22 @@ def print_summary(s, seconds, out):
         ("worker restarts", s["worker_restarts"]),
         ("stalls past the lease (late / fenced)", "%d / %d" % (s["stalls"]["late"], s["stalls"]["fenced"])),
         ("stale completes fenced (IK001)", s["stale"]),
+        ("3-step kills inside / after reserve", "%d / %d" % kills["reserve"]),
+        ("3-step kills inside / after charge", "%d / %d" % kills["charge"]),
+        ("3-step kills inside / after email", "%d / %d" % kills["email"]),
+        ("3-step runs of reserve / charge / email", "%d / %d / %d" % tuple(
+            s["step_runs"][step] for step in ("reserve", "charge", "email"))),
+        ("resumed takeovers (metrics / logged)", "%d / %d" % (s["resumed_metric"], s["resumed_logged"])),
         ("API timeouts after a charge", s["api_timeouts"]),
         ("API 503 errors", s["api_errors"]),
         ("API replays", s["api_replays"]),
+        ("payment API: calls / charges (all jobs)", "%d / %d" % (s["charge_calls"], s["charge_effects"])),
+        ("  of 3-step jobs: calls / charges", "%d / %d" % (s["step_charge_calls"], s["step_charge_effects"])),
+        ("mail API: calls / emails sent", "%d / %d" % (s["email_calls"], s["email_effects"])),
+        ("reservation rows (3-step jobs)", s["reservation_rows"]),
+        ("double effects: ledger / charges / reservations / emails", "%d / %d / %d / %d" % (
+            s["double_ledger"], s["double_charges_plain"] + s["double_charges"], s["double_reservations"],
+            s["double_emails"])),
         ("PostgreSQL restarts (immediate)", "%d  %s" % (len(s["restarts"]), " ".join(
             f"@{r['at']}s(fence {r['fence_wait_ms']}ms, {r['cut']} txns cut, down {r['down_s']}s)" for r in s["restarts"]))),
         ("outbox redeliveries", s["redeliveries"]),

@@ -1,15 +1,16 @@
 """The fault injector of the chaos test, and the supervisor of its processes.
 
 Fleet:     starts the producer and worker processes (real processes, each
-           `python3 producer.py|worker.py`) and restarts any worker that died,
-           as a process manager would.
+           `python3 producer.py|worker.py|step_worker.py`) and restarts any
+           worker that died, as a process manager would.
 Injector:  SIGKILLs random live workers from outside; restarts PostgreSQL with
            `pg_ctl -m immediate restart` (after snapshotting idem_metrics
            behind the fence, since the restart resets shared memory); and
            watches that no key stays PROCESSING past its lease plus one naptime
            (plus a scheduling grace) while the sweep is meant to be running.
 The per-job faults (a worker killing itself at a step, stalls) are planned by
-the producers and carried out by the workers themselves: see worker.py.
+the producers and carried out by the workers themselves: see worker.py and
+step_worker.py.
 """
 
 import os
@@ -30,7 +31,7 @@ METRIC_COLUMNS = (
     "failures_final", "lease_expirations", "late_completions", "stale_tokens",
     "inbox_duplicates", "outbox_enqueued", "outbox_deduplicated", "outbox_delivered",
     "outbox_retried", "outbox_dead", "locks_acquired", "locks_contended", "processing_count",
-    "processing_ms_sum")
+    "processing_ms_sum", "resumed_takeovers")
 
 
 def read_metrics(cur):
@@ -54,8 +55,8 @@ def add_metrics(total, snap):
 class Fleet:
     def __init__(self, cfg, logdir):
         self.cfg, self.logdir = cfg, logdir
-        self.workers = {}       # slot -> Popen
-        self.worker_starts = {}  # slot -> monotonic start
+        self.workers = {}       # name (worker-N, steps-N) -> Popen
+        self.worker_starts = {}  # name -> monotonic start
         self.producers = []
         self.crashes = []       # (what, exit status, stderr tail)
         self.restarted = 0
@@ -73,21 +74,30 @@ class Fleet:
             self.producers.append(self.spawn("producer.py", [
                 "--dsn", c.app_dsn, "--index", str(i), "--seed", str(c.seed),
                 "--seconds", str(seconds), "--rate", str(c.producer_rate),
-                "--fault-weights", c.fault_weights,
+                "--fault-weights", c.fault_weights, "--step-rate", str(c.step_rate),
                 "--log", os.path.join(self.logdir, f"producer-{i}.jsonl")], f"producer-{i}"))
 
-    def start_worker(self, slot):
-        c = self.cfg
-        self.workers[slot] = self.spawn("worker.py", [
-            "--dsn", c.app_dsn, "--name", f"worker-{slot}", "--api", c.api,
-            "--batch", str(c.batch), "--outbox-lease", str(c.outbox_lease),
-            "--key-lease", str(c.key_lease), "--http-timeout", str(c.http_timeout),
-            "--log", os.path.join(self.logdir, f"worker-{slot}.jsonl")], f"worker-{slot}")
-        self.worker_starts[slot] = time.monotonic()
+    def worker_names(self):
+        """Every worker's name, which names its log too."""
+        return ([f"worker-{slot}" for slot in range(self.cfg.workers)]
+                + [f"steps-{slot}" for slot in range(self.cfg.step_workers)])
 
-    def start_workers(self, count):
-        for slot in range(count):
-            self.start_worker(slot)
+    def start_worker(self, name):
+        c = self.cfg
+        common = ["--dsn", c.app_dsn, "--name", name, "--api", c.api,
+                  "--outbox-lease", str(c.outbox_lease), "--key-lease", str(c.key_lease),
+                  "--http-timeout", str(c.http_timeout),
+                  "--log", os.path.join(self.logdir, f"{name}.jsonl")]
+        if name.startswith("steps-"):
+            self.workers[name] = self.spawn("step_worker.py", common + [
+                "--mail-api", c.mail_api, "--batch", str(c.step_batch)], name)
+        else:
+            self.workers[name] = self.spawn("worker.py", common + ["--batch", str(c.batch)], name)
+        self.worker_starts[name] = time.monotonic()
+
+    def start_workers(self):
+        for name in self.worker_names():
+            self.start_worker(name)
 
     def tail(self, name):
         try:
@@ -98,15 +108,15 @@ class Fleet:
 
     def supervise(self):
         """Restarts dead workers; records how each one ended."""
-        for slot, proc in list(self.workers.items()):
+        for name, proc in list(self.workers.items()):
             status = proc.poll()
             if status is None:
                 continue
             if status == -signal.SIGKILL:
                 self.exits["killed"] += 1
             else:
-                self.crashes.append((f"worker-{slot}", status, self.tail(f"worker-{slot}")))
-            self.start_worker(slot)
+                self.crashes.append((name, status, self.tail(name)))
+            self.start_worker(name)
             self.restarted += 1
 
     def producers_done(self):
@@ -119,8 +129,8 @@ class Fleet:
 
     def live_workers(self, min_age):
         now = time.monotonic()
-        return [(slot, p) for slot, p in self.workers.items()
-                if p.poll() is None and now - self.worker_starts[slot] >= min_age]
+        return [(name, p) for name, p in self.workers.items()
+                if p.poll() is None and now - self.worker_starts[name] >= min_age]
 
     def stop_all(self, grace=5.0):
         procs = list(self.workers.values()) + self.producers
@@ -191,7 +201,7 @@ class Injector:
         live = self.fleet.live_workers(min_age=0.5)
         if not live:
             return
-        slot, proc = self.rng.choice(live)
+        _, proc = self.rng.choice(live)
         try:
             os.kill(proc.pid, signal.SIGKILL)
             self.external_kills += 1

@@ -8,9 +8,16 @@ Each submission is one transaction, as an API request would be:
     SELECT outbox_enqueue('jobs', payload, dedup_key => key);     -- the job
     COMMIT;
 
+A share of the new jobs (--step-rate) are 3-step jobs (keys `step-`, scope
+and topic 'steps', done by step_worker.py): the same transaction with that
+scope and topic.
+
 What it submits, drawn from an RNG seeded with --seed and --index:
   - new jobs, each with a fault plan in its payload (what the worker that
-    first gets it will do to itself: see chaoslib.FAULTS);
+    first gets it will do to itself: see chaoslib.FAULTS); a 3-step job's
+    plan takes the next of chaoslib.STEP_FAULTS and two plans without a
+    fault in turn (from a random place), so that every kill between and
+    inside steps is planned in a short run;
   - duplicate submissions of keys it committed before, soon after (the key is
     usually still queued or processing: `in_progress`) or much later (usually
     done: `completed` with the stored result); the enqueue then adds nothing
@@ -37,7 +44,7 @@ import time
 import psycopg2
 from psycopg2.extras import Json
 
-from chaoslib import FAULTS, FENCE_SQL, JsonLog, connect, connection_lost
+from chaoslib import FAULTS, FENCE_SQL, STEP_FAULTS, STEP_SCOPE, STEP_TOPIC, JsonLog, connect, connection_lost
 
 
 class Producer:
@@ -49,6 +56,8 @@ class Producer:
         self.conns = {}
         self.committed = []   # keys this producer created, in order
         self.jobs = {}        # key -> (amount, fault) of every key it submitted
+        self.step_plans = STEP_FAULTS + (None, None)
+        self.step_jobs = self.rng.randrange(len(self.step_plans))   # where the turn starts
         weights = [float(w) for w in args.fault_weights.split(",")]
         assert len(weights) == len(FAULTS)
         self.fault_weights = weights
@@ -82,6 +91,8 @@ class Producer:
     def submit(self, key, kind, rollback=False, slot=0):
         """One submission, retried with the same key until it is decided."""
         amount, fault = self.jobs[key]
+        steps = key.startswith("step-")
+        scope, topic = (STEP_SCOPE, STEP_TOPIC) if steps else ("default", "jobs")
         request = {"amount_cents": amount}
         payload = {"job": key, "amount_cents": amount, "fault": fault}
         tries = 0
@@ -93,14 +104,14 @@ class Producer:
                 with conn.cursor() as cur:
                     cur.execute(FENCE_SQL)
                     phase = "register"
-                    cur.execute("SELECT outcome, result FROM idempotency.idem_register(%s, %s, job_ref => %s)",
-                                (key, Json(request), key))
+                    cur.execute("SELECT outcome, result FROM idempotency.idem_register(%s, %s, job_ref => %s,"
+                                " scope => %s)", (key, Json(request), key, scope))
                     outcome, result = cur.fetchone()
                     # Answers are counted by the server at the call: log them now.
                     self.log("answer", key=key, outcome=outcome, result=result, kind=kind)
                     phase = "enqueue"
-                    cur.execute("SELECT idempotency.outbox_enqueue('jobs', %s, dedup_key => %s)",
-                                (Json(payload), key))
+                    cur.execute("SELECT idempotency.outbox_enqueue(%s, %s, dedup_key => %s)",
+                                (topic, Json(payload), key))
                     event_id = cur.fetchone()[0]
                 if rollback:
                     conn.rollback()
@@ -134,6 +145,13 @@ class Producer:
         self.jobs[key] = (self.rng.randint(100, 99999), self.plan())
         return key
 
+    def new_step_job(self):
+        key = f"step-{self.args.index}-{len(self.jobs):05d}"
+        plan = self.step_plans[self.step_jobs % len(self.step_plans)]
+        self.step_jobs += 1
+        self.jobs[key] = (self.rng.randint(100, 99999), plan)
+        return key
+
     def step(self):
         r = self.rng.random()
         a = self.args
@@ -155,7 +173,7 @@ class Producer:
             twin.join()
             self.committed.append(key)
         else:
-            key = self.new_job("job")
+            key = self.new_step_job() if self.rng.random() < a.step_rate else self.new_job("job")
             if self.submit(key, "new") is not None:
                 self.committed.append(key)
 
@@ -189,6 +207,7 @@ def main():
     p.add_argument("--rollback-rate", type=float, default=0.06)
     p.add_argument("--dup-rate", type=float, default=0.15)
     p.add_argument("--race-rate", type=float, default=0.04)
+    p.add_argument("--step-rate", type=float, default=0.0, help="the share of new jobs that are 3-step jobs")
     p.add_argument("--fault-weights", required=True,
                    help="probabilities of " + ",".join(FAULTS) + " per new job")
     return Producer(p.parse_args()).run()

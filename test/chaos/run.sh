@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The chaos test: an at-least-once job pipeline of real processes under
-# SIGKILLs, payment API timeouts and an immediate PostgreSQL restart, and the
-# proof that every job took effect exactly once (see chaos.py).
+# SIGKILLs, payment and mail API timeouts and an immediate PostgreSQL
+# restart, and the proof that every job took effect exactly once, and every
+# step of its 3-step jobs too, each takeover resuming after the last
+# recorded step (see chaos.py).
 #
 #   test/chaos/run.sh            short form (25 s of load, 1 restart; ~30-35 s in all)
 #   test/chaos/run.sh --long     long form (4.5 min of load, 5 restarts; ~5 min)
 #
 # Run as root after the extension is installed (make install); it builds and
-# installs nothing and uses only paths relative to itself. It starts a
-# throwaway cluster (library preloaded, Unix socket only) and the mock payment
-# API on 127.0.0.1, and removes every process and the temporary folder on
-# exit. Prints each check (ok/FAIL) and a summary table; the exit status is
-# non-zero on any violation.
+# installs nothing and uses only paths relative to itself (the step workers
+# import the Python client from clients/python/src). It starts a throwaway
+# cluster (library preloaded, Unix socket only) and the mock payment and mail
+# APIs on 127.0.0.1, and removes every process and the temporary folder on
+# exit. Prints each check (ok/FAIL), a summary table and the count of resumed
+# takeovers; the exit status is non-zero on any violation.
 # Settings: CHAOS_SECONDS (seconds of load; overrides the form), CHAOS_SEED
 # (default: random, printed), CHAOS_PORT (54450), CHAOS_KEEP=1 (keep the
 # folder with the logs).
@@ -35,7 +38,7 @@ port=${CHAOS_PORT:-54450}
 seed=${CHAOS_SEED:-$(( (RANDOM << 15) | RANDOM ))}
 python=/usr/bin/python3
 bindir=$(pg_bindir)
-api_pid=""
+api_pids=()
 chaos_pid=""
 
 # Loopback only: no proxy between the workers and the mock API.
@@ -55,7 +58,10 @@ cleanup() {
         kill -KILL "$chaos_pid" 2>/dev/null
         wait "$chaos_pid" 2>/dev/null
     fi
-    [ -n "$api_pid" ] && kill -KILL "$api_pid" 2>/dev/null && wait "$api_pid" 2>/dev/null
+    local pid
+    for pid in "${api_pids[@]}"; do
+        kill -KILL "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    done
     stop_cluster "$dir"
     if [ -n "${CHAOS_KEEP:-}" ]; then
         echo "chaos: outputs kept in $dir" >&2
@@ -95,20 +101,28 @@ fi
 as_pg "$bindir/createdb" -h "$dir" -p "$port" -U postgres chaos || exit 1
 
 mkdir -p "$dir/logs"
-$python "$here/mock_api.py" --port-file "$dir/api.port" --seed "$seed" \
-    --error-rate 0.04 --timeout-rate 0.05 --timeout-sleep 1.0 2>"$dir/logs/mock_api.err" &
-api_pid=$!
-for _ in $(seq 1 100); do [ -s "$dir/api.port" ] && break; sleep 0.1; done
-if [ ! -s "$dir/api.port" ]; then
-    echo "chaos: the mock API did not start" >&2
-    cat "$dir/logs/mock_api.err" >&2
-    exit 1
-fi
+# start_api RESOURCE TIMEOUT-RATE: a mock provider on a free port of
+# 127.0.0.1, written to $dir/RESOURCE.port.
+start_api() {
+    local resource=$1 timeout_rate=$2 _
+    $python "$here/mock_api.py" --resource "$resource" --port-file "$dir/$resource.port" --seed "$seed" \
+        --error-rate 0.04 --timeout-rate "$timeout_rate" --timeout-sleep 1.0 2>"$dir/logs/$resource.err" &
+    api_pids+=($!)
+    for _ in $(seq 1 100); do [ -s "$dir/$resource.port" ] && break; sleep 0.1; done
+    if [ ! -s "$dir/$resource.port" ]; then
+        echo "chaos: the mock API of $resource did not start" >&2
+        cat "$dir/logs/$resource.err" >&2
+        return 1
+    fi
+}
+start_api charges 0.05 || exit 1
+start_api emails 0.2 || exit 1
 
 # In the background so that a signal reaches this shell's trap at once.
 $python "$here/chaos.py" --host "$dir" --port "$port" --dbname chaos \
     --datadir "$dir/data" --server-log "$dir/server.log" --bindir "$bindir" \
-    --os-user "$IDEM_OS_USER" --api "http://127.0.0.1:$(cat "$dir/api.port")" \
+    --os-user "$IDEM_OS_USER" --api "http://127.0.0.1:$(cat "$dir/charges.port")" \
+    --mail-api "http://127.0.0.1:$(cat "$dir/emails.port")" \
     --logdir "$dir/logs" --seed "$seed" --seconds "$seconds" --restarts "$restarts" \
     --drain-seconds "$drain" &
 chaos_pid=$!
