@@ -62,6 +62,36 @@ class Lost(Exception):
     """The database connection is gone; the current work is abandoned."""
 
 
+class Process:
+    """What a worker process of the run keeps: its arguments, name, JSON
+    log and one database connection, made again after a loss with
+    `connect(dsn, application_name, stop=...)` (the psycopg2 one above, or
+    the client's in client_connection.py)."""
+
+    def __init__(self, args, connect):
+        self.args = args
+        self.name = args.name
+        self.log = JsonLog(args.log)
+        self.conn = None
+        self.stopping = False
+        self._connect = connect
+
+    def db(self):
+        if self.conn is None or self.conn.closed:
+            self.conn = self._connect(self.args.dsn, f"chaos-{self.name}", stop=lambda: self.stopping)
+            if self.conn is None:
+                raise Lost("stopping")
+        return self.conn
+
+    def drop(self):
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+        self.conn = None
+
+
 class JsonLog:
     """Appends one JSON object per line with a single write(2) on an O_APPEND
     descriptor: a line written before a SIGKILL is in the file."""

@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python", "src"))
 import psycopg  # noqa: E402
 from pg_idempotency import NotClaimed, RetryableError, claim  # noqa: E402
 
-from chaoslib import STEP_SCOPE, STEP_TOPIC, JsonLog, Lost  # noqa: E402
+from chaoslib import STEP_SCOPE, STEP_TOPIC, Lost, Process  # noqa: E402
 from client_connection import connect, connection_lost  # noqa: E402
 from providers import Provider  # noqa: E402
 
@@ -63,32 +63,13 @@ class ProviderFailed(RetryableError):
         super().__init__(message, retry_in=0.2)
 
 
-class StepWorker:
+class StepWorker(Process):
     def __init__(self, args):
-        self.args = args
-        self.name = args.name
-        self.log = JsonLog(args.log)
-        self.conn = None
-        self.stopping = False
+        super().__init__(args, connect)
         self.payments = Provider(args.api, args.http_timeout, self.log)
         self.mail = Provider(args.mail_api, args.http_timeout, self.log)
 
     # ------------------------------------------------------------ database
-    def db(self):
-        if self.conn is None or self.conn.closed:
-            self.conn = connect(self.args.dsn, f"chaos-{self.name}", stop=lambda: self.stopping)
-            if self.conn is None:
-                raise Lost("stopping")
-        return self.conn
-
-    def drop(self):
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:
-                pass
-        self.conn = None
-
     def settle(self, sql, params):
         conn = self.db()
         with conn.transaction():

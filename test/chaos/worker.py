@@ -34,35 +34,16 @@ import time
 import psycopg2
 from psycopg2.extras import Json
 
-from chaoslib import FENCE_SQL, STALLS, JsonLog, Lost, connect, connection_lost, interval
+from chaoslib import FENCE_SQL, STALLS, Lost, Process, connect, connection_lost, interval
 from providers import Provider
 
 
-class Worker:
+class Worker(Process):
     def __init__(self, args):
-        self.args = args
-        self.name = args.name
-        self.log = JsonLog(args.log)
-        self.conn = None
-        self.stopping = False
+        super().__init__(args, connect)
         self.api = Provider(args.api, args.http_timeout, self.log)
 
     # ------------------------------------------------------------ database
-    def db(self):
-        if self.conn is None or self.conn.closed:
-            self.conn = connect(self.args.dsn, f"chaos-{self.name}", stop=lambda: self.stopping)
-            if self.conn is None:
-                raise Lost("stopping")
-        return self.conn
-
-    def drop(self):
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:
-                pass
-        self.conn = None
-
     def txn(self, body, fence_first=True):
         """Runs body(cur) in one transaction that holds the fence (see
         chaoslib) from before its first extension call to its end. Raises Lost
