@@ -14,7 +14,13 @@ MODULE_big = idempotency
 # build and CMake's.
 sources_of = $(shell sed -n '/^\[$(1)\]/,/^\[/{/^src\//p}' sources.txt)
 OBJS = $(patsubst %.cpp,%.o,$(call sources_of,core) $(call sources_of,module))
-DATA = $(wildcard src/extension/*.sql)
+DATA = $(wildcard src/extension/*.sql) src/sql_edition/idempotency_sql.control
+# The SQL edition (src/sql_edition/): its two scripts are put together from
+# its parts and the schema of the full script above; the extension's is
+# installed, the plain one (for psql -f on a managed server) is only built.
+SQL_EDITION = build/sql_edition/idempotency_sql--$(IDEM_VERSION).sql \
+	build/sql_edition/idempotency-sql--$(IDEM_VERSION).sql
+DATA_built = $(firstword $(SQL_EDITION))
 
 # `make installcheck`: the regression tests (sql/, setup first) and the race
 # tests (test/isolation/) against a running server whose configuration has
@@ -104,6 +110,11 @@ uninstall-relay:
 META.json: META.json.in idempotency.control
 	sed 's/@VERSION@/$(IDEM_VERSION)/g' META.json.in >$@
 -include $(RELAY_OBJS:.o=.d)
+$(SQL_EDITION) &: src/sql_edition/build.sh $(wildcard src/sql_edition/parts/*.sql) \
+		src/extension/idempotency--$(IDEM_VERSION).sql
+	bash src/sql_edition/build.sh $(IDEM_VERSION) build/sql_edition
+.PHONY: sql-edition
+sql-edition: $(SQL_EDITION)
 
 .PHONY: test test-matrix deb demo bench chaos fuzz
 test:

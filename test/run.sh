@@ -80,16 +80,28 @@ installcheck() {  # installcheck SUITE OUTPUT DIFFS MAKE-ARGS...
     [ "$status" -ne 0 ] && [ -f "$diffs" ] && cat "$diffs"
     count_regress_output "$suite" "$out" "$status"
 }
-trap '[ -n "$check_dir" ] && stop_cluster "$check_dir"' EXIT
+
+# The regression and race tests run against both editions: the C++
+# extension, and the SQL edition (test/lib/sql_edition.sh). IDEM_EDITIONS
+# names a subset ("cpp sql").
+. "$(dirname "$0")/lib/sql_edition.sh"
+editions=" ${IDEM_EDITIONS:-cpp sql} "
+trap '[ -n "$check_dir" ] && stop_cluster "$check_dir"; stop_sql_edition_server' EXIT
 
 run_regress() {
-    log "regression tests (pg_regress, make installcheck)"
-    installcheck regress "$stage/regress.log" "$stage/regression.diffs" ISOLATION=
+    if [[ $editions == *" cpp "* ]]; then
+        log "regression tests (pg_regress, make installcheck)"
+        installcheck regress "$stage/regress.log" "$stage/regression.diffs" ISOLATION=
+    fi
+    [[ $editions == *" sql "* ]] && run_sql_edition regress
 }
 
 run_isolation() {
-    log "race tests (isolation tester, make installcheck)"
-    installcheck isolation "$stage/isolation.log" "$stage/output_iso/regression.diffs" REGRESS=
+    if [[ $editions == *" cpp "* ]]; then
+        log "race tests (isolation tester, make installcheck)"
+        installcheck isolation "$stage/isolation.log" "$stage/output_iso/regression.diffs" REGRESS=
+    fi
+    [[ $editions == *" sql "* ]] && run_sql_edition isolation
 }
 
 # IDEM_TAP_FILES: the TAP files to run, relative to the tree (the matrix
@@ -117,7 +129,7 @@ run_harnesses() {
     local script
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
-        test/relay/brokers.sh test/chaos/run.sh test/differential/run.sh test/clients/*.sh \
+        test/relay/brokers.sh test/chaos/run.sh test/differential/run.sh test/sql_edition/install.sh test/clients/*.sh \
         test/monitoring/*.sh examples/run-all.sh}); do
         script=$stage/$script
         [ -x "$script" ] || continue
@@ -140,6 +152,7 @@ done
 
 [ -n "$check_dir" ] && stop_cluster "$check_dir"
 check_dir=
+stop_sql_edition_server
 if [ "$failed" -eq 0 ]; then
     rm -rf "$stage"
 else

@@ -1,0 +1,362 @@
+-- ---------------------------------------------------------------- settings and arguments
+--
+-- The settings are the C++ edition's names (idempotency.default_lease, ...).
+-- Without the library PostgreSQL keeps them as plain strings (placeholder
+-- settings): a number means the C++ edition's unit (milliseconds or
+-- seconds), anything else is read as an interval ('5s', '2 min').
+
+-- The setting `name` as an interval; `unit` is what a bare number counts.
+CREATE FUNCTION idempotency.setting_interval(name pg_catalog.text, unit pg_catalog.interval,
+                                             fallback pg_catalog.interval)
+RETURNS pg_catalog.interval
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    value text := current_setting('idempotency.' || name, true);
+BEGIN
+    IF value IS NULL OR value = '' THEN
+        RETURN fallback;
+    ELSIF value ~ '^\s*-?[0-9]+\s*$' THEN
+        RETURN value::int8 * unit;
+    END IF;
+    RETURN value::interval;
+END
+$$;
+
+-- The setting `name` as a whole number.
+CREATE FUNCTION idempotency.setting_int(name pg_catalog.text, fallback pg_catalog.int4)
+RETURNS pg_catalog.int4
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT COALESCE(NULLIF(current_setting('idempotency.' || name, true), '')::int4, fallback)
+$$;
+
+-- The setting `name` as a number of bytes ('1kB', '2MB' or a bare number).
+CREATE FUNCTION idempotency.setting_bytes(name pg_catalog.text, fallback pg_catalog.int8)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    value text := current_setting('idempotency.' || name, true);
+    parts text[];
+BEGIN
+    IF value IS NULL OR value = '' THEN
+        RETURN fallback;
+    END IF;
+    parts := regexp_match(value, '^\s*([0-9]+)\s*(B|kB|MB|GB|TB)?\s*$');
+    IF parts IS NULL THEN
+        RAISE EXCEPTION 'invalid value for parameter "idempotency.%": "%"', name, value
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN parts[1]::int8 * CASE parts[2] WHEN 'kB' THEN 1024 WHEN 'MB' THEN 1048576
+                                          WHEN 'GB' THEN 1073741824 WHEN 'TB' THEN 1099511627776
+                                          ELSE 1 END;
+END
+$$;
+
+-- The setting `name` as a boolean.
+CREATE FUNCTION idempotency.setting_bool(name pg_catalog.text, fallback pg_catalog.bool)
+RETURNS pg_catalog.bool
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT COALESCE(NULLIF(current_setting('idempotency.' || name, true), '')::bool, fallback)
+$$;
+
+-- An interval in microseconds as the C++ edition counts it (a month is 30
+-- days, a day 24 hours); NULL when it does not fit in 64 bits.
+CREATE FUNCTION idempotency.micros(value pg_catalog.interval)
+RETURNS pg_catalog.numeric
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    months numeric := extract(year FROM value) * 12 + extract(month FROM value);
+    days numeric := extract(day FROM value);
+    total numeric;
+BEGIN
+    total := (months * 30 + days) * 86400000000
+             + extract(epoch FROM value - make_interval(months => months::int4, days => days::int4))
+               * 1000000;
+    RETURN CASE WHEN abs(total) <= 9223372036854775807 THEN total END;
+END
+$$;
+
+-- A duration as the C++ edition writes it in messages: "1 day", "30 s",
+-- "250 ms", else in microseconds.
+CREATE FUNCTION idempotency.format_duration(value pg_catalog.numeric)
+RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT COALESCE(
+    (SELECT (value / u.size)::int8 || ' ' || CASE WHEN value = u.size THEN u.one ELSE u.many END
+       FROM (VALUES (1, 86400000000::numeric, 'day', 'days'), (2, 3600000000, 'hour', 'hours'),
+                    (3, 60000000, 'min', 'min'), (4, 1000000, 's', 's'), (5, 1000, 'ms', 'ms'))
+            AS u (n, size, one, many)
+      WHERE value >= u.size AND value % u.size = 0
+      ORDER BY u.n LIMIT 1),
+    value::int8 || ' us')
+$$;
+
+CREATE FUNCTION idempotency.raise_null(name pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION '% must not be null', name USING ERRCODE = 'null_value_not_allowed';
+END
+$$;
+
+-- A required name: not NULL, not empty, at most max_bytes bytes.
+CREATE FUNCTION idempotency.check_name(value pg_catalog.text, name pg_catalog.text,
+                                       max_bytes pg_catalog.int4 DEFAULT 255)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION '% must not be null', name USING ERRCODE = 'null_value_not_allowed';
+    ELSIF value = '' THEN
+        RAISE EXCEPTION '% must not be empty', name USING ERRCODE = 'invalid_parameter_value';
+    ELSIF octet_length(value) > max_bytes THEN
+        RAISE EXCEPTION '% must be at most % bytes long (it has %)', name, max_bytes, octet_length(value)
+            USING ERRCODE = 'string_data_right_truncation';
+    END IF;
+END
+$$;
+
+-- An optional name (job_ref, a lock's owner): at most 255 bytes.
+CREATE FUNCTION idempotency.check_optional_name(value pg_catalog.text, name pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF octet_length(value) > 255 THEN
+        RAISE EXCEPTION '% must be at most 255 bytes long (it has %)', name, octet_length(value)
+            USING ERRCODE = 'string_data_right_truncation';
+    END IF;
+END
+$$;
+
+-- A value (result, request, payload, error) of `bytes` bytes against
+-- idempotency.max_value_bytes.
+CREATE FUNCTION idempotency.check_value_size(bytes pg_catalog.int8, name pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    max_bytes int8 := idempotency.setting_bytes('max_value_bytes', 1048576);
+BEGIN
+    IF bytes > max_bytes THEN
+        RAISE EXCEPTION '% must be at most % bytes (idempotency.max_value_bytes); it has %',
+                        name, max_bytes, bytes
+            USING ERRCODE = 'string_data_right_truncation';
+    END IF;
+END
+$$;
+
+-- The size of a jsonb value as the C++ edition measures it (its data,
+-- without the header).
+CREATE FUNCTION idempotency.jsonb_bytes(value pg_catalog.jsonb)
+RETURNS pg_catalog.int8
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_column_size(value)::int8 - 4 $$;
+
+-- A finite interval in microseconds, or 22023.
+CREATE FUNCTION idempotency.interval_arg(value pg_catalog.interval, name pg_catalog.text)
+RETURNS pg_catalog.numeric
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    m numeric := idempotency.micros(value);
+BEGIN
+    IF m IS NULL THEN
+        RAISE EXCEPTION '% is out of range (it must be a finite interval)', name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN m;
+END
+$$;
+
+-- A lease, extension, ttl or wait: positive and at most idempotency.max_lease;
+-- NULL: idempotency.default_lease (checked the same way). Returns it.
+CREATE FUNCTION idempotency.lease_arg(value pg_catalog.interval, name pg_catalog.text)
+RETURNS pg_catalog.interval
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    max_us numeric := idempotency.micros(
+        idempotency.setting_interval('max_lease', interval '1 ms', interval '1 day'));
+    lease interval := COALESCE(value,
+        idempotency.setting_interval('default_lease', interval '1 ms', interval '30 s'));
+    lease_us numeric;
+BEGIN
+    IF value IS NULL THEN
+        name := 'idempotency.default_lease';
+    END IF;
+    lease_us := idempotency.interval_arg(lease, name);
+    IF lease_us <= 0 OR lease_us > max_us THEN
+        RAISE EXCEPTION '% must be positive and at most idempotency.max_lease (%)', name,
+                        idempotency.format_duration(max_us)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN make_interval(secs => lease_us / 1000000);
+END
+$$;
+
+-- A wait: NULL (no wait) or a lease-like interval.
+CREATE FUNCTION idempotency.wait_arg(value pg_catalog.interval)
+RETURNS pg_catalog.interval
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT CASE WHEN value IS NOT NULL THEN idempotency.lease_arg(value, 'wait') END $$;
+
+-- A retention or retry delay: 0 to 100 years (of 360 days); NULL stays NULL.
+CREATE FUNCTION idempotency.span_arg(value pg_catalog.interval, name pg_catalog.text)
+RETURNS pg_catalog.interval
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    m numeric;
+BEGIN
+    IF value IS NULL THEN
+        RETURN NULL;
+    END IF;
+    m := idempotency.interval_arg(value, name);
+    IF m < 0 OR m > 100::numeric * 12 * 30 * 86400000000 THEN
+        RAISE EXCEPTION '% must be between 0 and 100 years', name USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN make_interval(secs => m / 1000000);
+END
+$$;
+
+-- The backoff after `attempts` attempts: base doubled per attempt, capped,
+-- the upper half jittered (as the C++ edition's core/retry.cpp).
+CREATE FUNCTION idempotency.backoff(attempts pg_catalog.int4)
+RETURNS pg_catalog.interval
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    base_us numeric := idempotency.micros(
+        idempotency.setting_interval('retry_base_delay', interval '1 ms', interval '1 s'));
+    max_us numeric := idempotency.micros(
+        idempotency.setting_interval('retry_max_delay', interval '1 ms', interval '1 hour'));
+    delay numeric;
+    half numeric;
+BEGIN
+    IF base_us <= 0 OR max_us <= 0 THEN
+        RETURN interval '0';
+    END IF;
+    delay := base_us;
+    FOR n IN 1 .. attempts - 1 LOOP
+        EXIT WHEN delay >= max_us;
+        delay := CASE WHEN delay > trunc(max_us / 2) THEN max_us ELSE delay * 2 END;
+    END LOOP;
+    delay := least(delay, max_us);
+    half := trunc(delay / 2);
+    RETURN make_interval(secs => least(delay, half + trunc((delay - half) * random()::numeric)) / 1000000);
+END
+$$;
+
+-- The role that called a SECURITY DEFINER function of the edition: the
+-- role set with SET ROLE, else the session's user. (A function of another
+-- role's calling in between is not seen through.)
+CREATE FUNCTION idempotency.calling_role()
+RETURNS pg_catalog.oid
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT oid FROM pg_roles
+ WHERE rolname = CASE WHEN current_setting('role') <> 'none' THEN current_setting('role')
+                      ELSE session_user END
+$$;
+
+-- A call that would change a key or an event refuses a read-only
+-- transaction and a hot standby with the C++ edition's error.
+CREATE FUNCTION idempotency.refuse_read_only(call pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_setting('transaction_read_only')::bool OR pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'idempotency: % would change the key, which a read-only transaction cannot', call
+            USING ERRCODE = 'read_only_sql_transaction',
+                  HINT = 'A duplicate of finished work is answered anywhere, also on a hot standby; '
+                         'a call that creates or claims a key needs a read-write transaction on the primary.';
+    END IF;
+END
+$$;
+
+-- ---------------------------------------------------------------- fingerprints
+
+-- A request with every number in its shortest form (1500.0 -> 1500), so
+-- that requests equal as jsonb have one text.
+CREATE FUNCTION idempotency.shortest_numbers(request pg_catalog.jsonb)
+RETURNS pg_catalog.jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    CASE jsonb_typeof(request)
+    WHEN 'number' THEN
+        RETURN to_jsonb(trim_scale(request::numeric));
+    WHEN 'array' THEN
+        RETURN COALESCE((SELECT jsonb_agg(idempotency.shortest_numbers(e.value) ORDER BY e.n)
+                           FROM jsonb_array_elements(request) WITH ORDINALITY AS e (value, n)),
+                        '[]'::jsonb);
+    WHEN 'object' THEN
+        RETURN COALESCE((SELECT jsonb_object_agg(e.key, idempotency.shortest_numbers(e.value))
+                           FROM jsonb_each(request) AS e),
+                        '{}'::jsonb);
+    ELSE
+        RETURN request;
+    END CASE;
+END
+$$;
+
+-- A text's bytes as the server stores them (its encoding), as the C++
+-- edition hashes them. (A cast to bytea would read backslashes as escapes.)
+CREATE FUNCTION idempotency.text_bytes(value pg_catalog.text)
+RETURNS pg_catalog.bytea
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT convert_to(value, current_setting('server_encoding')) $$;
+
+-- The SHA-256 of the request's canonical text (jsonb's own layout, numbers
+-- in their shortest form). Only a text with a decimal point can hold a
+-- number that is not.
+CREATE FUNCTION idempotency.fingerprint(request pg_catalog.jsonb)
+RETURNS pg_catalog.bytea
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT CASE WHEN strpos(request::text, '.') = 0 THEN sha256(request::text::bytea)
+            ELSE sha256(idempotency.shortest_numbers(request)::text::bytea) END
+$$;
+
+-- Whether a stored fingerprint is of another request: neither the
+-- canonical text's nor (a fingerprint stored before 0.4.0) the text as
+-- written.
+CREATE FUNCTION idempotency.fingerprint_differs(stored pg_catalog.bytea, fingerprint pg_catalog.bytea,
+                                                request pg_catalog.jsonb)
+RETURNS pg_catalog.bool
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT stored IS NOT NULL AND fingerprint IS NOT NULL AND stored <> fingerprint
+       AND stored <> sha256(request::text::bytea)
+$$;
