@@ -113,6 +113,14 @@ UPDATE idempotency.idempotency_keys
  WHERE key = 'claim-fp3';
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp3', '{"amount": 1500.0}'));
 SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp3', '{"amount": 1501}'));
+-- The fingerprint hashes the canonical text's own bytes, whatever they
+-- hold: a backslash and a line break in a string are two characters of
+-- its text like any other.
+SELECT * FROM pg_temp.show('f4', idempotency.idem_claim('claim-fp4', jsonb_build_object('note', E'a\\b\nc')));
+SELECT fingerprint = sha256(convert_to(jsonb_build_object('note', E'a\\b\nc')::text, 'UTF8')) AS sha256_of_text_bytes
+  FROM idempotency.idem_get('claim-fp4');
+SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp4', jsonb_build_object('note', E'a\\b\nc')));
+SELECT * FROM pg_temp.show(NULL, idempotency.idem_claim('claim-fp4', jsonb_build_object('note', E'a\\b\nd')));
 -- A key claimed without a request keeps none; the first later claim that
 -- brings one (and is granted) stores it.
 SELECT * FROM pg_temp.show('f2', idempotency.idem_claim('claim-fp2'));

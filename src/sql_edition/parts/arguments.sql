@@ -344,8 +344,8 @@ RETURNS pg_catalog.bytea
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-SELECT CASE WHEN strpos(request::text, '.') = 0 THEN sha256(request::text::bytea)
-            ELSE sha256(idempotency.shortest_numbers(request)::text::bytea) END
+SELECT CASE WHEN strpos(request::text, '.') = 0 THEN sha256(idempotency.text_bytes(request::text))
+            ELSE sha256(idempotency.text_bytes(idempotency.shortest_numbers(request)::text)) END
 $$;
 
 -- Whether a stored fingerprint is of another request: neither the
@@ -358,5 +358,5 @@ LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT stored IS NOT NULL AND fingerprint IS NOT NULL AND stored <> fingerprint
-       AND stored <> sha256(request::text::bytea)
+       AND stored <> sha256(idempotency.text_bytes(request::text))
 $$;
