@@ -18,7 +18,7 @@ func TestDriverIsTheOneAskedFor(t *testing.T) {
 		t.Fatalf("driver %s, want %s", got, want)
 	}
 	var version string
-	if err := db.QueryRow(`SELECT extversion FROM pg_extension WHERE extname = 'idempotency'`).Scan(&version); err != nil || version == "" {
+	if err := db.QueryRow(`SELECT extversion FROM pg_extension WHERE extname IN ('idempotency', 'idempotency_sql')`).Scan(&version); err != nil || version == "" {
 		t.Fatalf("the extension through %s: %q %v", want, version, err)
 	}
 }

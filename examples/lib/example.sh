@@ -10,6 +10,9 @@
 #       starts the cluster and creates role `app` (LOGIN, with the rights of
 #       grant_application and grant_relay only) and database DB owned by it, with the extension;
 #       exports PGHOST, PGPORT, PGDATABASE and PGUSER=app for the clients.
+#       With IDEM_EDITION=sql, the SQL edition instead (docs/managed-postgres.md):
+#       no library preloaded, CREATE EXTENSION idempotency_sql.
+#   example_extension        the extension of the edition: idempotency or idempotency_sql
 #   example_psql ARGS...     psql as the application role on DB
 #   example_sql ARGS...      psql as the superuser on DB (for setup and checks)
 #   example_bg LOG CMD...    runs CMD in the background, output in LOG; its pid
@@ -52,8 +55,13 @@ trap example_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+IDEM_EDITION=${IDEM_EDITION:-cpp}
+example_extension() { if [ "$IDEM_EDITION" = sql ]; then echo idempotency_sql; else echo idempotency; fi; }
+
 example_start() {
     local name=$1 port=$2 db=$3; shift 3
+    [ "$IDEM_EDITION" = sql ] && set -- "$@" "shared_preload_libraries = ''"
+    export IDEM_EDITION
     # Clients talk to the cluster over its socket, other services over
     # loopback: no proxy in between.
     unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
@@ -70,7 +78,7 @@ example_start() {
 CREATE ROLE app LOGIN;
 CREATE DATABASE $db OWNER app;
 \c $db
-CREATE EXTENSION idempotency;
+CREATE EXTENSION $(example_extension);
 -- The functions, not the tables: keys, inbox, locks and enqueue, and the
 -- outbox's claim, ack and nack for the workers that consume it as a queue.
 SELECT idempotency.grant_application('app');

@@ -16,16 +16,20 @@ example_start clients-node "${CLIENTS_NODE_PORT:-54471}" clients
 # The documentation's examples run in a database of their own where `app`
 # has only grant_application: what more they need, the page must grant.
 example_sql -d postgres -c 'CREATE DATABASE clients_docs OWNER app' >/dev/null &&
-    example_sql -d clients_docs -c 'CREATE EXTENSION idempotency' -c "SELECT idempotency.grant_application('app')" >/dev/null ||
+    example_sql -d clients_docs -c "CREATE EXTENSION $(example_extension)" \
+        -c "SELECT idempotency.grant_application('app')" >/dev/null ||
     example_fail "could not create the docs database"
 export DOCS_DATABASE=clients_docs
 # A database whose extension is not updated yet (0.6.0, served by this
 # library): the client must work there as well, without what 0.7.0 added.
-example_sql -d postgres -c 'CREATE DATABASE clients_old OWNER app' >/dev/null &&
-    example_sql -d clients_old -c "CREATE EXTENSION idempotency VERSION '0.6.0'" \
-        -c "SELECT idempotency.grant_application('app')" >/dev/null ||
-    example_fail "could not create the database with extension 0.6.0"
-export OLD_DATABASE=clients_old
+# (The C++ extension's versions; the SQL edition starts at 0.7.0.)
+if [ "$IDEM_EDITION" = cpp ]; then
+    example_sql -d postgres -c 'CREATE DATABASE clients_old OWNER app' >/dev/null &&
+        example_sql -d clients_old -c "CREATE EXTENSION idempotency VERSION '0.6.0'" \
+            -c "SELECT idempotency.grant_application('app')" >/dev/null ||
+        example_fail "could not create the database with extension 0.6.0"
+    export OLD_DATABASE=clients_old
+fi
 log "clients/node: npm ci"
 example_run timeout 300 npm ci --prefix "$package" --no-audit --no-fund --loglevel=error \
     >"$EXAMPLE_DIR/npm.log" 2>&1 || { cat "$EXAMPLE_DIR/npm.log" >&2; example_fail "npm ci failed"; }

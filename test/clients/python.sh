@@ -22,11 +22,14 @@ example_start clients-python "${CLIENTS_PYTHON_PORT:-54472}" clients "max_connec
 manifest >"$EXAMPLE_DIR/before.txt"
 # A database whose extension is not updated yet (0.6.0, served by this
 # library): the client must work there as well (tests/test_old_extension.py).
-example_sql -d postgres -c 'CREATE DATABASE clients_old OWNER app' >/dev/null &&
-    example_sql -d clients_old -c "CREATE EXTENSION idempotency VERSION '0.6.0'" \
-        -c "SELECT idempotency.grant_application('app')" >/dev/null ||
-    example_fail "could not create the database with extension 0.6.0"
-export OLD_DATABASE=clients_old
+# (The C++ extension's versions; the SQL edition starts at 0.7.0.)
+if [ "$IDEM_EDITION" = cpp ]; then
+    example_sql -d postgres -c 'CREATE DATABASE clients_old OWNER app' >/dev/null &&
+        example_sql -d clients_old -c "CREATE EXTENSION idempotency VERSION '0.6.0'" \
+            -c "SELECT idempotency.grant_application('app')" >/dev/null ||
+        example_fail "could not create the database with extension 0.6.0"
+    export OLD_DATABASE=clients_old
+fi
 
 log "clients/python: build-wheel.sh, out of the tree"
 wheel=$(cd "$EXAMPLE_DIR" && "$package/build-wheel.sh" "$EXAMPLE_DIR/dist") || example_fail "build-wheel.sh failed"

@@ -194,3 +194,19 @@ export declare function jsonResponse(status: number, value: unknown, headers?: R
 /** An RFC 9457 problem document response. */
 export declare function problem(status: number, title: string, detail: string, headers?: Record<string, string>):
   { status: number; headers: Record<string, string>; body: Buffer };
+
+/** A pass of idem_maintenance(): rows is what each task changed. */
+export interface MaintenanceTask { task: string; rows: number }
+export interface MaintenanceOptions {
+  /** Milliseconds between the end of a pass and the next (5000). */
+  intervalMs?: number;
+  onPass?: (tasks: MaintenanceTask[]) => void;
+  /** A failed pass (default: a process warning); the next pass is still made. */
+  onError?: (err: Error) => void;
+}
+/**
+ * Calls idempotency.idem_maintenance() now and on an interval: the sweeps
+ * of the SQL edition, which has no background workers
+ * (docs/managed-postgres.md). The pool's role needs EXECUTE on it.
+ */
+export declare function startMaintenance(pool: PoolLike, options?: MaintenanceOptions): { stop(): Promise<void> };

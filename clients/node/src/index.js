@@ -6,3 +6,4 @@ export { canonicalJson, defaultFingerprint } from './fingerprint.js';
 export { jsonResponse, problem } from './response.js';
 export { shutdown } from './state.js';
 export { stepKey } from './steps.js';
+export { startMaintenance } from './maintenance.js';

@@ -31,7 +31,7 @@ export async function extensionEstimates(db) {
   await db.query(claimSql, ['held', scope]);
   const { rows: [dup] } = await db.query(claimSql, ['held', scope]);
   const { rows: [{ version }] } = await db.query(
-    "SELECT extversion AS version FROM pg_extension WHERE extname = 'idempotency'");
+    "SELECT extname || ' ' || extversion AS version FROM pg_extension WHERE extname IN ('idempotency', 'idempotency_sql')");
   return { estimates: dup.outcome === 'in_progress' && dup.retry_after < 30, retryAfter: dup.retry_after, version };
 }
 
@@ -88,6 +88,10 @@ describe('Retry-After of the duplicates of a running request', () => {
 
   for (const mode of ['claim', 'transaction']) {
     test(`${mode} mode: the duplicates of a 300 ms handler get Retry-After: 1`, async (t) => {
+      if (process.env.IDEM_EDITION === 'sql') {
+        return t.skip('the SQL edition keeps no estimates (they live in the C++ extension\'s shared memory): ' +
+          'retry_after is the lease left (docs/managed-postgres.md)');
+      }
       const probe = await extensionEstimates(pool);
       if (!probe.estimates) {
         return t.skip(`the installed extension (${probe.version}) does not estimate retry_after yet ` +

@@ -3,7 +3,7 @@
 import express from 'express';
 import Fastify from 'fastify';
 import pg from 'pg';
-import { FinalError, claim, consume, enqueue, jsonResponse, shutdown, type ClaimResult } from 'pg-idempotency';
+import { FinalError, claim, consume, enqueue, jsonResponse, shutdown, startMaintenance, type ClaimResult } from 'pg-idempotency';
 import { idempotencyOf, withIdempotency } from 'pg-idempotency/web';
 import { idempotency } from 'pg-idempotency/express';
 import fastifyIdempotency from 'pg-idempotency/fastify';
@@ -59,3 +59,9 @@ void shutdown(pool, { timeout: 5 });
 withIdempotency({ pool }, async () => 'text');
 
 void worker;
+
+// The SQL edition's sweeps on an interval.
+const sweeps = startMaintenance(pool, { intervalMs: 5000, onPass: (tasks) => tasks.map((t) => t.task + t.rows) });
+void sweeps.stop();
+// @ts-expect-error: the interval is a number of milliseconds
+startMaintenance(pool, { intervalMs: '5s' });
