@@ -25,6 +25,11 @@ section() {
 
 body() {
     section types "key functions"
+    # The edition's version, which its update scripts and the move to the
+    # C++ extension (move_to_cpp.sql) check.
+    echo "CREATE FUNCTION idempotency.sql_edition_version() RETURNS pg_catalog.text"
+    echo "LANGUAGE sql IMMUTABLE AS \$\$ SELECT '$version'::pg_catalog.text \$\$;"
+    echo
     for part in arguments tombstones keys steps inbox_locks outbox counts_maintenance; do
         cat "$parts/$part.sql"
         echo
