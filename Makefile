@@ -16,11 +16,15 @@ sources_of = $(shell sed -n '/^\[$(1)\]/,/^\[/{/^src\//p}' sources.txt)
 OBJS = $(patsubst %.cpp,%.o,$(call sources_of,core) $(call sources_of,module))
 DATA = $(wildcard src/extension/*.sql) src/sql_edition/idempotency_sql.control
 # The SQL edition (src/sql_edition/): its two scripts are put together from
-# its parts and the schema of the full script above; the extension's is
-# installed, the plain one (for psql -f on a managed server) is only built.
-SQL_EDITION = build/sql_edition/idempotency_sql--$(IDEM_VERSION).sql \
-	build/sql_edition/idempotency-sql--$(IDEM_VERSION).sql
-DATA_built = $(firstword $(SQL_EDITION))
+# its parts and the schema of the full script above, and its update scripts
+# from src/sql_edition/updates/; the extension's are installed, the plain
+# ones (for psql -f on a managed server) are only built.
+SQL_UPDATES = $(notdir $(wildcard src/sql_edition/updates/*--*.sql))
+SQL_EDITION_EXTENSION = build/sql_edition/idempotency_sql--$(IDEM_VERSION).sql \
+	$(addprefix build/sql_edition/idempotency_sql--,$(SQL_UPDATES))
+SQL_EDITION = $(SQL_EDITION_EXTENSION) build/sql_edition/idempotency-sql--$(IDEM_VERSION).sql \
+	$(addprefix build/sql_edition/idempotency-sql--,$(SQL_UPDATES))
+DATA_built = $(SQL_EDITION_EXTENSION)
 
 # `make installcheck`: the regression tests (sql/, setup first) and the race
 # tests (test/isolation/) against a running server whose configuration has
@@ -111,7 +115,7 @@ META.json: META.json.in idempotency.control
 	sed 's/@VERSION@/$(IDEM_VERSION)/g' META.json.in >$@
 -include $(RELAY_OBJS:.o=.d)
 $(SQL_EDITION) &: src/sql_edition/build.sh $(wildcard src/sql_edition/parts/*.sql) \
-		src/extension/idempotency--$(IDEM_VERSION).sql
+		$(wildcard src/sql_edition/updates/*--*.sql) src/extension/idempotency--$(IDEM_VERSION).sql
 	bash src/sql_edition/build.sh $(IDEM_VERSION) build/sql_edition
 .PHONY: sql-edition
 sql-edition: $(SQL_EDITION)

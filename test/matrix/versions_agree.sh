@@ -30,6 +30,17 @@ while [ "$version" != "$default" ]; do
     [ -n "$next" ] || fail "no update script from $version towards $default"
     version=${next#idempotency--$version--}; version=${version%.sql}
 done
+# The SQL edition: the same default_version, reached from its first
+# version (0.7.0) by its own chain of updates (src/sql_edition/updates/).
+sql_default=$(sed -n "s/^default_version = '\(.*\)'/\1/p" src/sql_edition/idempotency_sql.control)
+[ "$sql_default" = "$default" ] ||
+    fail "src/sql_edition/idempotency_sql.control default_version '$sql_default', the extension's '$default'"
+version=0.7.0
+while [ "$version" != "$default" ]; do
+    next=$(cd src/sql_edition/updates && ls "$version--"*.sql 2>/dev/null | head -n 1)
+    [ -n "$next" ] || fail "no SQL edition update from $version towards $default (src/sql_edition/updates/)"
+    version=${next#$version--}; version=${version%.sql}
+done
 grep -q "project(idempotency VERSION \${IDEM_VERSION}" CMakeLists.txt || fail "CMakeLists.txt does not take the control file's version"
 majors=${majors:-$(sed -n 's/^   "x_postgresql_tested": \[\(.*\)\],$/\1/p' META.json | tr -d '",')}
 lowest=${majors%% *}

@@ -84,4 +84,25 @@ while IFS=$'\t' read -r file line role; do
     blocks=$((blocks + 1))
 done <<<"$list"
 [ "$blocks" -ge 5 ] || fail "only $blocks blocks of the README ran"
-echo "sql edition install: installed without superuser or preload; $blocks README blocks answer as on the C++ extension"
+
+# The edition's update scripts (src/sql_edition/updates/): a sample update
+# from this version, built as build.sh builds the real ones, runs once as
+# the owner and is refused the second time (the edition is no longer at
+# its starting version); the version the edition reports follows.
+mkdir -p "$dir/updates"
+echo "CREATE FUNCTION idempotency.sample_update() RETURNS int LANGUAGE sql AS \$\$ SELECT 1 \$\$;" \
+    >"$dir/updates/$version--99.0.0.sql"
+IDEM_SQL_UPDATES=$dir/updates bash "$root/src/sql_edition/build.sh" "$version" "$dir/script" ||
+    fail "the sample update does not build"
+chmod -R a+rX "$dir/script"
+[ "$(psql_as sql "$port" idem_owner -At -c 'SELECT idempotency.sql_edition_version()')" = "$version" ] ||
+    fail "the installed edition does not report $version"
+psql_as sql "$port" idem_owner -f "$dir/script/idempotency-sql--$version--99.0.0.sql" >"$dir/update.log" 2>&1 ||
+    { cat "$dir/update.log"; fail "the plain update script did not run as the owner"; }
+[ "$(psql_as sql "$port" idem_owner -At -c 'SELECT idempotency.sql_edition_version(), idempotency.sample_update()')" = "99.0.0|1" ] ||
+    fail "the update did not take the edition to 99.0.0"
+if psql_as sql "$port" idem_owner -f "$dir/script/idempotency-sql--$version--99.0.0.sql" >"$dir/update.log" 2>&1 ||
+    ! grep -q "this script updates the SQL edition $version; the installed one is 99.0.0" "$dir/update.log"; then
+    cat "$dir/update.log"; fail "the update ran again on an edition it is not for"
+fi
+echo "sql edition install: installed without superuser or preload; $blocks README blocks answer as on the C++ extension; a plain update script ran once"
