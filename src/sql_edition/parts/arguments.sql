@@ -10,7 +10,6 @@ CREATE FUNCTION idempotency.setting_interval(name pg_catalog.text, unit pg_catal
                                              fallback pg_catalog.interval)
 RETURNS pg_catalog.interval
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     value text := current_setting('idempotency.' || name, true);
@@ -28,7 +27,6 @@ $$;
 CREATE FUNCTION idempotency.setting_int(name pg_catalog.text, fallback pg_catalog.int4)
 RETURNS pg_catalog.int4
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT COALESCE(NULLIF(current_setting('idempotency.' || name, true), '')::int4, fallback)
 $$;
@@ -37,7 +35,6 @@ $$;
 CREATE FUNCTION idempotency.setting_bytes(name pg_catalog.text, fallback pg_catalog.int8)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     value text := current_setting('idempotency.' || name, true);
@@ -61,7 +58,6 @@ $$;
 CREATE FUNCTION idempotency.setting_bool(name pg_catalog.text, fallback pg_catalog.bool)
 RETURNS pg_catalog.bool
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT COALESCE(NULLIF(current_setting('idempotency.' || name, true), '')::bool, fallback)
 $$;
@@ -71,7 +67,6 @@ $$;
 CREATE FUNCTION idempotency.micros(value pg_catalog.interval)
 RETURNS pg_catalog.numeric
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     months numeric := extract(year FROM value) * 12 + extract(month FROM value);
@@ -90,7 +85,6 @@ $$;
 CREATE FUNCTION idempotency.format_duration(value pg_catalog.numeric)
 RETURNS pg_catalog.text
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT COALESCE(
     (SELECT (value / u.size)::int8 || ' ' || CASE WHEN value = u.size THEN u.one ELSE u.many END
@@ -105,7 +99,6 @@ $$;
 CREATE FUNCTION idempotency.raise_null(name pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RAISE EXCEPTION '% must not be null', name USING ERRCODE = 'null_value_not_allowed';
@@ -117,7 +110,6 @@ CREATE FUNCTION idempotency.check_name(value pg_catalog.text, name pg_catalog.te
                                        max_bytes pg_catalog.int4 DEFAULT 255)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF value IS NULL THEN
@@ -135,7 +127,6 @@ $$;
 CREATE FUNCTION idempotency.check_optional_name(value pg_catalog.text, name pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF octet_length(value) > 255 THEN
@@ -150,7 +141,6 @@ $$;
 CREATE FUNCTION idempotency.check_value_size(bytes pg_catalog.int8, name pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     max_bytes int8 := idempotency.setting_bytes('max_value_bytes', 1048576);
@@ -168,14 +158,12 @@ $$;
 CREATE FUNCTION idempotency.jsonb_bytes(value pg_catalog.jsonb)
 RETURNS pg_catalog.int8
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pg_column_size(value)::int8 - 4 $$;
 
 -- A finite interval in microseconds, or 22023.
 CREATE FUNCTION idempotency.interval_arg(value pg_catalog.interval, name pg_catalog.text)
 RETURNS pg_catalog.numeric
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     m numeric := idempotency.micros(value);
@@ -193,7 +181,6 @@ $$;
 CREATE FUNCTION idempotency.lease_arg(value pg_catalog.interval, name pg_catalog.text)
 RETURNS pg_catalog.interval
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     max_us numeric := idempotency.micros(
@@ -219,14 +206,12 @@ $$;
 CREATE FUNCTION idempotency.wait_arg(value pg_catalog.interval)
 RETURNS pg_catalog.interval
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN value IS NOT NULL THEN idempotency.lease_arg(value, 'wait') END $$;
 
 -- A retention or retry delay: 0 to 100 years (of 360 days); NULL stays NULL.
 CREATE FUNCTION idempotency.span_arg(value pg_catalog.interval, name pg_catalog.text)
 RETURNS pg_catalog.interval
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     m numeric;
@@ -247,7 +232,6 @@ $$;
 CREATE FUNCTION idempotency.backoff(attempts pg_catalog.int4)
 RETURNS pg_catalog.interval
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     base_us numeric := idempotency.micros(
@@ -277,7 +261,6 @@ $$;
 CREATE FUNCTION idempotency.calling_role()
 RETURNS pg_catalog.oid
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT oid FROM pg_roles
  WHERE rolname = CASE WHEN current_setting('role') <> 'none' THEN current_setting('role')
@@ -289,7 +272,6 @@ $$;
 CREATE FUNCTION idempotency.refuse_read_only(call pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF current_setting('transaction_read_only')::bool OR pg_is_in_recovery() THEN
@@ -308,7 +290,6 @@ $$;
 CREATE FUNCTION idempotency.shortest_numbers(request pg_catalog.jsonb)
 RETURNS pg_catalog.jsonb
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     CASE jsonb_typeof(request)
@@ -333,7 +314,6 @@ $$;
 CREATE FUNCTION idempotency.text_bytes(value pg_catalog.text)
 RETURNS pg_catalog.bytea
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT convert_to(value, current_setting('server_encoding')) $$;
 
 -- The SHA-256 of the request's canonical text (jsonb's own layout, numbers
@@ -342,7 +322,6 @@ AS $$ SELECT convert_to(value, current_setting('server_encoding')) $$;
 CREATE FUNCTION idempotency.fingerprint(request pg_catalog.jsonb)
 RETURNS pg_catalog.bytea
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT CASE WHEN strpos(request::text, '.') = 0 THEN sha256(idempotency.text_bytes(request::text))
             ELSE sha256(idempotency.text_bytes(idempotency.shortest_numbers(request)::text)) END
@@ -355,7 +334,6 @@ CREATE FUNCTION idempotency.fingerprint_differs(stored pg_catalog.bytea, fingerp
                                                 request pg_catalog.jsonb)
 RETURNS pg_catalog.bool
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT stored IS NOT NULL AND fingerprint IS NOT NULL AND stored <> fingerprint
        AND stored <> sha256(idempotency.text_bytes(request::text))

@@ -38,7 +38,6 @@ CREATE FUNCTION idempotency.try_lock(p_resource pg_catalog.text, p_owner pg_cata
                                      OUT token pg_catalog.int8,
                                      OUT holder_until pg_catalog.timestamptz)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     now timestamptz := clock_timestamp();

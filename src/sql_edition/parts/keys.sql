@@ -2,8 +2,11 @@
 --
 -- The rules are the C++ edition's (src/core/claim_decision.cpp,
 -- src/core/fence.cpp, src/core/retry.cpp), the rows the same, written by
--- plain statements. Every function runs as the edition's owner (SECURITY
--- DEFINER) with a fixed search path; no function is PUBLIC's.
+-- plain statements. Every function a role is granted runs as the edition's
+-- owner (SECURITY DEFINER) with a fixed search path; the helpers it calls
+-- run under that path and set none of their own (a SET would cost a
+-- configuration change per call and keep the simple ones from being
+-- inlined); no function is PUBLIC's.
 --
 -- A claim never waits for another transaction unless it was given `wait`:
 -- the creation of a new key is announced by a transaction-level advisory
@@ -16,7 +19,6 @@
 CREATE FUNCTION idempotency.try_key_creation(scope pg_catalog.text, key pg_catalog.text)
 RETURNS pg_catalog.bool
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pg_try_advisory_xact_lock(1229212465, hashtext(scope || E'\x1f' || key)) $$;
 
 -- What a key function answers about a stored key as it is.
@@ -24,7 +26,6 @@ CREATE FUNCTION idempotency.describe_key(k idempotency.idempotency_keys, outcome
                                          retry_after pg_catalog.interval)
 RETURNS idempotency.idem_outcome
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT ROW(outcome, k.status, NULL::int8, k.attempts,
            CASE WHEN outcome = 'completed' THEN k.result END,
@@ -37,7 +38,6 @@ $$;
 CREATE FUNCTION idempotency.busy_key(k idempotency.idempotency_keys)
 RETURNS idempotency.idem_outcome
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT ROW('in_progress', k.status, NULL::int8, COALESCE(k.attempts, 0), NULL::jsonb, NULL::text,
            NULL::interval, k.job_ref, false, NULL::jsonb)::idempotency.idem_outcome
@@ -50,7 +50,6 @@ CREATE FUNCTION idempotency.decide_claim(k idempotency.idempotency_keys, conflic
                                          now pg_catalog.timestamptz, OUT decision pg_catalog.text,
                                          OUT retry_after pg_catalog.interval)
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT CASE
          WHEN conflict THEN 'mismatch'
@@ -80,7 +79,6 @@ CREATE FUNCTION idempotency.wait_for_key(p_scope pg_catalog.text, p_key pg_catal
                                          deadline pg_catalog.timestamptz)
 RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     left_ms int8 := ceil(extract(epoch FROM deadline - clock_timestamp()) * 1000);
@@ -109,7 +107,6 @@ CREATE FUNCTION idempotency.claim_round(p_scope pg_catalog.text, p_key pg_catalo
                                         lease pg_catalog.interval, deadline pg_catalog.timestamptz)
 RETURNS idempotency.idem_outcome
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -385,7 +382,6 @@ CREATE FUNCTION idempotency.fence(call pg_catalog.text, p_scope pg_catalog.text,
                                   p_token pg_catalog.int8, OUT k idempotency.idempotency_keys,
                                   OUT verdict pg_catalog.text)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     current bool;

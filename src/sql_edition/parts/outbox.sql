@@ -13,7 +13,6 @@
 CREATE FUNCTION idempotency.take_key_turn(p_topic pg_catalog.text, p_key pg_catalog.text)
 RETURNS void
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pg_advisory_xact_lock(1229212467, hashtext(p_topic || E'\x1f' || p_key)) $$;
 
 -- Makes the first live event of (topic, key) its key's head when it has no
@@ -23,7 +22,6 @@ CREATE FUNCTION idempotency.make_head(p_topic pg_catalog.text, p_key pg_catalog.
                                       now pg_catalog.timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     first record;
@@ -115,7 +113,6 @@ $$;
 -- functions by hand), else the union of its grants' topics.
 CREATE FUNCTION idempotency.relay_topics(OUT every_topic pg_catalog.bool, OUT topics pg_catalog.text[])
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     caller oid := idempotency.calling_role();
@@ -143,7 +140,6 @@ $$;
 CREATE FUNCTION idempotency.refuse_topic(what pg_catalog.text, p_topic pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RAISE EXCEPTION 'role % may not % events of topic "%"',
@@ -158,7 +154,6 @@ $$;
 CREATE FUNCTION idempotency.check_event_topics(ids pg_catalog.int8[], what pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     scope record := idempotency.relay_topics();
@@ -179,7 +174,6 @@ $$;
 CREATE FUNCTION idempotency.check_ids(ids pg_catalog.int8[], name pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF ids IS NULL THEN

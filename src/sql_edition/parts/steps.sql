@@ -11,7 +11,6 @@
 CREATE FUNCTION idempotency.check_step_name(step pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     allowed_prefix text;

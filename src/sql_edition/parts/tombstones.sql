@@ -13,7 +13,6 @@
 CREATE FUNCTION idempotency.tombstone_digest(scope pg_catalog.text, key pg_catalog.text)
 RETURNS pg_catalog.uuid
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT encode(substr(sha256(convert_to(scope, 'UTF8') || '\x00'::bytea || convert_to(key, 'UTF8')),
                      1, 16), 'hex')::uuid
@@ -23,7 +22,6 @@ $$;
 CREATE FUNCTION idempotency.fingerprint_prefix(fingerprint pg_catalog.bytea)
 RETURNS pg_catalog.int4
 LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT ('x' || encode(substr(fingerprint, 1, 4), 'hex'))::bit(32)::int4 $$;
 
 -- The answer of a tombstone to a claim or register of key (scope, key)
@@ -35,7 +33,6 @@ CREATE FUNCTION idempotency.tombstone_answer(p_scope pg_catalog.text, p_key pg_c
                                              fp pg_catalog.bytea, request pg_catalog.jsonb)
 RETURNS idempotency.idem_outcome
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t idempotency.key_tombstones;
