@@ -64,6 +64,9 @@
 #   steps      test/bench/steps.sh: a job of three steps (claim, three
 #              idem_step, complete) against the same job in PL/pgSQL with a
 #              table of steps: jobs per second side by side, and bytes per job
+#   sql_edition test/bench/sql_edition.sh: the SQL edition beside the C++
+#              extension and the PL/pgSQL baseline (one_txn, two_txn and
+#              duplicate, the same scripts against both editions), as ratios
 #   growth     test/bench/growth.sh: the keys table grown to 20,000,000
 #              uniformly random finished keys: bytes per key, duplicates,
 #              new keys and the WAL of each, as ratios to 10,000 keys
@@ -78,7 +81,7 @@
 # (BENCH_ROUNDS) the same for the enqueue and relay comparisons; BENCH_OUT
 # (docs/benchmarks.md, see below) for the Markdown tables,
 # BENCH_PORT (54430), BENCH_SECTIONS ("claim wal crowd enqueue relay queue producers size
-# churn idem_relay idle heartbeat views purge topic_lists views_traffic tombstones steps growth"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
+# churn idem_relay idle heartbeat views purge topic_lists views_traffic tombstones steps sql_edition growth"), BENCH_QUEUE_CLAIMS (200) timed claims per queue case,
 # BENCH_QUEUE_RELAYS (2) relays per queue case,
 # BENCH_RELAYS ("1 2 4") relay clients, BENCH_PRODUCERS (4) enqueuing
 # clients beside them, BENCH_PRODUCER_RATE (500) events/s those producers
@@ -111,7 +114,7 @@ case "$bench_dir" in /*) ;; *) bench_dir="$PWD/$bench_dir" ;; esac
 mkdir -p "$(dirname "$out")" "$bench_dir" || exit 1
 # The plots as the document links them: relative to the document's folder.
 plot_link=$(realpath -m --relative-to="$(dirname "$out")" "$bench_dir")
-sections=${BENCH_SECTIONS:-"claim wal crowd enqueue relay queue producers size churn idem_relay idle heartbeat views purge topic_lists views_traffic tombstones steps growth"}
+sections=${BENCH_SECTIONS:-"claim wal crowd enqueue relay queue producers size churn idem_relay idle heartbeat views purge topic_lists views_traffic tombstones steps sql_edition growth"}
 size_keys=${BENCH_SIZE_KEYS:-5000000}
 size_clients=16
 bench_note=${BENCH_NOTE:-}
@@ -139,7 +142,7 @@ relay_target=1.00    # relays deliver at least as fast as the hand-written loop
 
 for section in $sections; do
     case "$section" in
-    claim | wal | crowd | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge | topic_lists | views_traffic | tombstones | steps | growth) ;;
+    claim | wal | crowd | enqueue | relay | queue | producers | size | churn | idem_relay | idle | heartbeat | views | purge | topic_lists | views_traffic | tombstones | steps | sql_edition | growth) ;;
     *) echo "bench: unknown section '$section' in BENCH_SECTIONS" >&2; exit 1 ;;
     esac
 done
@@ -1244,6 +1247,13 @@ if want steps; then
         "\`test/bench/steps.sh\`: a claim, three steps recorded with \`idem_step\` and a complete" \
         "(five transactions), against the same job written by hand in PL/pgSQL with a table of steps" \
         "(\`test/bench/steps_baseline.sql\`), side by side on one cluster; then bytes per finished job."
+fi
+if want sql_edition; then
+    log "sql_edition: the SQL edition beside the C++ extension and PL/pgSQL"
+    worker_section sql_edition.sh "The SQL edition beside the C++ extension" \
+        "\`test/bench/sql_edition.sh\`: the claim section's scenarios, the same pgbench scripts against" \
+        "the C++ extension and the SQL edition (docs/managed-postgres.md) in two databases of one cluster," \
+        "and the hand-written PL/pgSQL baseline (\`test/bench/baselines.sql\`), side by side."
 fi
 if want growth; then
     log "growth: the keys table grown to ${BENCH_GROWTH_STEPS:-20000000} finished keys"
