@@ -23,6 +23,8 @@ passed=0
 failed=0
 failures=()
 
+durations=()
+
 count() {  # count SUITE PASSED FAILED
     passed=$((passed + $2))
     failed=$((failed + $3))
@@ -107,12 +109,13 @@ run_isolation() {
 # IDEM_TAP_FILES: the TAP files to run, relative to the tree (the matrix
 # runs those of test/tap/major_upgrade/ where two majors are installed).
 run_tap() {
-    local file name files=()
+    local file name started files=()
     for file in ${IDEM_TAP_FILES:-test/tap/*.pl}; do files+=("$stage"/$file); done
     ls "${files[@]}" >/dev/null 2>&1 || return 0
     log "TAP tests (PostgreSQL::Test::Cluster)"
     for file in "${files[@]}"; do
         name=${file#$stage/test/}
+        started=$SECONDS
         if (cd "$stage" && as_pg env PG_REGRESS="$pgxs_dir/src/test/regress/pg_regress" \
             PATH="$bindir:$PATH" TESTDIR="$stage" PG_CONFIG="$(pg_config_path)" \
             prove -I "$pgxs_dir/src/test/perl" "${file#$stage/}"); then
@@ -120,13 +123,14 @@ run_tap() {
         else
             count "$name" 0 1
         fi
+        durations+=("$((SECONDS - started)) $name")
     done
 }
 
 # Harnesses that run real processes: each script is one test.
 # IDEM_HARNESSES: the harnesses to run, relative to the tree (default all).
 run_harnesses() {
-    local script
+    local script started
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
         test/relay/brokers.sh test/chaos/run.sh test/differential/run.sh test/sql_edition/install.sh test/clients/*.sh \
@@ -135,11 +139,15 @@ run_harnesses() {
         [ -x "$script" ] || continue
         log "harness ${script#$stage/}"
         # From the staged copy: the OS user may not enter the checkout.
+        started=$SECONDS
         if (cd "$stage" && "$script"); then count "${script#$stage/}" 1 0; else count "${script#$stage/}" 0 1; fi
+        durations+=("$((SECONDS - started)) ${script#$stage/}")
     done
 }
 
+suite_seconds=()
 for suite in $IDEM_SUITES; do
+    suite_started=$SECONDS
     case $suite in
         unit) run_unit ;;
         regress) run_regress ;;
@@ -148,6 +156,7 @@ for suite in $IDEM_SUITES; do
         harnesses) run_harnesses ;;
         *) echo "unknown suite $suite" >&2; count "$suite" 0 1 ;;
     esac
+    suite_seconds+=("$suite $((SECONDS - suite_started))")
 done
 
 [ -n "$check_dir" ] && stop_cluster "$check_dir"
@@ -158,5 +167,11 @@ if [ "$failed" -eq 0 ]; then
 else
     echo "failed suites: ${failures[*]} (outputs kept in $stage)"
 fi
+# Where the time went: the ten slowest TAP files and harnesses.
+if [ ${#durations[@]} -gt 0 ]; then
+    echo "slowest (seconds):"
+    printf '%s\n' "${durations[@]}" | sort -rn | head -10 | sed 's/^/  /'
+fi
+echo "seconds per suite: ${suite_seconds[*]}; in all $SECONDS"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
