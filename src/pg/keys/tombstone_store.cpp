@@ -29,9 +29,6 @@ Statement kPurgeTombstones = {
     "  SELECT ctid FROM @tombstones@ WHERE forget_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED))",
     2, {TIMESTAMPTZOID, INT4OID}, nullptr};
 
-// Whether the table has never held a row: a relation of no block. A purge
-// that moves a key extends the table before it commits, so a claim that
-// waited for it (its insert met the purged key) sees a block here.
 // The columns are read by place: both install paths create them in this
 // order. A table changed by hand is refused rather than misread.
 void check_columns(TupleDesc desc) {
@@ -42,6 +39,9 @@ void check_columns(TupleDesc desc) {
             elog(ERROR, "idempotency: the tombstones table does not have the columns of 0.7.0");
 }
 
+// Whether the table has never held a row: a relation of no block. A purge
+// that moves a key extends the table before it commits, so a claim that
+// waited for it (its insert met the purged key) sees a block here.
 bool never_held_a_row(Oid tombstones) {
     Relation heap = table_open(tombstones, AccessShareLock);
     const bool empty = RelationGetNumberOfBlocks(heap) == 0;
