@@ -113,12 +113,14 @@ run_tap() {
     for file in ${IDEM_TAP_FILES:-test/tap/*.pl}; do files+=("$stage"/$file); done
     ls "${files[@]}" >/dev/null 2>&1 || return 0
     log "TAP tests (PostgreSQL::Test::Cluster)"
+    local require_pg_cron=
+    idem_pg_cron_required && require_pg_cron=1
     for file in "${files[@]}"; do
         name=${file#$stage/test/}
         started=$SECONDS
         if (cd "$stage" && as_pg env PG_REGRESS="$pgxs_dir/src/test/regress/pg_regress" \
             PATH="$bindir:$PATH" TESTDIR="$stage" PG_CONFIG="$(pg_config_path)" \
-            prove -I "$pgxs_dir/src/test/perl" "${file#$stage/}"); then
+            IDEM_REQUIRE_PG_CRON=$require_pg_cron prove -I "$pgxs_dir/src/test/perl" "${file#$stage/}"); then
             count "$name" 1 0
         else
             count "$name" 0 1
