@@ -51,3 +51,6 @@ OUTBOX_ACK = "SELECT idempotency.outbox_ack(ARRAY[%(id)s]::bigint[])"
 OUTBOX_NACK = """SELECT idempotency.outbox_nack(%(id)s, %(error)s, retryable => %(retryable)s,
                                    retry_in => make_interval(secs => %(retry_in)s))::text AS state"""
 LISTEN = "LISTEN idempotency_outbox"
+
+# One pass of the background workers' sweeps (rows: what each task changed).
+MAINTENANCE = "SELECT task, rows FROM idempotency.idem_maintenance()"
