@@ -12,6 +12,8 @@
 //     echo's WrapMiddleware), in claim, transaction or register mode;
 //     ClaimOf, TxOf and RequestOf in the handler.
 //   - Enqueue and Consume, for the outbox used as a job queue.
+//   - StartMaintenance, the SQL edition's sweeps (idem_maintenance) on an
+//     interval.
 //
 // Errors are values that errors.Is recognises: ErrFenced (SQLSTATE IK001),
 // ErrNotFound (IK002), ErrWrongState (IK003), ErrMismatch, ErrInProgress,

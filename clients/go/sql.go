@@ -59,3 +59,6 @@ const sqlOutboxNack = `SELECT idempotency.outbox_nack($1::bigint, $2, retryable 
 
 // Events claimed but not started when the consumer stops go back at once.
 const sqlOutboxRelease = `SELECT idempotency.outbox_release(ARRAY[$1::bigint], $2)`
+
+// One pass of the background workers' sweeps (rows: what each task changed).
+const sqlMaintenance = `SELECT task, rows FROM idempotency.idem_maintenance()`
