@@ -76,7 +76,7 @@ DbStatus Database::connect(std::string* error) {
     PQclear(check);
     if (!installed || !usage) {
         *error = !installed ? "the idempotency extension is not installed in this database "
-                              "(CREATE EXTENSION idempotency)"
+                              "(CREATE EXTENSION idempotency, or the SQL edition)"
                             : "role " + role + " may not use schema idempotency (GRANT USAGE ON "
                               "SCHEMA idempotency TO " + role + ")";
         disconnect();

@@ -9,10 +9,13 @@ namespace idem::relay {
 inline constexpr const char* kChannel = "idempotency_outbox";
 
 // At connect: the extension installed, usable by this role, and which of
-// the later functions it has.
+// the later functions it has. Installed means schema idempotency has
+// outbox_claim: the C++ extension, or the SQL edition, which may be a plain
+// script with no extension at all (docs/managed-postgres.md).
 inline constexpr const char* kCheckSql =
-    "SELECT e.extname IS NOT NULL, "
-    "       e.extname IS NOT NULL AND pg_catalog.has_schema_privilege('idempotency', 'USAGE'), "
+    "SELECT i.installed, "
+    "       CASE WHEN i.installed THEN pg_catalog.has_schema_privilege('idempotency', 'USAGE') "
+    "            ELSE false END, "
     "       CURRENT_USER::pg_catalog.text, "
     "       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
     "                 ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
@@ -24,8 +27,10 @@ inline constexpr const char* kCheckSql =
     "                 ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
     "                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
     "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_counts') "
-    "  FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_extension e "
-    "    ON e.extname OPERATOR(pg_catalog.=) 'idempotency'";
+    "  FROM (SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
+    "                         ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
+    "                        WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
+    "                          AND p.proname OPERATOR(pg_catalog.=) 'outbox_claim') AS installed) i";
 // The claimed events in the order the claim handed them out (a key's run
 // in its key's order), each with its size (payload and headers, in bytes).
 // The relay decides which of them fit in its byte budget (ClaimBudget,
@@ -64,5 +69,10 @@ inline constexpr const char* kLagSql =
     "SELECT COALESCE(pg_catalog.max(pg_catalog.date_part('epoch', l.lag)), 0) "
     "FROM idempotency.outbox_lag l "
     "WHERE $1::pg_catalog.text[] IS NULL OR l.topic OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])";
+
+// One pass of the sweeps (--maintenance-interval): each task and the rows
+// it changed.
+inline constexpr const char* kMaintenanceSql =
+    "SELECT task, rows FROM idempotency.idem_maintenance()";
 
 }  // namespace idem::relay
