@@ -135,7 +135,7 @@ run_harnesses() {
     local script started
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
-        test/relay/brokers.sh test/chaos/run.sh test/differential/run.sh test/sql_edition/install.sh test/clients/*.sh \
+        test/relay/maintenance.sh test/relay/brokers.sh test/chaos/run.sh test/differential/run.sh test/sql_edition/install.sh test/clients/*.sh \
         test/monitoring/*.sh examples/run-all.sh}); do
         script=$stage/$script
         [ -x "$script" ] || continue

@@ -1,6 +1,6 @@
 // idem-relay: delivers the idempotency extension's outbox events to a sink.
 // Wiring only: options, sink, the lanes (a connection, delivery threads and
-// a loop each), metrics.
+// a loop each), metrics, the maintenance calls.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -12,6 +12,7 @@
 #include <curl/curl.h>
 
 #include "relay/db/database.hpp"
+#include "relay/db/maintenance_caller.hpp"
 #include "relay/loop/exit_status.hpp"
 #include "relay/loop/final_status.hpp"
 #include "relay/loop/lanes.hpp"
@@ -105,6 +106,7 @@ int run(const idem::relay::Options& options) {
         log_error("%s", error.c_str());
         return kExitFailure;
     }
+    MaintenanceCaller maintenance(options);
     LaneGroup group(wakes, stats);
     ProgressLine progress(Clock::now());
     for (std::size_t i = 0; i < lanes.size(); ++i) {
@@ -114,13 +116,18 @@ int run(const idem::relay::Options& options) {
                                              lane.wake, group, i == 0 ? &progress : nullptr);
     }
 
-    log_info("delivering %s to %s (batch %d, lease %lld ms, parallel %d%s%s)%s",
+    log_info("delivering %s to %s (batch %d, lease %lld ms, parallel %d%s%s%s)%s",
              joined(options.topics).c_str(), target->describe().c_str(), options.batch,
              static_cast<long long>(options.lease.count()), options.parallel,
              options.connections > 1
                  ? (", connections " + std::to_string(options.connections)).c_str()
                  : "",
              options.once ? ", once" : "",
+             options.maintenance_interval.count() > 0
+                 ? (", idem_maintenance every " +
+                    std::to_string(options.maintenance_interval.count()) + " ms")
+                       .c_str()
+                 : "",
              options.metrics
                  ? (", metrics on http://" +
                     (options.metrics_host.find(':') != std::string::npos
@@ -130,6 +137,8 @@ int run(const idem::relay::Options& options) {
                        .c_str()
                  : "");
 
+    // Started while the stop signals are blocked, as the other helpers.
+    maintenance.start();
     // Lane 0 runs here, where the stop signals arrive; the others on threads.
     std::vector<std::thread> threads;
     for (std::size_t i = 1; i < lanes.size(); ++i)
@@ -137,6 +146,7 @@ int run(const idem::relay::Options& options) {
     block_stop_signals(false);
     lanes[0]->code = lanes[0]->relay->run();
     for (std::thread& thread : threads) thread.join();
+    maintenance.stop();
 
     int code = kExitOk;
     for (const auto& lane : lanes)

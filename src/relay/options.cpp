@@ -240,6 +240,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
             "--dsn", "--relay", "--sink", "--sink-file", "--topics", "--batch", "--run-length",
             "--lease", "--parallel", "--connections", "--metrics-addr", "--poll-interval",
             "--http-timeout", "--connect-timeout", "--progress-interval", "--max-in-flight-bytes",
+            "--maintenance-interval",
             "--ca-file", "--client-cert", "--client-key"};
         bool known = false;
         for (const char* option : kWithValue) known = known || name == option;
@@ -312,6 +313,11 @@ ParseResult parse_options(int argc, const char* const* argv) {
         } else if (name == "--progress-interval") {
             if (!parse_duration(value, &options.progress_interval))
                 return fail("--progress-interval must be a duration (0 turns it off), not '" +
+                            value + "'");
+        } else if (name == "--maintenance-interval") {
+            if (!parse_duration(value, &options.maintenance_interval) ||
+                options.maintenance_interval.count() < 1)
+                return fail("--maintenance-interval must be a positive duration such as 5s, not '" +
                             value + "'");
         } else if (name == "--ca-file" || name == "--client-cert" || name == "--client-key") {
             FILE* file = value.empty() ? nullptr : fopen(value.c_str(), "re");
@@ -545,6 +551,14 @@ Options:
                        longest enqueue-to-delivery delay of the interval, events
                        waiting for a retry, released and left to their lease, and
                        deliveries a broker already had (duplicates)
+  --maintenance-interval DUR  call idempotency.idem_maintenance() at start and
+                       then this long after the end of each call (default: never),
+                       on a connection of its own: the sweeps of the SQL edition,
+                       which has no background workers (lease expiry, settling,
+                       purges). A failed call is logged as a warning and the
+                       next one still made; deliveries never wait for it. The
+                       role needs EXECUTE on the function (grant_admin, or a
+                       GRANT of that function). With --once: one call
   --ca-file FILE       trust the CA certificates in FILE (PEM) instead of the
                        system's, for an https:// sink or a broker over TLS (a
                        receiver with a private CA); NATS then connects with

@@ -29,6 +29,7 @@ struct Options {
     Millis http_timeout{0};           // --http-timeout: 0 = min(10s, lease/3)
     Millis connect_timeout{0};        // --connect-timeout: 0 = min(5s, http timeout)
     Millis progress_interval{10000};  // --progress-interval: 0 = no progress lines
+    Millis maintenance_interval{0};   // --maintenance-interval: 0 = idem_maintenance() is not called
     std::int64_t max_in_flight_bytes = 64LL << 20;  // --max-in-flight-bytes
     std::string ca_file;              // --ca-file: PEM CA certificates to trust ("": the system's)
     std::string client_cert;          // --client-cert: PEM certificate shown to the sink

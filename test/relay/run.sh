@@ -149,7 +149,7 @@ status=$?
 missing=""
 for option in --dsn --relay --sink --topics --all-topics --batch --lease --parallel --connections --once \
     --metrics-addr --poll-interval --http-timeout --connect-timeout --progress-interval \
-    --max-in-flight-bytes; do
+    --max-in-flight-bytes --maintenance-interval; do
     grep -q -- "$option" "$dir/help.out" || missing="$missing $option"
 done
 if [ "$status" -eq 0 ] && [ -z "$missing" ]; then ok "--help exits 0 and documents every option"
@@ -185,6 +185,7 @@ bad_option "--topics or --all-topics is required" --dsn "$dsn" --relay r --sink 
 bad_option "--topics or --all-topics is required" --dsn "$dsn" --relay r --sink "http://127.0.0.1:1/events"
 bad_option "exclude each other" --dsn "$dsn" --relay r --sink stdout --topics a --all-topics
 bad_option "--max-in-flight-bytes must be" --dsn "$dsn" --relay r --sink stdout --all-topics --max-in-flight-bytes 10
+bad_option "--maintenance-interval must be" --dsn "$dsn" --relay r --sink stdout --all-topics --maintenance-interval 0
 # A sink URL's password and query values never reach the log.
 timeout -s KILL 10 "$relay_bin" --dsn "$dsn" --relay r --sink "http://user:s3cret@" --all-topics >"$dir/bad.out" 2>"$dir/bad.err"
 status=$?

@@ -50,6 +50,7 @@ TEST(RelayOptions, RequiredOnlyGivesTheDefaults) {
     EXPECT_EQ(r.options.http_timeout, Millis(10000));
     EXPECT_EQ(r.options.connect_timeout, Millis(5000));
     EXPECT_EQ(r.options.poll_interval, Millis(1000));
+    EXPECT_EQ(r.options.maintenance_interval, Millis(0));
 }
 
 TEST(RelayOptions, EveryOption) {
@@ -58,7 +59,8 @@ TEST(RelayOptions, EveryOption) {
                                       "--parallel", "4", "--connections", "3", "--once",
                                       "--metrics-addr",
                                       "127.0.0.1:9187", "--poll-interval", "250ms",
-                                      "--max-in-flight-bytes", "8MB"}));
+                                      "--max-in-flight-bytes", "8MB",
+                                      "--maintenance-interval", "2m"}));
     ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
     EXPECT_EQ(r.options.topics, (std::vector<std::string>{"a", "b"}));
     EXPECT_FALSE(r.options.all_topics);
@@ -73,6 +75,16 @@ TEST(RelayOptions, EveryOption) {
     EXPECT_EQ(r.options.metrics_host, "127.0.0.1");
     EXPECT_EQ(r.options.metrics_port, 9187);
     EXPECT_EQ(r.options.poll_interval, Millis(250));
+    EXPECT_EQ(r.options.maintenance_interval, Millis(120000));
+}
+
+TEST(RelayOptions, MaintenanceInterval) {
+    const ParseResult r = parse(required({"--maintenance-interval=250ms"}));
+    ASSERT_EQ(r.status, ParseStatus::Run) << r.error;
+    EXPECT_EQ(r.options.maintenance_interval, Millis(250));
+    const ParseResult bare = parse(required({"--maintenance-interval", "5"}));
+    ASSERT_EQ(bare.status, ParseStatus::Run) << bare.error;
+    EXPECT_EQ(bare.options.maintenance_interval, Millis(5000));
 }
 
 TEST(RelayOptions, HttpTimeoutFollowsAShortLease) {
@@ -91,7 +103,8 @@ TEST(RelayOptions, HelpAndVersion) {
                                "--lease", "--parallel", "--connections", "--once", "--metrics-addr",
                                "--max-in-flight-bytes", "409", "Retry-After", "misconfigured",
                                "released", "Exit status", "nats://", "Nats-Msg-Id", "PubAck",
-                               "amqp://", "message_id", "unroutable", "PGHOST", "0.0.0.0:9187"})
+                               "amqp://", "message_id", "unroutable", "PGHOST", "0.0.0.0:9187",
+                               "--maintenance-interval", "idem_maintenance"})
         EXPECT_NE(text.find(option), std::string::npos) << option;
 }
 
@@ -137,6 +150,15 @@ TEST(RelayOptions, Errors) {
         {base({"--all-topics=yes"}), "takes no value"},
         {required({"--max-in-flight-bytes", "100"}), "--max-in-flight-bytes"},
         {required({"--max-in-flight-bytes", "5TB"}), "--max-in-flight-bytes"},
+        {required({"--maintenance-interval", "0"}), "--maintenance-interval must be a positive"},
+        {required({"--maintenance-interval", "0.1ms"}), "--maintenance-interval must be"},
+        {required({"--maintenance-interval", "-5s"}), "--maintenance-interval must be"},
+        {required({"--maintenance-interval", ""}), "--maintenance-interval must be"},
+        {required({"--maintenance-interval", "5 s"}), "--maintenance-interval must be"},
+        {required({"--maintenance-interval", "5d"}), "--maintenance-interval must be"},
+        {required({"--maintenance-interval", "1e300s"}), "--maintenance-interval must be"},
+        {required({"--maintenance-interval", "soon"}), "--maintenance-interval must be"},
+        {required({"--maintenance-interval"}), "needs a value"},
     };
     for (const Case& c : cases) {
         const ParseResult r = parse(c.args);
