@@ -131,20 +131,57 @@ run_tap() {
 
 # Harnesses that run real processes: each script is one test.
 # IDEM_HARNESSES: the harnesses to run, relative to the tree (default all).
+# IDEM_BESIDE: those of them that run in the background beside the others,
+# from the suite's start, their output printed when they end (default the
+# differential test: it keeps a core busy for minutes, where most of the
+# others wait on processes and clocks; empty: one after the other).
 run_harnesses() {
-    local script started
+    local script beside=" ${IDEM_BESIDE-test/differential/run.sh} " background=()
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
         test/relay/maintenance.sh test/relay/brokers.sh test/chaos/run.sh test/differential/run.sh test/sql_edition/install.sh test/clients/*.sh \
         test/monitoring/*.sh examples/run-all.sh}); do
-        script=$stage/$script
-        [ -x "$script" ] || continue
-        log "harness ${script#$stage/}"
-        # From the staged copy: the OS user may not enter the checkout.
-        started=$SECONDS
-        if (cd "$stage" && "$script"); then count "${script#$stage/}" 1 0; else count "${script#$stage/}" 0 1; fi
-        durations+=("$((SECONDS - started)) ${script#$stage/}")
+        [ -x "$stage/$script" ] || continue
+        if [[ $beside == *" $script "* ]]; then
+            log "harness $script starts in the background"
+            start_beside "$script"
+            background+=("$script")
+        else
+            log "harness $script"
+            run_harness "$script"
+        fi
     done
+    for script in "${background[@]}"; do finish_beside "$script"; done
+}
+
+# From the staged copy: the OS user may not enter the checkout.
+run_harness() {  # run_harness SCRIPT
+    local started=$SECONDS
+    if (cd "$stage" && "./$1"); then count "$1" 1 0; else count "$1" 0 1; fi
+    durations+=("$((SECONDS - started)) $1")
+}
+
+beside_file() { echo "$stage/beside.$(echo "$1" | tr / _)"; }
+
+start_beside() {  # start_beside SCRIPT: its output, exit status and seconds into files
+    local out
+    out=$(beside_file "$1")
+    (
+        started=$SECONDS
+        (cd "$stage" && "./$1") >"$out.log" 2>&1
+        echo "$? $((SECONDS - started))" >"$out.end"
+    ) &
+}
+
+finish_beside() {  # finish_beside SCRIPT: waits for it, prints its output, counts it
+    local out status seconds
+    out=$(beside_file "$1")
+    while [ ! -s "$out.end" ]; do wait -n 2>/dev/null || sleep 1; done
+    read -r status seconds <"$out.end"
+    log "harness $1 (ran in the background)"
+    cat "$out.log"
+    if [ "$status" -eq 0 ]; then count "$1" 1 0; else count "$1" 0 1; fi
+    durations+=("$seconds $1")
 }
 
 suite_seconds=()
