@@ -6,6 +6,9 @@
 -- seconds), anything else is read as an interval ('5s', '2 min').
 
 -- The setting `name` as an interval; `unit` is what a bare number counts.
+-- In the C++ edition's form, hours and seconds only ('24:00:00', not
+-- '1 day'): a setting is a number of its unit there, and a row that keeps
+-- it (a key's retention) holds the same value in both editions.
 CREATE FUNCTION idempotency.setting_interval(name pg_catalog.text, unit pg_catalog.interval,
                                              fallback pg_catalog.interval)
 RETURNS pg_catalog.interval
@@ -13,13 +16,22 @@ LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     value text := current_setting('idempotency.' || name, true);
+    given interval;
+    total numeric;
 BEGIN
     IF value IS NULL OR value = '' THEN
-        RETURN fallback;
+        given := fallback;
     ELSIF value ~ '^\s*-?[0-9]+\s*$' THEN
-        RETURN value::int8 * unit;
+        given := value::int8 * unit;
+    ELSE
+        given := value::interval;
     END IF;
-    RETURN value::interval;
+    total := idempotency.micros(given);
+    IF total IS NULL THEN
+        RETURN given;
+    END IF;
+    RETURN make_interval(hours => trunc(total / 3600000000)::int4,
+                         secs => (total - trunc(total / 3600000000) * 3600000000) / 1000000);
 END
 $$;
 

@@ -115,6 +115,8 @@ DECLARE
     d record;
     now timestamptz;
     new_token int8;
+    got_scope text;
+    got_key text;
     answer idempotency.idem_outcome;
 BEGIN
     SELECT * INTO k FROM idempotency.idempotency_keys i WHERE i.scope = p_scope AND i.key = p_key;
@@ -140,7 +142,8 @@ BEGIN
                 now, false, false, pg_backend_pid(), idempotency.setting_int('max_attempts', 5),
                 idempotency.setting_interval('retention', interval '1 s', interval '1 day'), now)
         ON CONFLICT (scope, key) DO NOTHING
-        RETURNING i.token INTO new_token;
+        RETURNING i.token, i.scope, i.key INTO new_token, got_scope, got_key;
+        PERFORM idempotency.check_new_key(p_scope, p_key, got_scope, got_key, new_token IS NOT NULL);
         IF new_token IS NULL THEN
             RETURN NULL;
         END IF;
@@ -193,6 +196,10 @@ BEGIN
                retention = idempotency.setting_interval('retention', interval '1 s', interval '1 day')
          WHERE i.scope = p_scope AND i.key = p_key
         RETURNING * INTO k;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'idempotency: a trigger on the keys table refused a claim'
+                USING ERRCODE = 'internal_error';
+        END IF;
         -- Multi-step work resumes after the steps an earlier attempt
         -- finished: the new holder gets them and skips them.
         RETURN ROW('claimed', 'PROCESSING', k.token, k.attempts, NULL, NULL, NULL, k.job_ref, false,
@@ -284,6 +291,8 @@ DECLARE
     k idempotency.idempotency_keys;
     now timestamptz;
     created bool;
+    got_scope text;
+    got_key text;
     answer idempotency.idem_outcome;
 BEGIN
     PERFORM idempotency.check_name(p_key, 'key'), idempotency.check_name(p_scope, 'scope', 63);
@@ -322,7 +331,8 @@ BEGIN
                 lease_expired, active_since)
         VALUES (p_scope, p_key, 'RECEIVED', 0, fp, p_job_ref, now, now, true, false, now)
         ON CONFLICT (scope, key) DO NOTHING
-        RETURNING true INTO created;
+        RETURNING true, i.scope, i.key INTO created, got_scope, got_key;
+        PERFORM idempotency.check_new_key(p_scope, p_key, got_scope, got_key, created IS NOT NULL);
         IF created THEN
             -- As for a claim: a purge that committed since the look above.
             answer := idempotency.tombstone_answer(p_scope, p_key, fp, request);
@@ -371,6 +381,45 @@ BEGIN
 END
 $$;
 
+-- What a new key's INSERT gave back, checked as the C++ extension checks
+-- it: a user's BEFORE INSERT trigger that gave the row another scope or
+-- key is refused (27000: the call would answer for a key it did not
+-- insert); one that skipped the row, or moved it onto a key that exists,
+-- leaves no row for the key although this call holds its creation:
+-- refused as well.
+CREATE FUNCTION idempotency.check_new_key(p_scope pg_catalog.text, p_key pg_catalog.text,
+                                          got_scope pg_catalog.text, got_key pg_catalog.text,
+                                          inserted pg_catalog.bool)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF inserted AND (got_scope IS DISTINCT FROM p_scope OR got_key IS DISTINCT FROM p_key) THEN
+        RAISE EXCEPTION 'a trigger on table "idempotency_keys" changed the scope or key of a new key'
+            USING ERRCODE = 'triggered_data_change_violation',
+                  DETAIL = format('The call is for key "%s" of scope "%s".', p_key, p_scope),
+                  HINT = 'A BEFORE INSERT trigger on the keys table must leave scope and key as they are.';
+    ELSIF NOT inserted
+          AND NOT EXISTS (SELECT FROM idempotency.idempotency_keys i WHERE i.scope = p_scope AND i.key = p_key) THEN
+        RAISE EXCEPTION 'idempotency: a trigger on the keys table refused a new key'
+            USING ERRCODE = 'internal_error';
+    END IF;
+END
+$$;
+
+-- A holder's change that a user's BEFORE trigger skipped (it returned
+-- NULL): the call fails, as in the C++ extension, rather than answer as if
+-- it had changed the key.
+CREATE FUNCTION idempotency.refuse_skipped_change(call pg_catalog.text, p_token pg_catalog.int8)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RAISE EXCEPTION 'idempotency: % of key with token % found no row to change', call, p_token
+        USING ERRCODE = 'internal_error';
+END
+$$;
+
 -- ---------------------------------------------------------------- the holder's calls
 
 -- The key of a holder's call (complete, fail, heartbeat, release,
@@ -386,8 +435,15 @@ AS $$
 DECLARE
     current bool;
 BEGIN
-    SELECT * INTO k FROM idempotency.idempotency_keys i
-     WHERE i.scope = p_scope AND i.key = p_key FOR NO KEY UPDATE;
+    -- In a read-only transaction only a row there is to lock makes the
+    -- lock fail (25006), as in the C++ extension: an absent key is IK002.
+    IF current_setting('transaction_read_only')::bool THEN
+        PERFORM FROM idempotency.idempotency_keys i WHERE i.scope = p_scope AND i.key = p_key;
+    END IF;
+    IF FOUND OR NOT current_setting('transaction_read_only')::bool THEN
+        SELECT * INTO k FROM idempotency.idempotency_keys i
+         WHERE i.scope = p_scope AND i.key = p_key FOR NO KEY UPDATE;
+    END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'idempotency key "%" does not exist in scope "%"', p_key, p_scope
             USING ERRCODE = 'IK002';
@@ -466,6 +522,9 @@ BEGIN
                                THEN now + retain ELSE i.purge_at END
          WHERE i.scope = p_scope AND i.key = p_key
         RETURNING * INTO k;
+        IF NOT FOUND THEN
+            PERFORM idempotency.refuse_skipped_change('complete', token);
+        END IF;
     END IF;
     RETURN ROW('completed', 'COMPLETED', token, k.attempts, k.result, NULL, NULL, k.job_ref, false,
                NULL)::idempotency.idem_outcome;
@@ -529,6 +588,9 @@ BEGIN
            expires_at = now + kept, lease_expired = false, holder_pid = NULL, purge_at = now + kept,
            key_retention = kept_key
      WHERE i.scope = p_scope AND i.key = p_key;
+    IF NOT FOUND THEN
+        PERFORM idempotency.refuse_skipped_change('fail', token);
+    END IF;
     RETURN next_status;
 END
 $$;
@@ -556,6 +618,9 @@ BEGIN
     lease_end := clock_timestamp() + extend;
     UPDATE idempotency.idempotency_keys i SET lease_until = lease_end
      WHERE i.scope = p_scope AND i.key = p_key;
+    IF NOT FOUND THEN
+        PERFORM idempotency.refuse_skipped_change('heartbeat', token);
+    END IF;
     RETURN lease_end;
 END
 $$;

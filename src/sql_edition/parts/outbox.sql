@@ -61,6 +61,7 @@ DECLARE
     p_dedup_key text := dedup_key;
     now timestamptz := clock_timestamp();
     new_id int8;
+    head bool := true;
 BEGIN
     PERFORM idempotency.check_name(p_topic, 'topic');
     IF payload IS NULL THEN
@@ -84,18 +85,26 @@ BEGIN
     END IF;
     IF p_key IS NOT NULL THEN
         PERFORM idempotency.take_key_turn(p_topic, p_key);
+        -- The first event of a key with no live one is its head at once: one
+        -- write, no second version of the new row (as in the C++ extension).
+        head := NOT EXISTS (
+            SELECT FROM idempotency.outbox o
+             WHERE hashtextextended(o.key, hashtextextended(o.topic, 0))
+                   = hashtextextended(p_key, hashtextextended(p_topic, 0))
+               AND o.state IN ('pending', 'in_flight', 'dead') AND o.key IS NOT NULL
+               AND o.topic = p_topic AND o.key = p_key);
     END IF;
     INSERT INTO idempotency.outbox AS o (topic, key, payload, headers, dedup_key, enqueued_at, available_at,
                                          updated_at, ready_at)
     VALUES (p_topic, p_key, payload, headers, p_dedup_key, now, COALESCE(deliver_at, now), now,
-            CASE WHEN p_key IS NULL THEN greatest(COALESCE(deliver_at, now), now) END)
+            CASE WHEN head THEN greatest(COALESCE(deliver_at, now), now) END)
     ON CONFLICT (topic, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING o.id INTO new_id;
     IF new_id IS NULL THEN
         SELECT o.id INTO new_id FROM idempotency.outbox o WHERE o.topic = p_topic AND o.dedup_key = p_dedup_key;
         RETURN new_id;
     END IF;
-    IF p_key IS NOT NULL THEN
+    IF NOT head THEN
         PERFORM idempotency.make_head(p_topic, p_key, now);
     END IF;
     -- Listeners hear of the event when this transaction commits.
@@ -205,6 +214,7 @@ DECLARE
     run_length int4 := idempotency.setting_int('outbox_run_length', 1);
     head record;
     follower record;
+    due int8[];
     heads int8[] := '{}';
     handed int4 := 0;
     taken int4;
@@ -235,24 +245,47 @@ BEGIN
     now := clock_timestamp();
     lease_end := now + lease;
 
+    -- In a read-only transaction (or on a standby) a claim that finds
+    -- nothing due answers nothing, and one that would lock an event fails
+    -- as the lock does, as in the C++ extension.
+    IF current_setting('transaction_read_only')::bool THEN
+        IF EXISTS (SELECT FROM idempotency.outbox o
+                    WHERE o.ready_at IS NOT NULL AND o.ready_at <= now
+                      AND (wanted IS NULL OR o.topic = ANY (wanted))
+                      AND (o.state = 'pending'
+                           OR (o.state = 'in_flight' AND o.attempts < COALESCE(o.max_attempts, cap)))) THEN
+            RAISE EXCEPTION 'cannot execute SELECT FOR NO KEY UPDATE in a read-only transaction'
+                USING ERRCODE = 'read_only_sql_transaction';
+        END IF;
+        RETURN;
+    END IF;
     -- The due heads, oldest ready first; heads in flight whose lease ran
-    -- out with no attempts left are the sweep's to bury.
-    FOR head IN
-        WITH due AS (
-            SELECT o.id FROM idempotency.outbox o
+    -- out with no attempts left are the sweep's to bury. Locked first and
+    -- written only when there are any, so that a claim that hands out
+    -- nothing runs no UPDATE (its statement triggers do not fire), as in
+    -- the C++ extension.
+    SELECT array_agg(d.id ORDER BY d.ready_at, d.id) INTO due
+      FROM (SELECT o.id, o.ready_at FROM idempotency.outbox o
              WHERE o.ready_at IS NOT NULL AND o.ready_at <= now
                AND (wanted IS NULL OR o.topic = ANY (wanted))
                AND (o.state = 'pending'
                     OR (o.state = 'in_flight' AND o.attempts < COALESCE(o.max_attempts, cap)))
              ORDER BY o.ready_at, o.id
              LIMIT batch
-               FOR NO KEY UPDATE SKIP LOCKED)
-        UPDATE idempotency.outbox o
-           SET state = 'in_flight', attempts = o.attempts + 1, lease_until = lease_end, ready_at = lease_end,
-               relay = p_relay, updated_at = now, max_attempts = cap
-          FROM due WHERE o.id = due.id
-        RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts, o.enqueued_at,
-                  COALESCE(o.key_seq, o.id) AS place
+               FOR NO KEY UPDATE SKIP LOCKED) d;
+    IF due IS NULL THEN
+        RETURN;
+    END IF;
+    -- Handed out in that order (an UPDATE returns its rows in its scan's).
+    FOR head IN
+        WITH claimed AS (
+            UPDATE idempotency.outbox o
+               SET state = 'in_flight', attempts = o.attempts + 1, lease_until = lease_end, ready_at = lease_end,
+                   relay = p_relay, updated_at = now, max_attempts = cap
+              FROM unnest(due) WITH ORDINALITY AS d (id, n) WHERE o.id = d.id
+            RETURNING d.n, o.id, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.attempts, o.enqueued_at,
+                      COALESCE(o.key_seq, o.id) AS place)
+        SELECT * FROM claimed ORDER BY claimed.n
     LOOP
         handed := handed + 1;
         RETURN NEXT ROW(head.id, head.topic, head.key, head.payload, head.headers, head.dedup_key,
@@ -385,9 +418,12 @@ BEGIN
             OR event.attempts >= COALESCE(event.max_attempts, idempotency.setting_int('outbox_max_attempts', 10));
     due := now + CASE WHEN dead THEN interval '0' ELSE COALESCE(retry_in, idempotency.backoff(event.attempts)) END;
     -- A dead event, and one waiting behind its key's head, have no ready place.
+    -- attempts and relay are set as they are, as the C++ extension's nack
+    -- names them (a user's UPDATE OF trigger fires alike).
     UPDATE idempotency.outbox o
        SET state = CASE WHEN dead THEN 'dead' ELSE 'pending' END::idempotency.outbox_state,
            last_error = p_error, available_at = due, lease_until = NULL, updated_at = now,
+           attempts = o.attempts, relay = o.relay,
            ready_at = CASE WHEN dead OR (o.key IS NOT NULL AND o.ready_at IS NULL) THEN NULL ELSE due END
      WHERE o.id = p_id;
     RETURN CASE WHEN dead THEN 'dead' ELSE 'pending' END;

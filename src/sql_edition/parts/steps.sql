@@ -87,6 +87,9 @@ BEGIN
                           'n', recorded + 1, 'attempt', i.attempts,
                           'result', COALESCE(p_result, 'null'::jsonb)))
      WHERE i.scope = p_scope AND i.key = p_key;
+    IF NOT FOUND THEN
+        PERFORM idempotency.refuse_skipped_change('step', token);
+    END IF;
     RETURN recorded + 1;
 END
 $$;
