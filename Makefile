@@ -137,8 +137,12 @@ chaos:
 	bash test/chaos/run.sh --long
 # The differential test (test/differential/) on random seeds until SECONDS
 # have passed, FUZZ_STEPS steps each; prints the seed of any divergence.
+# Compared with both references: SQL through the C++ extension, and the
+# SQL edition.
 SECONDS ?= 600
 FUZZ_STEPS ?= 2000
+FUZZ_REFERENCES ?= viasql,sqled
 fuzz:
 	bash -c '. test/lib/common.sh && ensure_packages && build_and_install'
-	DIFF_SECONDS=$(SECONDS) DIFF_STEPS=$(FUZZ_STEPS) bash test/differential/run.sh
+	DIFF_SECONDS=$(SECONDS) DIFF_STEPS=$(FUZZ_STEPS) DIFF_REFERENCES=$(FUZZ_REFERENCES) \
+		bash test/differential/run.sh

@@ -3,10 +3,11 @@
 # "The differential test"): one throwaway cluster (wal_level = logical,
 # prepared transactions, the library preloaded, the background workers off
 # so that nothing but the sequence changes the tables) with a streaming
-# standby made by pg_basebackup, and two databases, `direct` and `viasql`
-# (idempotency.direct_table_access off), that get the same seeded random
-# sequence of calls and are compared after every step (driver.py says what
-# and how). The primary is stopped with -m immediate and started again in
+# standby made by pg_basebackup, and databases that get the same seeded
+# random sequence of calls and are compared after every step (driver.py
+# says what and how): `direct` and its references, `viasql`
+# (idempotency.direct_table_access off) and, when DIFF_REFERENCES names it,
+# `sqled` (the SQL edition). The primary is stopped with -m immediate and started again in
 # the middle of the first seed's sequence; at the end the standby's copy of
 # `direct` is compared with the primary's.
 #
@@ -16,8 +17,9 @@
 # (1,2,3,4), DIFF_SECONDS (non-zero: random seeds until that much time has
 # passed, DIFF_STEPS steps each; make fuzz), DIFF_INCLUDE_KNOWN (names of
 # KNOWN_FIXED_ON_MAIN in driver.py to run too, comma-separated, or all),
-# DIFF_CRASH (0: no stop -m immediate in the first seed), DIFF_KEEP
-# (non-empty: keep the cluster and its folder).
+# DIFF_CRASH (0: no stop -m immediate in the first seed), DIFF_REFERENCES
+# (viasql; or sqled, or both comma-separated), DIFF_KEEP (non-empty: keep
+# the cluster and its folder).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/../lib/common.sh"
@@ -82,6 +84,7 @@ if [ "$seconds" != 0 ]; then
 else
     args+=(--seeds "$seeds")
 fi
+[ -n "${DIFF_REFERENCES:-}" ] && args+=(--references "$DIFF_REFERENCES")
 [ -n "${DIFF_INCLUDE_KNOWN:-}" ] && args+=(--include-known "$DIFF_INCLUDE_KNOWN")
 (cd "$dir" && as_pg /usr/bin/python3 "$dir/driver.py" "${args[@]}")
 status=$?
