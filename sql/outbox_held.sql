@@ -109,6 +109,19 @@ SELECT idempotency.outbox_nack(pg_temp.id(1), 'busy') AS state;
 COMMIT;
 RESET idempotency.outbox_max_attempts;
 SELECT n, state, attempts, last_error FROM pg_temp.events() WHERE n = '1';
+-- The claim's cap (the claiming session's outbox_max_attempts) is written
+-- by the ack or nack that settles a held event, as by a claim committed
+-- alone; the nack decides by it.
+SELECT pg_temp.fresh();
+SET idempotency.outbox_max_attempts = 7;
+BEGIN;
+SELECT pg_temp.claim('r1');
+SELECT idempotency.outbox_ack(ARRAY[pg_temp.id(1)]) AS acked;
+SELECT idempotency.outbox_nack(pg_temp.id(3), 'busy', retry_in => '1 hour') AS state;
+SELECT idempotency.outbox_nack(pg_temp.id(4), 'bad', retryable => false) AS state;
+COMMIT;
+RESET idempotency.outbox_max_attempts;
+SELECT payload->>'n' AS n, state, attempts, max_attempts FROM idempotency.outbox ORDER BY id;
 -- Nacked with no delay: handed out again in the same transaction, attempt 2
 -- (behind the events that were ready before its retry: oldest ready first).
 SELECT pg_temp.fresh();

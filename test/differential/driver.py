@@ -44,9 +44,7 @@ Against the SQL edition, besides, what its design makes differ
     edition at once: in a step with a claim, the consecutive UPDATEs of a
     claimed event in one transaction are compared as one (decoding: the
     last; row triggers: the first's OLD, the last's NEW), its statement
-    triggers as the set that fired, and an event's max_attempts NULL reads
-    as the run's cap (the C++ extension's ack or nack of its own
-    transaction's claim writes the claim's changes but the cap);
+    triggers as the set that fired;
     a BEFORE trigger that skips a claim's write (relay 'skip-relay') is
     left out, since the C++ extension has handed the events out by then;
   - the C++ extension makes the next event of an answered head's key its
@@ -115,11 +113,6 @@ STATEMENT_TIMEOUT_MS = 5000
 # The database with the SQL edition (src/sql_edition/) instead of the C++
 # extension.
 SQL_EDITION = "sqled"
-# The outbox's attempt cap (idempotency.outbox_max_attempts) in every
-# session of the run. Against the SQL edition an event's max_attempts NULL
-# reads as it (see cap_recorded).
-OUTBOX_CAP = 10
-CAP_NORMALISED = False
 
 TS_RE = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d(?::\d\d)?)?")
 
@@ -233,18 +226,6 @@ def take_back_fired(groups):
         groups[group] = [f for f in firings if fired_row_key(f) not in gone or
                          any(op not in ("INSERT", "DELETE") for op in ops[(group, fired_row_key(f))])]
     return True
-
-
-def cap_recorded(table, row):
-    """An outbox row (a dict) with max_attempts NULL read as OUTBOX_CAP,
-    when the SQL edition is a reference. The C++ extension's ack or nack of
-    an event its own transaction claimed writes the claim's changes but for
-    the cap (the column stays NULL); the SQL edition has written the claim,
-    cap included, at once."""
-    if CAP_NORMALISED and table == "outbox" and isinstance(row, dict) and \
-            "max_attempts" in row and row["max_attempts"] is None:
-        return dict(row, max_attempts=OUTBOX_CAP)
-    return row
 
 
 def fired_row_key(firing):
@@ -504,8 +485,6 @@ class Db:
                              f"/ 3600)::text, '-')")
             elif normalise and name == "holder_pid":
                 parts.append(f"({col} IS NOT NULL)::text")
-            elif normalise and CAP_NORMALISED and table == OUTBOX and name == "max_attempts":
-                parts.append(f"COALESCE({col}, {OUTBOX_CAP})::text")
             else:
                 parts.append(f"COALESCE({col}::text, '-')")
         return f"SELECT concat_ws('|', {', '.join(parts)}) AS r FROM {table}"
@@ -532,9 +511,6 @@ class Db:
             if data.startswith("table public.trg_log"):
                 continue
             data = re.sub(r"holder_pid\[integer\]:\d+", "holder_pid[integer]:pid", data)
-            if CAP_NORMALISED and data.startswith("table idempotency.outbox:"):
-                data = data.replace("max_attempts[integer]:null",
-                                    f"max_attempts[integer]:{OUTBOX_CAP}")
             out.append(norm(data, t0))
         # Transactions that wrote only the trigger log leave empty pairs.
         kept = []
@@ -564,8 +540,7 @@ class Db:
             "WHERE seq > %s ORDER BY seq", (self.log_seen,)).fetchall()
         if rows:
             self.log_seen = rows[-1][0]
-        return [(name, tbl, when, level, op, norm(cap_recorded(tbl, old), t0),
-                 norm(cap_recorded(tbl, new), t0))
+        return [(name, tbl, when, level, op, norm(old, t0), norm(new, t0))
                 for _, name, tbl, when, level, op, old, new in rows]
 
     def count_errors(self):
@@ -1294,8 +1269,6 @@ def main():
                         help="the databases direct is compared with (comma-separated)")
     args = parser.parse_args()
     args.references = [name for name in args.references.split(",") if name]
-    global CAP_NORMALISED
-    CAP_NORMALISED = SQL_EDITION in args.references
     args.include_known = set(KNOWN_FIXED_ON_MAIN) if args.include_known in ("1", "all") else \
         set(filter(None, args.include_known.split(",")))
     unknown = args.include_known - set(KNOWN_FIXED_ON_MAIN)

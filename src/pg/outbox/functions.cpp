@@ -137,20 +137,22 @@ Datum claim_body(FunctionCallInfo fcinfo) {
 std::uint64_t ack_held_and_others(const Datum* ids, int count, Micros now) {
     Datum* held = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     Datum* relays = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
+    Datum* caps = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     Datum* others = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
     auto* versions = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (count + 1)));
     int held_count = 0;
     int other_count = 0;
     for (int i = 0; i < count; ++i) {
-        if (const text* relay = settle_held(DatumGetInt64(ids[i]), &versions[held_count])) {
-            relays[held_count] = PointerGetDatum(relay);
+        if (const ClaimWrite* claim = settle_held(DatumGetInt64(ids[i]), &versions[held_count])) {
+            relays[held_count] = PointerGetDatum(claim->relay);
+            caps[held_count] = Int32GetDatum(claim->max_attempts);
             held[held_count++] = ids[i];
         } else {
             others[other_count++] = ids[i];
         }
     }
     std::uint64_t changed = 0;
-    if (held_count > 0) changed += ack_held_events(held, relays, versions, held_count, now);
+    if (held_count > 0) changed += ack_held_events(held, relays, caps, versions, held_count, now);
     if (other_count > 0) changed += ack_events(others, other_count, now);
     return changed;
 }
@@ -190,22 +192,25 @@ Datum nack_body(FunctionCallInfo fcinfo) {
     // Only an event in flight can fail; a pending, delivered or dead event
     // keeps its state. An event this transaction holds is in flight, its
     // claim not yet written: the nack writes it (one more attempt, the
-    // claim's relay).
-    const text* claimed_by = settle_held(id);
-    const bool handed_out = claimed_by != nullptr || strcmp(event.label, "in_flight") == 0;
-    // The cap its claim recorded; a held claim's is this session's own.
-    const RetryPolicy policy{event.max_attempts.value_or(settings::outbox_max_attempts),
+    // claim's relay and cap).
+    const ClaimWrite* claim = settle_held(id);
+    const bool handed_out = claim != nullptr || strcmp(event.label, "in_flight") == 0;
+    // The cap its claim recorded (a held claim's is in its write).
+    const std::int32_t cap = claim != nullptr
+                                 ? claim->max_attempts
+                                 : event.max_attempts.value_or(settings::outbox_max_attempts);
+    const RetryPolicy policy{cap,
                              settings::ms(settings::retry_base_delay_ms),
                              settings::ms(settings::retry_max_delay_ms)};
     Datum result = event.state;
     if (handed_out) {
         const Micros now = GetCurrentTimestamp();
-        const std::int32_t attempts = event.attempts + (claimed_by != nullptr ? 1 : 0);
+        const std::int32_t attempts = event.attempts + (claim != nullptr ? 1 : 0);
         const FailDecision decision = decide_fail(attempts, retryable, retry_in, policy,
                                                   pg_prng_double(&pg_global_prng_state));
         const bool dead = decision.next == Status::FailedFinal;
         const Micros due = now + decision.delay.value_or(0);
-        retry_or_bury(id, Failure{dead, error, due, attempts, claimed_by}, now);
+        retry_or_bury(id, Failure{dead, error, due, attempts, claim}, now);
         count_on_commit(dead ? Counter::OutboxDead : Counter::OutboxRetried);
         result = DirectFunctionCall2(enum_in, CStringGetDatum(dead ? "dead" : "pending"),
                                      ObjectIdGetDatum(event.state_type));

@@ -200,13 +200,13 @@ bool holds(std::int64_t id) {
     return entry != nullptr && entry->settled_in == InvalidSubTransactionId;
 }
 
-const text* settle_held(std::int64_t id, ItemPointerData* version) {
+const ClaimWrite* settle_held(std::int64_t id, ItemPointerData* version) {
     HeldEvent* entry = find(id);
     if (entry == nullptr || entry->settled_in != InvalidSubTransactionId) return nullptr;
     if (version != nullptr) ItemPointerCopy(&entry->version, version);
     entry->settled_in = GetCurrentSubTransactionId();
     --unsettled;
-    return writes[entry->write].relay;
+    return &writes[entry->write];
 }
 
 Datum held_ids() {

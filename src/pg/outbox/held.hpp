@@ -37,11 +37,11 @@ bool holds_any();
 const text* held_relay(std::int64_t id);
 // Whether it holds event `id`, not settled yet.
 bool holds(std::int64_t id);
-// Settles event `id` if this transaction holds it: returns the relay that
-// claimed it (the caller writes the claim's changes with its own), or null
-// when the event was not held. *version, when asked for, gets the row
-// version the claim locked (invalid when not known).
-const text* settle_held(std::int64_t id, ItemPointerData* version = nullptr);
+// Settles event `id` if this transaction holds it: returns what its claim
+// would have written (the caller writes the claim's changes with its own:
+// the relay, the cap), or null when the event was not held. *version, when
+// asked for, gets the row version the claim locked (invalid when not known).
+const ClaimWrite* settle_held(std::int64_t id, ItemPointerData* version = nullptr);
 
 // The held, unsettled events' ids as a bigint[] (empty when none).
 Datum held_ids();

@@ -299,9 +299,11 @@ InsertedEvent insert_new_event(const NewEvent& event, Micros now, std::int64_t i
     return inserted;
 }
 
-ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, const ItemPointerData* versions,
+ChangedEvents ack_by_id(const Datum* ids, const HeldClaims& held, const ItemPointerData* versions,
                         int count, Micros now) {
     const Datum stamp = TimestampTzGetDatum(now);
+    const Datum* relays = held.relays;
+    const Datum* caps = held.caps;
     return change_events(
         ids, versions, count,
         [relays](TupleTableSlot* found, const OutboxColumns& at) {
@@ -310,11 +312,12 @@ ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, const ItemPointer
             return state_is(found, at, at.in_flight) ||
                    (state_is(found, at, at.pending) && attempts_of(found, at) > 0);
         },
-        [relays, stamp](int i, TupleTableSlot* row, const OutboxColumns& at, Setting* setting) {
+        [relays, caps, stamp](int i, TupleTableSlot* row, const OutboxColumns& at, Setting* setting) {
             put(row, setting, at.state, at.delivered);
             if (relays != nullptr) {
                 put(row, setting, at.attempts, Int32GetDatum(attempts_of(row, at) + 1));
                 put(row, setting, at.relay, relays[i]);
+                put(row, setting, at.max_attempts, caps[i]);
             }
             put(row, setting, at.delivered_at, stamp);
             clear(row, setting, at.lease_until);

@@ -40,14 +40,20 @@ struct ChangedEvents {
     int topic_count;
 };
 
+// The claims not yet written of events this transaction holds, one element
+// per id: the relay (text) and the cap (int4) each claim would write.
+struct HeldClaims {
+    const Datum* relays = nullptr;  // nullptr: the events are not held
+    const Datum* caps = nullptr;
+};
+
 // Acks events: delivered `now`, their lease and ready place gone. With
-// `relays` (one per id: events this transaction holds, their claim not yet
-// written) the claim's changes go with it (one more attempt, the relay)
-// for an event pending or in flight, and `versions` are the row versions
-// the claims locked (each tried before the primary key; invalid: not
-// known); without, an event is acked when in flight, or pending after an
-// attempt (a late ack after its lease ran out: the event was delivered).
-ChangedEvents ack_by_id(const Datum* ids, const Datum* relays, const ItemPointerData* versions,
+// held claims the claim's changes go with it (one more attempt, the relay,
+// the cap) for an event pending or in flight, and `versions` are the row
+// versions the claims locked (each tried before the primary key; invalid:
+// not known); without, an event is acked when in flight, or pending after
+// an attempt (a late ack after its lease ran out: the event was delivered).
+ChangedEvents ack_by_id(const Datum* ids, const HeldClaims& held, const ItemPointerData* versions,
                         int count, Micros now);
 
 // The claims' writes of events pending or in flight: in flight, one more

@@ -6,6 +6,7 @@
 #include "pg/access/spi.hpp"
 #include "pg/outbox/counts.hpp"
 #include "pg/outbox/heads.hpp"
+#include "pg/outbox/held.hpp"
 #include "pg/outbox/index.hpp"
 #include "pg/outbox/layout.hpp"
 #include "pg/outbox/producer_turn.hpp"
@@ -70,9 +71,10 @@ Statement kLock = {
 Statement kRetryOrBury = {
     "UPDATE" OUTBOX "SET state = $2, last_error = $3, available_at = $4, lease_until = NULL, "
     "updated_at = $5, attempts = $6, relay = COALESCE($7, relay)"
+    "@if outbox.max_attempts@, max_attempts = COALESCE($8, max_attempts)@end@"
     IF_READY(", ready_at = CASE WHEN $2 = 'dead' OR " FOLLOWER("") " THEN NULL ELSE $4 END")
     " WHERE id = $1 RETURNING id" ENDED_HEADS("false"),
-    7, {INT8OID, kOutboxStateType, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID, TEXTOID},
+    8, {INT8OID, kOutboxStateType, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID, TEXTOID, INT4OID},
     nullptr};
 
 // Events in flight that the relay claimed go back to pending, due now, the
@@ -244,7 +246,7 @@ std::uint64_t acked(const ChangedEvents& changed, Micros now) {
 }  // namespace
 
 std::uint64_t ack_events(const Datum* ids, int count, Micros now) {
-    return acked(ack_by_id(ids, nullptr, nullptr, count, now), now);
+    return acked(ack_by_id(ids, HeldClaims{}, nullptr, count, now), now);
 }
 
 void write_claims(const ClaimedEvents& events) {
@@ -252,9 +254,9 @@ void write_claims(const ClaimedEvents& events) {
                        events.max_attempts, events.followers, events.count);
 }
 
-std::uint64_t ack_held_events(const Datum* ids, const Datum* relays,
+std::uint64_t ack_held_events(const Datum* ids, const Datum* relays, const Datum* caps,
                               const ItemPointerData* versions, int count, Micros now) {
-    return acked(ack_by_id(ids, relays, versions, count, now), now);
+    return acked(ack_by_id(ids, HeldClaims{relays, caps}, versions, count, now), now);
 }
 
 bool lock_event(std::int64_t id, EventState* out) {
@@ -276,7 +278,10 @@ void retry_or_bury(std::int64_t id, const Failure& failure, Micros now) {
     params.add_int8(id).add(outbox_state_value(failure.dead ? "dead" : "pending"));
     params.add_text(failure.error);
     params.add_timestamp(failure.available_at).add_timestamp(now).add_int4(failure.attempts);
-    params.add_text(failure.claimed_by);
+    if (failure.held_claim != nullptr)
+        params.add_text(failure.held_claim->relay).add_int4(failure.held_claim->max_attempts);
+    else
+        params.add_text(nullptr).add_datum(0, false);
     execute(kRetryOrBury, params);
     if (failure.dead) count_result_rows(EventsLeft::Died, 2, now);
     if (!failure.dead) note_ready_written(failure.available_at);

@@ -12,6 +12,8 @@
 
 namespace idem::pg {
 
+struct ClaimWrite;  // pg/outbox/held.hpp
+
 struct NewEvent {
     text* topic;
     Datum payload;
@@ -47,9 +49,9 @@ struct ClaimedEvents {
 // a head's ready place moves to the end of its lease, a follower keeps
 // none (unless the end of the head before it made it one meanwhile).
 void write_claims(const ClaimedEvents& events);
-// Acks held events (ids, with the relay that claimed each and the row
-// version it locked), writing their claims with the delivery.
-std::uint64_t ack_held_events(const Datum* ids, const Datum* relays,
+// Acks held events (ids, with the relay that claimed each, its claim's cap
+// and the row version it locked), writing their claims with the delivery.
+std::uint64_t ack_held_events(const Datum* ids, const Datum* relays, const Datum* caps,
                               const ItemPointerData* versions, int count, Micros now);
 
 struct EventState {
@@ -63,13 +65,13 @@ struct EventState {
 bool lock_event(std::int64_t id, EventState* out);
 // What a nack writes: pending (due at available_at) or dead, with the
 // error and the attempts; a nack of a held event also writes its claim's
-// relay (null otherwise, which keeps the relay).
+// relay and cap (null otherwise, which keeps them).
 struct Failure {
     bool dead;
     const text* error;
     Micros available_at;
     std::int32_t attempts;
-    const text* claimed_by;
+    const ClaimWrite* held_claim;
 };
 void retry_or_bury(std::int64_t id, const Failure& failure, Micros now);
 
