@@ -139,25 +139,29 @@ run_tap() {
 
 # Harnesses that run real processes: each script is one test.
 # IDEM_HARNESSES: the harnesses to run, relative to the tree (default all).
-# IDEM_BESIDE: those of them that run in the background beside the others,
-# from the suite's start, their output printed when they end (default the
-# differential test: it keeps a core busy for minutes, where most of the
-# others wait on processes and clocks; empty: one after the other).
+# IDEM_BESIDE: those of them that run in the background, one after the
+# other, beside the others, from the suite's start, their output printed
+# when the others are done (default the differential tests: they keep a
+# core busy for minutes, where most of the others wait on processes and
+# clocks; empty: every harness in the foreground).
 run_harnesses() {
-    local script beside=" ${IDEM_BESIDE-test/differential/run.sh} " background=()
+    local script beside=" ${IDEM_BESIDE-test/differential/run.sh test/differential/sql_edition.sh} "
+    local foreground=() background=()
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
-        test/relay/maintenance.sh test/relay/brokers.sh test/chaos/run.sh test/differential/run.sh test/sql_edition/install.sh test/clients/*.sh \
+        test/relay/maintenance.sh test/relay/brokers.sh test/chaos/run.sh test/differential/run.sh \
+        test/differential/sql_edition.sh test/sql_edition/install.sh test/clients/*.sh \
         test/monitoring/*.sh examples/run-all.sh}); do
         [ -x "$stage/$script" ] || continue
-        if [[ $beside == *" $script "* ]]; then
-            log "harness $script starts in the background"
-            start_beside "$script"
-            background+=("$script")
-        else
-            log "harness $script"
-            run_harness "$script"
-        fi
+        if [[ $beside == *" $script "* ]]; then background+=("$script"); else foreground+=("$script"); fi
+    done
+    if [ ${#background[@]} -gt 0 ]; then
+        log "harnesses in the background: ${background[*]}"
+        run_beside "${background[@]}" &
+    fi
+    for script in "${foreground[@]}"; do
+        log "harness $script"
+        run_harness "$script"
     done
     for script in "${background[@]}"; do finish_beside "$script"; done
 }
@@ -171,20 +175,20 @@ run_harness() {  # run_harness SCRIPT
 
 beside_file() { echo "$stage/beside.$(echo "$1" | tr / _)"; }
 
-start_beside() {  # start_beside SCRIPT: its output, exit status and seconds into files
-    local out
-    out=$(beside_file "$1")
-    (
+run_beside() {  # run_beside SCRIPT...: each one's output, exit status and seconds into files
+    local script out started
+    for script in "$@"; do
+        out=$(beside_file "$script")
         started=$SECONDS
-        (cd "$stage" && "./$1") >"$out.log" 2>&1
+        (cd "$stage" && "./$script") >"$out.log" 2>&1
         echo "$? $((SECONDS - started))" >"$out.end"
-    ) &
+    done
 }
 
 finish_beside() {  # finish_beside SCRIPT: waits for it, prints its output, counts it
     local out status seconds
     out=$(beside_file "$1")
-    while [ ! -s "$out.end" ]; do wait -n 2>/dev/null || sleep 1; done
+    while [ ! -s "$out.end" ]; do sleep 1; done
     read -r status seconds <"$out.end"
     log "harness $1 (ran in the background)"
     cat "$out.log"
