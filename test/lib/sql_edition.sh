@@ -4,12 +4,24 @@
 # settings of test/regress.conf but the preload; the tests are staged by
 # test/sql_edition/stage.sh. IDEM_SQL_CHECK_PORT (IDEM_CHECK_PORT + 1).
 
+# The C++ edition's server-wide settings at its defaults, written as its
+# SHOW prints them, in the server's configuration file as a self-hosted
+# server of the SQL edition would have them. Named there, they are known to
+# every session, so the shared tests' ALTER SYSTEM of them takes effect on
+# every major: without them PostgreSQL 15 and 16 refuse ALTER SYSTEM of a
+# placeholder no library defines, and 17 and later take it.
+sql_edition_server_settings() {
+    printf '%s\n' "idempotency.outbox_retention = '1h'" "idempotency.key_retention = '30d'" \
+        "idempotency.inbox_retention = '7d'" "idempotency.purge_batch = 10000"
+}
+
 sql_check_dir=
 start_sql_edition_server() {
     [ -n "$sql_check_dir" ] && return 0
     sql_check_dir=$stage/tmp_sql_edition_server
     start_cluster "$sql_check_dir" "$(sql_edition_port)" "shared_preload_libraries = ''" \
-        "$(grep -v -e '^#' -e '^shared_preload_libraries' "$stage/test/regress.conf")" ||
+        "$(grep -v -e '^#' -e '^shared_preload_libraries' "$stage/test/regress.conf")" \
+        "$(sql_edition_server_settings)" ||
         { cat "$sql_check_dir/server.log" >&2; sql_check_dir=; return 1; }
 }
 stop_sql_edition_server() {
