@@ -21,16 +21,13 @@ in_root_cached() {
 }
 
 # suites_in_root ROOT MAJOR: test/run.sh's unit, pg_regress, isolation and
-# TAP suites, built and installed inside the root against its PostgreSQL.
-# The shared suites run against the C++ extension only here: from 17 on,
-# ALTER SYSTEM takes the SQL edition's placeholder settings, which 15
-# refuses, and the SQL edition's expected outputs are those of 15 (the
-# host's run covers both editions).
+# TAP suites, built and installed inside the root against its PostgreSQL;
+# the shared suites against both editions, as on the host.
 suites_in_root() {
     local root=$1 major=$2 src=/tmp/idempotency-src
     copy_source "$root$src" || return 1
     in_root_cached "$root" PG_CONFIG="/usr/lib/postgresql/$major/bin/pg_config" \
-        IDEM_EDITIONS=cpp IDEM_SUITES="unit regress isolation tap" bash "$src/test/run.sh"
+        IDEM_SUITES="unit regress isolation tap" bash "$src/test/run.sh"
 }
 
 # build_packages MAJOR: the Debian packages for MAJOR, built in its root with
