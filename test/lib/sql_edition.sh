@@ -4,15 +4,14 @@
 # settings of test/regress.conf but the preload; the tests are staged by
 # test/sql_edition/stage.sh. IDEM_SQL_CHECK_PORT (IDEM_CHECK_PORT + 1).
 
-# The C++ edition's server-wide settings at its defaults, written as its
-# SHOW prints them, in the server's configuration file as a self-hosted
-# server of the SQL edition would have them. Named there, they are known to
-# every session, so the shared tests' ALTER SYSTEM of them takes effect on
-# every major: without them PostgreSQL 15 and 16 refuse ALTER SYSTEM of a
-# placeholder no library defines, and 17 and later take it.
+# The server-wide settings the shared tests change with ALTER SYSTEM, named
+# in the server's configuration file with an empty value (unset: the
+# edition's own defaults apply until a test sets them). Named there, they
+# are known to every session, so ALTER SYSTEM takes them on every major:
+# PostgreSQL 15 and 16 refuse ALTER SYSTEM of a placeholder that neither a
+# library nor the configuration file names, 17 and later take it.
 sql_edition_server_settings() {
-    printf '%s\n' "idempotency.outbox_retention = '1h'" "idempotency.key_retention = '30d'" \
-        "idempotency.inbox_retention = '7d'" "idempotency.purge_batch = 10000"
+    printf "%s = ''\n" idempotency.outbox_retention idempotency.inbox_retention idempotency.purge_batch
 }
 
 sql_check_dir=
