@@ -22,11 +22,12 @@ in_root_cached() {
 
 # suites_in_root ROOT MAJOR: test/run.sh's unit, pg_regress, isolation and
 # TAP suites, built and installed inside the root against its PostgreSQL;
-# the shared suites against both editions, as on the host.
+# the shared suites against both editions, as on the host, and the CMake
+# build of the module and idem-relay besides the unit tests.
 suites_in_root() {
     local root=$1 major=$2 src=/tmp/idempotency-src
     copy_source "$root$src" || return 1
-    in_root_cached "$root" PG_CONFIG="/usr/lib/postgresql/$major/bin/pg_config" \
+    in_root_cached "$root" PG_CONFIG="/usr/lib/postgresql/$major/bin/pg_config" IDEM_UNIT_BUILD=all \
         IDEM_SUITES="unit regress isolation tap" bash "$src/test/run.sh"
 }
 
