@@ -141,6 +141,34 @@ SELECT pg_temp.try($$SELECT idempotency.idem_register('edition-skip', scope => '
 DROP TRIGGER edition_rewrite ON idempotency.idempotency_keys;
 SELECT key, status FROM idempotency.idempotency_keys WHERE scope = 'edition_agreement' ORDER BY key;
 
+-- A write that files a finished key for retention settles it in the same
+-- write (a complete whose retention ends before its lease, a final
+-- failure); the others leave it live for the sweep, and do not name
+-- lease_until: a trigger on UPDATE OF lease_until fires for the first two.
+CREATE FUNCTION edition_lease_named() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    RAISE NOTICE 'lease_until named: %', NEW.key;
+    RETURN NULL;
+END $f$;
+CREATE TRIGGER edition_lease AFTER UPDATE OF lease_until ON idempotency.idempotency_keys
+    FOR EACH ROW WHEN (NEW.scope = 'edition_settle') EXECUTE FUNCTION edition_lease_named();
+CREATE TEMP TABLE settle_tokens AS
+    SELECT k, (idempotency.idem_claim(k, lease => '1 hour', scope => 'edition_settle')).token
+      FROM unnest('{file, final, keep, retry}'::text[]) AS k;
+SELECT outcome FROM idempotency.idem_complete('file', (SELECT token FROM settle_tokens WHERE k = 'file'),
+    retain => '0', scope => 'edition_settle');
+SELECT idempotency.idem_fail('final', (SELECT token FROM settle_tokens WHERE k = 'final'), 'boom', false,
+    scope => 'edition_settle');
+SELECT outcome FROM idempotency.idem_complete('keep', (SELECT token FROM settle_tokens WHERE k = 'keep'),
+    scope => 'edition_settle');
+SELECT idempotency.idem_fail('retry', (SELECT token FROM settle_tokens WHERE k = 'retry'), 'boom', true,
+    scope => 'edition_settle');
+SELECT key, status, active_since IS NULL AS settled, lease_until IS NULL AS no_lease,
+       purge_at IS NOT NULL AS filed
+  FROM idempotency.idempotency_keys WHERE scope = 'edition_settle' ORDER BY key;
+DROP TRIGGER edition_lease ON idempotency.idempotency_keys;
+DROP FUNCTION edition_lease_named();
+
 DROP TABLE edition_log;
 DROP FUNCTION edition_note();
 DROP FUNCTION edition_skip();

@@ -55,13 +55,29 @@ COMMIT;
 -- the sweep settles them.
 SELECT * FROM pg_temp.key('s-hot-1');
 
--- A retention shorter than the lease left files the key at once (not HOT):
--- the sweep purges it without waiting for the lease to end.
+-- A retention shorter than the lease left files the key at once (not HOT),
+-- and so settles it in the same write, one row version: it leaves the live
+-- keys' index with its lease, and the sweep purges it without settling it
+-- first or waiting for the lease to end.
 INSERT INTO t SELECT 'r0', token FROM idempotency.idem_claim('s-retain-0', lease => '1h');
+SELECT pg_stat_force_next_flush();
+BEGIN;
 SELECT outcome FROM idempotency.idem_complete('s-retain-0', (SELECT token FROM t WHERE label = 'r0'), retain => '0');
+SELECT pg_stat_get_xact_tuples_updated('idempotency.idempotency_keys'::regclass) AS updated,
+       pg_stat_get_xact_tuples_hot_updated('idempotency.idempotency_keys'::regclass) AS hot;
+COMMIT;
 SELECT * FROM pg_temp.key('s-retain-0');
 SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
 SELECT count(*) AS left_over FROM idempotency.idempotency_keys WHERE key = 's-retain-0';
+
+-- A final failure is filed at once, and settled in the same write too; a
+-- retryable one stays live for the sweep.
+INSERT INTO t SELECT 'ff', token FROM idempotency.idem_claim('s-final', lease => '1h');
+SELECT idempotency.idem_fail('s-final', (SELECT token FROM t WHERE label = 'ff'), 'boom', false);
+SELECT * FROM pg_temp.key('s-final');
+INSERT INTO t SELECT 'fr', token FROM idempotency.idem_claim('s-retryable', lease => '1h');
+SELECT idempotency.idem_fail('s-retryable', (SELECT token FROM t WHERE label = 'fr'), 'boom', true);
+SELECT * FROM pg_temp.key('s-retryable');
 
 -- The next sweep settles a finished key, whether its lease has ended or
 -- not: the key leaves the live keys' index and is filed for retention at

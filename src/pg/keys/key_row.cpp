@@ -103,6 +103,27 @@ void put_status(KeyWrite* write, Status status) {
     put(write, write->at->status, status_datum(write->status_type, status));
 }
 
+// Filing a finished key for retention sets purge_at, an indexed column, so
+// that write is not a HOT update whatever else it changes: it also settles
+// the key as the sweep would (out of the live keys' index, its lease
+// cleared), which saves the sweep's second row version. Without purge_at the
+// key is left for the sweep to settle (before 0.6.0's layout, by its lease's
+// end), and purge_at is cleared or kept as named.
+void file_for_retention(KeyWrite* write, std::optional<Micros> purge_at, bool clear_if_none) {
+    const KeyColumns& at = *write->at;
+    if (!purge_at) {
+        if (clear_if_none)
+            clear(write, at.purge_at);
+        else
+            keep(write, at.purge_at);
+        return;
+    }
+    put(write, at.purge_at, TimestampTzGetDatum(*purge_at));
+    if (at.active_since == 0) return;
+    clear(write, at.active_since);
+    clear(write, at.lease_until);
+}
+
 }  // namespace
 
 const KeyColumns& key_columns(Relation keys) {
@@ -228,12 +249,12 @@ void write_completion(KeyWrite* write, const StoredKey& stored, Datum result, bo
     put(write, at.lease_expired, BoolGetDatum(false));
     clear(write, at.holder_pid);
     put_key_retention(write, key_retention);
-    // lease_until stays until the sweep settles the ended lease, and
-    // purge_at is left to it, unless the retention ends before the lease
-    // would: the key would outlive it.
+    // Settling is left to the sweep, so that the complete stays a HOT
+    // update, unless the retention ends before the lease would: the key
+    // would outlive it.
     const std::optional<Micros>& lease_until = stored.state.lease_until;
-    put_or_keep(write, at.purge_at, !lease_until || expires_at < *lease_until,
-                TimestampTzGetDatum(expires_at));
+    const bool file_now = !lease_until || expires_at < *lease_until;
+    file_for_retention(write, file_now ? std::optional<Micros>(expires_at) : std::nullopt, false);
 }
 
 void write_expiry(KeyWrite* write, Status next, Micros now, std::optional<Micros> expires_at) {
@@ -245,7 +266,7 @@ void write_expiry(KeyWrite* write, Status next, Micros now, std::optional<Micros
     put(write, at.updated_at, TimestampTzGetDatum(now));
     put_time(write, at.expires_at, expires_at);
     clear(write, at.holder_pid);
-    put_time(write, at.purge_at, expires_at);
+    file_for_retention(write, expires_at, true);
 }
 
 void write_failure(KeyWrite* write, Status next, const text* error, Micros now,
@@ -259,7 +280,7 @@ void write_failure(KeyWrite* write, Status next, const text* error, Micros now,
     put_time(write, at.expires_at, expires_at);
     put(write, at.lease_expired, BoolGetDatum(false));
     clear(write, at.holder_pid);
-    put_time(write, at.purge_at, expires_at);
+    file_for_retention(write, expires_at, true);
     put_key_retention(write, key_retention);
 }
 

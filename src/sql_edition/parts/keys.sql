@@ -212,7 +212,8 @@ BEGIN
                    idempotency.setting_interval('retention', interval '1 s', interval '1 day')),
                holder_pid = NULL,
                purge_at = now + COALESCE(i.retention,
-                   idempotency.setting_interval('retention', interval '1 s', interval '1 day'))
+                   idempotency.setting_interval('retention', interval '1 s', interval '1 day')),
+               active_since = NULL, lease_until = NULL
          WHERE i.scope = p_scope AND i.key = p_key
         RETURNING * INTO k;
         RETURN ROW('failed', 'FAILED_FINAL', NULL, k.attempts, NULL, 'lease expired', NULL, k.job_ref, false,
@@ -512,16 +513,26 @@ BEGIN
     k := f.k;
     IF f.verdict = 'proceed' THEN
         now := clock_timestamp();
-        -- The lease is left for the sweep to settle (idem_maintenance), unless
-        -- the retention ends before the lease would: the key is filed at once.
-        UPDATE idempotency.idempotency_keys i
-           SET status = 'COMPLETED', result = p_result, completed_at = now, updated_at = now,
-               expires_at = now + retain, next_attempt_at = NULL, lease_expired = false, holder_pid = NULL,
-               key_retention = idem_complete.retain_key,
-               purge_at = CASE WHEN i.lease_until IS NULL OR now + retain < i.lease_until
-                               THEN now + retain ELSE i.purge_at END
-         WHERE i.scope = p_scope AND i.key = p_key
-        RETURNING * INTO k;
+        -- The key is left for the sweep to settle (idem_maintenance), unless
+        -- the retention ends before the lease would: the key is filed at
+        -- once, and settled in the same write (which names the columns it
+        -- settles only then, as the C++ edition's does).
+        IF k.lease_until IS NULL OR now + retain < k.lease_until THEN
+            UPDATE idempotency.idempotency_keys i
+               SET status = 'COMPLETED', result = p_result, completed_at = now, updated_at = now,
+                   expires_at = now + retain, next_attempt_at = NULL, lease_expired = false, holder_pid = NULL,
+                   key_retention = idem_complete.retain_key,
+                   purge_at = now + retain, active_since = NULL, lease_until = NULL
+             WHERE i.scope = p_scope AND i.key = p_key
+            RETURNING * INTO k;
+        ELSE
+            UPDATE idempotency.idempotency_keys i
+               SET status = 'COMPLETED', result = p_result, completed_at = now, updated_at = now,
+                   expires_at = now + retain, next_attempt_at = NULL, lease_expired = false, holder_pid = NULL,
+                   key_retention = idem_complete.retain_key, purge_at = i.purge_at
+             WHERE i.scope = p_scope AND i.key = p_key
+            RETURNING * INTO k;
+        END IF;
         IF NOT FOUND THEN
             PERFORM idempotency.refuse_skipped_change('complete', token);
         END IF;
@@ -583,11 +594,20 @@ BEGIN
         delay := COALESCE(retry_in, idempotency.backoff(k.attempts));
     END IF;
     now := clock_timestamp();
-    UPDATE idempotency.idempotency_keys i
-       SET status = next_status, last_error = p_error, updated_at = now, next_attempt_at = now + delay,
-           expires_at = now + kept, lease_expired = false, holder_pid = NULL, purge_at = now + kept,
-           key_retention = kept_key
-     WHERE i.scope = p_scope AND i.key = p_key;
+    -- A final failure is filed for retention, and settled in the same write.
+    IF kept IS NULL THEN
+        UPDATE idempotency.idempotency_keys i
+           SET status = next_status, last_error = p_error, updated_at = now, next_attempt_at = now + delay,
+               expires_at = NULL, lease_expired = false, holder_pid = NULL, purge_at = NULL,
+               key_retention = kept_key
+         WHERE i.scope = p_scope AND i.key = p_key;
+    ELSE
+        UPDATE idempotency.idempotency_keys i
+           SET status = next_status, last_error = p_error, updated_at = now, next_attempt_at = now + delay,
+               expires_at = now + kept, lease_expired = false, holder_pid = NULL, purge_at = now + kept,
+               key_retention = kept_key, active_since = NULL, lease_until = NULL
+         WHERE i.scope = p_scope AND i.key = p_key;
+    END IF;
     IF NOT FOUND THEN
         PERFORM idempotency.refuse_skipped_change('fail', token);
     END IF;
