@@ -32,9 +32,17 @@ bool WorkerPool::any_startable() const {
 
 void WorkerPool::take_startable(std::size_t count, std::vector<Delivery>* taken) {
     std::deque<Queued> kept;
+    std::unordered_set<std::string> runs;  // keys this take started
     auto next = queue_.begin();
     for (; next != queue_.end() && taken->size() < count; ++next) {
-        if (next->key.empty() || busy_keys_.insert(next->key).second) {
+        bool start = next->key.empty();
+        if (!start && busy_keys_.insert(next->key).second) {
+            start = true;
+            if (runs_in_groups_) runs.insert(next->key);
+        } else if (!start && runs.count(next->key) > 0) {
+            start = true;  // the next of a run this group holds
+        }
+        if (start) {
             taken->emplace_back();
             taken->back().event = std::move(next->event);
         } else {
@@ -71,7 +79,8 @@ void WorkerPool::finish(std::vector<Delivery>* taken) {
 
 WorkerPool::WorkerPool(SinkTarget& target, int threads, const WakePipe& wake, Stats& stats)
     : target_(target), wake_(wake), stats_(stats),
-      threads_count_(static_cast<std::size_t>(std::max(1, threads))) {
+      threads_count_(static_cast<std::size_t>(std::max(1, threads))),
+      runs_in_groups_(target.groups_keep_order() && target.group_size() > 1) {
     threads_.reserve(static_cast<std::size_t>(threads));
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
 }
@@ -126,6 +135,7 @@ void WorkerPool::run() {
     std::vector<const Event*> group;
     std::vector<std::size_t> slots;
     std::vector<Outcome> outcomes;
+    std::unordered_set<std::string> stopped;  // keys of the group with an event not sent
     for (;;) {
         bool abandon;
         taken.clear();
@@ -146,13 +156,18 @@ void WorkerPool::run() {
         const Clock::time_point start = Clock::now();
         group.clear();
         slots.clear();
+        stopped.clear();
         for (std::size_t i = 0; i < taken.size(); ++i) {
             Delivery& delivery = taken[i];
+            const std::string key = runs_in_groups_ ? order_key(delivery.event) : std::string();
             if (abandon) {
                 delivery.outcome = Outcome::skip("the relay is stopping");
+            } else if (!key.empty() && stopped.count(key) > 0) {
+                delivery.outcome = Outcome::skip("an earlier event of its key was not delivered");
             } else if (start + longest >= delivery.event.lease_until) {
                 // Delivering now could outlive the lease and race another relay.
                 delivery.outcome = Outcome::skip("its lease would run out during the delivery");
+                if (!key.empty()) stopped.insert(key);
             } else {
                 group.push_back(&delivery.event);
                 slots.push_back(i);

@@ -41,7 +41,8 @@ public:
 private:
     void run();
     // Under mutex_: moves up to `count` queued events that may start now
-    // into `taken` (one per key, none of a key being delivered), the others
+    // into `taken` (none of a key being delivered; one per key, or with a
+    // sink whose groups keep order the key's run in its order), the others
     // keep their places; whether any may start.
     void take_startable(std::size_t count, std::vector<Delivery>* taken);
     bool any_startable() const;
@@ -67,6 +68,7 @@ private:
     bool stopping_ = false;
     bool abandon_ = false;
     std::size_t threads_count_;
+    const bool runs_in_groups_;  // the sink's groups keep order
     Clock::time_point last_wake_{};
     std::vector<std::thread> threads_;
 };

@@ -45,6 +45,11 @@ public:
     // Events one delivery thread hands to deliver_group at once (1: one by
     // one). A group takes at most max_delivery_time() as a whole.
     virtual std::size_t group_size() const { return 1; }
+    // Whether a group may hold a run of one key: a sink whose group goes out
+    // in the order given and never delivers an event after one that it did
+    // not (one write for the whole group, all or nothing). Otherwise a group
+    // holds events of distinct keys only, and a run goes out one at a time.
+    virtual bool groups_keep_order() const { return false; }
     // Set once the sink cannot deliver anything any more (stdout closed): the
     // relay stops.
     virtual std::string fatal_error() const { return {}; }

@@ -23,6 +23,8 @@ public:
     // at a time, so that a reader that stops (| head -1) takes exactly
     // the lines it read.
     std::size_t group_size() const override { return pipe_ ? 1 : 1000; }
+    // A group is one write: in order, all or nothing.
+    bool groups_keep_order() const override { return true; }
     std::string fatal_error() const override;
     std::string describe() const override { return pipe_ ? "stdout (a pipe)" : "stdout"; }
 

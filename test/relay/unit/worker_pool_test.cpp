@@ -28,6 +28,8 @@ public:
         std::map<std::string, int> running;                      // per key, right now
         int most_at_once = 0;                                    // of one key
         std::vector<std::int64_t> failing;
+        bool all_or_nothing = false;  // a group goes out in order, all or nothing
+        std::vector<std::size_t> groups;  // sizes, with all_or_nothing
     };
     explicit RecordingSink(Shared& shared) : shared_(shared) {}
 
@@ -49,6 +51,19 @@ public:
         return fail ? Outcome::retry("refused") : Outcome::ack();
     }
 
+    void deliver_group(const std::vector<const Event*>& events,
+                       std::vector<Outcome>* outcomes) override {
+        if (!shared_.all_or_nothing) return Sink::deliver_group(events, outcomes);
+        {
+            std::lock_guard<std::mutex> lock(shared_.mutex);
+            shared_.groups.push_back(events.size());
+        }
+        bool failed = false;
+        for (const Event* event : events)
+            failed = deliver(*event).verdict != Verdict::Ack || failed;
+        outcomes->assign(events.size(), failed ? Outcome::retry("refused") : Outcome::ack());
+    }
+
 private:
     Shared& shared_;
 };
@@ -59,6 +74,7 @@ public:
     std::unique_ptr<Sink> open() override { return std::make_unique<RecordingSink>(shared); }
     Millis max_delivery_time() const override { return Millis(1000); }
     std::size_t group_size() const override { return group_; }
+    bool groups_keep_order() const override { return shared.all_or_nothing; }
     std::string describe() const override { return "recording"; }
     RecordingSink::Shared shared;
 
@@ -134,4 +150,52 @@ TEST(RelayRuns, TheFirstFailureStopsTheRestOfItsKeyOnly) {
     for (std::int64_t id = 6; id <= 9; ++id) EXPECT_EQ(verdicts.at(id), Verdict::Ack) << id;
     // 4 and 5 were never tried.
     EXPECT_EQ(target.shared.order["t/A"], (std::vector<std::int64_t>{1, 2, 3}));
+}
+
+// A sink whose group goes out in order, all or nothing (stdout), takes a
+// key's run in one group instead of one event at a time.
+TEST(RelayRuns, ARunGoesOutInOneGroupWhereGroupsKeepOrder) {
+    RecordingTarget target(100);
+    target.shared.all_or_nothing = true;
+    std::vector<Event> events;
+    std::int64_t id = 1;
+    for (int i = 0; i < 20; ++i) events.push_back(event(id++, "A"));
+    for (int i = 0; i < 5; ++i) events.push_back(event(id++, nullptr));
+    for (int i = 0; i < 20; ++i) events.push_back(event(id++, "B"));
+    const auto verdicts = deliver_all(target, 1, std::move(events));
+    ASSERT_EQ(verdicts.size(), 45u);
+    for (const auto& [id, verdict] : verdicts) EXPECT_EQ(verdict, Verdict::Ack) << id;
+    EXPECT_EQ(target.shared.groups, (std::vector<std::size_t>{45}));
+    std::vector<std::int64_t> a, b;
+    for (std::int64_t i = 1; i <= 20; ++i) a.push_back(i);
+    for (std::int64_t i = 26; i <= 45; ++i) b.push_back(i);
+    EXPECT_EQ(target.shared.order["t/A"], a);
+    EXPECT_EQ(target.shared.order["t/B"], b);
+}
+
+// In such groups a failure still stops the rest of its key, and an event
+// not sent (its lease would run out) stops the events of its key after it
+// in the same group.
+TEST(RelayRuns, AGroupedRunStopsAtItsFirstEventNotDelivered) {
+    RecordingTarget target(2);
+    target.shared.all_or_nothing = true;
+    target.shared.failing = {3};
+    std::vector<Event> events;
+    for (std::int64_t id = 1; id <= 5; ++id) events.push_back(event(id, "A"));
+    events.push_back(event(6, "B"));
+    events.back().lease_until = Clock::now();  // would run out during the delivery
+    events.push_back(event(7, "B"));
+    events.push_back(event(8, "C"));
+    const auto verdicts = deliver_all(target, 1, std::move(events));
+    ASSERT_EQ(verdicts.size(), 8u);
+    EXPECT_EQ(verdicts.at(1), Verdict::Ack);
+    EXPECT_EQ(verdicts.at(2), Verdict::Ack);
+    EXPECT_EQ(verdicts.at(3), Verdict::Retry);
+    EXPECT_EQ(verdicts.at(4), Verdict::Retry);  // in 3's group: all or nothing
+    EXPECT_EQ(verdicts.at(5), Verdict::Skip);
+    EXPECT_EQ(verdicts.at(6), Verdict::Skip);
+    EXPECT_EQ(verdicts.at(7), Verdict::Skip);
+    EXPECT_EQ(verdicts.at(8), Verdict::Ack);
+    EXPECT_EQ(target.shared.order["t/A"], (std::vector<std::int64_t>{1, 2, 3, 4}));
+    EXPECT_EQ(target.shared.order.count("t/B"), 0u);
 }
