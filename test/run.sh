@@ -50,7 +50,7 @@ run_unit() {
     local build=$stage/build out=$stage/unit.log targets=()
     [ "${IDEM_UNIT_BUILD:-tests}" = all ] || targets=(--target idempotency_unit_tests)
     if ! (cmake -S "$stage" -B "$build" -DPG_CONFIG="$(pg_config_path)" >/dev/null &&
-        if [ ${#targets[@]} -gt 0 ] && cmake --build "$build" --target help | grep -q '^\.\.\. idem_relay_unit_tests$'; then
+        if [ ${#targets[@]} -gt 0 ] && cmake --build "$build" --target help | grep '^\.\.\. idem_relay_unit_tests$' >/dev/null; then
             targets+=(idem_relay_unit_tests)
         fi
         cmake --build "$build" -j2 "${targets[@]}" >/dev/null); then
