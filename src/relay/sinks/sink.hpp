@@ -20,8 +20,9 @@ public:
     virtual Outcome deliver(const Event& event) = 0;
     // Delivers events of distinct keys together, so that they may go out in
     // any order (a broker's batch of publishes whose confirms come back
-    // asynchronously); (*outcomes)[i] is events[i]'s. Never throws. By
-    // default one at a time.
+    // asynchronously), or with a target whose groups keep order a key's run
+    // too (SinkTarget::groups_keep_order); (*outcomes)[i] is events[i]'s.
+    // Never throws. By default one at a time.
     virtual void deliver_group(const std::vector<const Event*>& events,
                                std::vector<Outcome>* outcomes);
 };
