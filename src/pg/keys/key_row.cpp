@@ -106,22 +106,22 @@ void put_status(KeyWrite* write, Status status) {
 // Filing a finished key for retention sets purge_at, an indexed column, so
 // that write is not a HOT update whatever else it changes: it also settles
 // the key as the sweep would (out of the live keys' index, its lease
-// cleared), which saves the sweep's second row version. Without purge_at the
-// key is left for the sweep to settle (before 0.6.0's layout, by its lease's
-// end), and purge_at is cleared or kept as named.
-void file_for_retention(KeyWrite* write, std::optional<Micros> purge_at, bool clear_if_none) {
+// cleared), which saves the sweep's second row version. Before 0.6.0's
+// layout the sweep settles by the lease's end, and is left to do so.
+void file_for_retention(KeyWrite* write, Micros purge_at) {
     const KeyColumns& at = *write->at;
-    if (!purge_at) {
-        if (clear_if_none)
-            clear(write, at.purge_at);
-        else
-            keep(write, at.purge_at);
-        return;
-    }
-    put(write, at.purge_at, TimestampTzGetDatum(*purge_at));
+    put(write, at.purge_at, TimestampTzGetDatum(purge_at));
     if (at.active_since == 0) return;
     clear(write, at.active_since);
     clear(write, at.lease_until);
+}
+
+// purge_at as put_time writes a time, the key filed (and so settled) when set.
+void put_purge_time(KeyWrite* write, std::optional<Micros> purge_at) {
+    if (purge_at)
+        file_for_retention(write, *purge_at);
+    else
+        clear(write, write->at->purge_at);
 }
 
 }  // namespace
@@ -253,8 +253,10 @@ void write_completion(KeyWrite* write, const StoredKey& stored, Datum result, bo
     // update, unless the retention ends before the lease would: the key
     // would outlive it.
     const std::optional<Micros>& lease_until = stored.state.lease_until;
-    const bool file_now = !lease_until || expires_at < *lease_until;
-    file_for_retention(write, file_now ? std::optional<Micros>(expires_at) : std::nullopt, false);
+    if (!lease_until || expires_at < *lease_until)
+        file_for_retention(write, expires_at);
+    else
+        keep(write, at.purge_at);
 }
 
 void write_expiry(KeyWrite* write, Status next, Micros now, std::optional<Micros> expires_at) {
@@ -266,7 +268,7 @@ void write_expiry(KeyWrite* write, Status next, Micros now, std::optional<Micros
     put(write, at.updated_at, TimestampTzGetDatum(now));
     put_time(write, at.expires_at, expires_at);
     clear(write, at.holder_pid);
-    file_for_retention(write, expires_at, true);
+    put_purge_time(write, expires_at);
 }
 
 void write_failure(KeyWrite* write, Status next, const text* error, Micros now,
@@ -280,7 +282,7 @@ void write_failure(KeyWrite* write, Status next, const text* error, Micros now,
     put_time(write, at.expires_at, expires_at);
     put(write, at.lease_expired, BoolGetDatum(false));
     clear(write, at.holder_pid);
-    file_for_retention(write, expires_at, true);
+    put_purge_time(write, expires_at);
     put_key_retention(write, key_retention);
 }
 
