@@ -30,7 +30,8 @@ bool WorkerPool::any_startable() const {
     return false;
 }
 
-void WorkerPool::take_startable(std::size_t count, std::vector<Delivery>* taken) {
+void WorkerPool::take_startable(std::size_t count, std::vector<Delivery>* taken,
+                                std::vector<std::string>* keys) {
     std::deque<Queued> kept;
     std::unordered_set<std::string> runs;  // keys this take started
     auto next = queue_.begin();
@@ -45,6 +46,7 @@ void WorkerPool::take_startable(std::size_t count, std::vector<Delivery>* taken)
         if (start) {
             taken->emplace_back();
             taken->back().event = std::move(next->event);
+            keys->push_back(std::move(next->key));
         } else {
             kept.push_back(std::move(*next));
         }
@@ -54,9 +56,10 @@ void WorkerPool::take_startable(std::size_t count, std::vector<Delivery>* taken)
     queue_.swap(kept);
 }
 
-void WorkerPool::finish(std::vector<Delivery>* taken) {
-    for (Delivery& delivery : *taken) {
-        const std::string key = order_key(delivery.event);
+void WorkerPool::finish(std::vector<Delivery>* taken, const std::vector<std::string>& keys) {
+    for (std::size_t i = 0; i < taken->size(); ++i) {
+        const Delivery& delivery = (*taken)[i];
+        const std::string& key = keys[i];
         if (key.empty()) continue;
         busy_keys_.erase(key);
         if (delivery.outcome.verdict == Verdict::Ack) continue;
@@ -132,6 +135,7 @@ void WorkerPool::run() {
     const std::size_t group_size = std::max<std::size_t>(1, target_.group_size());
     const std::size_t threads = threads_count_;
     std::vector<Delivery> taken;
+    std::vector<std::string> keys;  // taken[i]'s (topic, key), empty without one
     std::vector<const Event*> group;
     std::vector<std::size_t> slots;
     std::vector<Outcome> outcomes;
@@ -139,6 +143,7 @@ void WorkerPool::run() {
     for (;;) {
         bool abandon;
         taken.clear();
+        keys.clear();
         {
             std::unique_lock<std::mutex> lock(mutex_);
             work_ready_.wait(lock, [this] { return stopping_ || any_startable(); });
@@ -150,7 +155,7 @@ void WorkerPool::run() {
             }
             const std::size_t share = (queue_.size() + threads - 1) / threads;
             const std::size_t count = std::min(group_size, std::max<std::size_t>(1, share));
-            take_startable(count, &taken);
+            take_startable(count, &taken, &keys);
             abandon = abandon_;
         }
         const Clock::time_point start = Clock::now();
@@ -159,7 +164,7 @@ void WorkerPool::run() {
         stopped.clear();
         for (std::size_t i = 0; i < taken.size(); ++i) {
             Delivery& delivery = taken[i];
-            const std::string key = runs_in_groups_ ? order_key(delivery.event) : std::string();
+            const std::string& key = keys[i];
             if (abandon) {
                 delivery.outcome = Outcome::skip("the relay is stopping");
             } else if (!key.empty() && stopped.count(key) > 0) {
@@ -193,7 +198,7 @@ void WorkerPool::run() {
         bool wake;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            finish(&taken);
+            finish(&taken, keys);
             const Clock::time_point now = Clock::now();
             wake = queue_.empty() || results_.size() >= kWakeAfterResults ||
                    now - last_wake_ >= kWakeInterval;

@@ -41,14 +41,15 @@ public:
 private:
     void run();
     // Under mutex_: moves up to `count` queued events that may start now
-    // into `taken` (none of a key being delivered; one per key, or with a
-    // sink whose groups keep order the key's run in its order), the others
-    // keep their places; whether any may start.
-    void take_startable(std::size_t count, std::vector<Delivery>* taken);
+    // into `taken`, and their (topic, key)s into `keys` (none of a key being
+    // delivered; one per key, or with a sink whose groups keep order the
+    // key's run in its order), the others keep their places.
+    void take_startable(std::size_t count, std::vector<Delivery>* taken,
+                        std::vector<std::string>* keys);
     bool any_startable() const;
     // Under mutex_: the deliveries `taken` finished; a key whose event was
     // not delivered has the rest of its run skipped.
-    void finish(std::vector<Delivery>* taken);
+    void finish(std::vector<Delivery>* taken, const std::vector<std::string>& keys);
 
     SinkTarget& target_;
     const WakePipe& wake_;
