@@ -1001,6 +1001,9 @@ churn_run() {
     (IFS='|'; echo "tps|${load_tps[*]}")
 }
 
+# churns TABLE: whether BENCH_CHURN_TABLES names it (outbox, keys).
+churns() { [[ " $churn_tables " == *" $1 "* ]]; }
+
 # churn_verdict TSV: rows "label|value|value|target" from the samples: the
 # largest total/fresh ratio after the first minute, and the growth of the
 # mean total size from the middle third of the run to the last third.
@@ -1032,29 +1035,30 @@ if want churn; then
         -c "SELECT pg_reload_conf()" >/dev/null || failures=$((failures + 1))
     psql_bench -c "TRUNCATE idempotency.outbox, idempotency.idempotency_keys" >/dev/null
 
-    outbox_result=
-    [[ " $churn_tables " == *" outbox "* ]] &&
-    log "churn: idempotency.outbox, $producers producers + $churn_relays relays (${churn_seconds}s)" &&
-    outbox_result=$(churn_run outbox idempotency.outbox "
-        SELECT 'pending events', count(*) FILTER (WHERE state = 'pending')::text
-          FROM idempotency.outbox
-        UNION ALL
-        SELECT 'delivered events kept (retention 5s)', count(*) FILTER (WHERE state = 'delivered')::text
-          FROM idempotency.outbox" \
-        "$producers enqueue_extension" "$churn_relays relay_extension")
-    [[ " $churn_tables " != *" outbox "* || -n "$outbox_result" ]] || failures=$((failures + 1))
+    outbox_result= keys_result=
+    if churns outbox; then
+        log "churn: idempotency.outbox, $producers producers + $churn_relays relays (${churn_seconds}s)"
+        outbox_result=$(churn_run outbox idempotency.outbox "
+            SELECT 'pending events', count(*) FILTER (WHERE state = 'pending')::text
+              FROM idempotency.outbox
+            UNION ALL
+            SELECT 'delivered events kept (retention 5s)', count(*) FILTER (WHERE state = 'delivered')::text
+              FROM idempotency.outbox" \
+            "$producers enqueue_extension" "$churn_relays relay_extension")
+        [ -n "$outbox_result" ] || failures=$((failures + 1))
+    fi
 
-    keys_result=
-    [[ " $churn_tables " == *" keys "* ]] &&
-    log "churn: idempotency.idempotency_keys, $producers workers claim + complete (${churn_seconds}s)" &&
-    keys_result=$(churn_run keys idempotency.idempotency_keys "
-        SELECT 'PROCESSING keys', count(*) FILTER (WHERE status = 'PROCESSING')::text
-          FROM idempotency.idempotency_keys
-        UNION ALL
-        SELECT 'COMPLETED keys kept (retention 5s)', count(*) FILTER (WHERE status = 'COMPLETED')::text
-          FROM idempotency.idempotency_keys" \
-        "$producers two_txn_extension -D n=0")
-    [[ " $churn_tables " != *" keys "* || -n "$keys_result" ]] || failures=$((failures + 1))
+    if churns keys; then
+        log "churn: idempotency.idempotency_keys, $producers workers claim + complete (${churn_seconds}s)"
+        keys_result=$(churn_run keys idempotency.idempotency_keys "
+            SELECT 'PROCESSING keys', count(*) FILTER (WHERE status = 'PROCESSING')::text
+              FROM idempotency.idempotency_keys
+            UNION ALL
+            SELECT 'COMPLETED keys kept (retention 5s)', count(*) FILTER (WHERE status = 'COMPLETED')::text
+              FROM idempotency.idempotency_keys" \
+            "$producers two_txn_extension -D n=0")
+        [ -n "$keys_result" ] || failures=$((failures + 1))
+    fi
 
     psql_bench -c "ALTER SYSTEM RESET idempotency.outbox_retention" \
         -c "ALTER SYSTEM RESET idempotency.retention" -c "ALTER SYSTEM RESET idempotency.naptime" \
