@@ -10,7 +10,10 @@
 #     replayed), transactions a second;
 #   - new keys: idem_claim + idem_complete of a new random key in one
 #     transaction, transactions a second, and the WAL each writes (the
-#     WAL position before and after the run, over its transactions).
+#     WAL position before and after the run, over its transactions);
+#     then, after another checkpoint, the same with wal_compression = lz4
+#     (a superuser's session setting) for the WAL a compressed page image
+#     saves.
 # Each figure also as a ratio to the first step. Prints Markdown on stdout.
 # Targets (issue: growth at scale): at rest <= 200 B per finished key;
 # duplicates at the last step >= 0.85x the first; WAL per new key at the
@@ -72,9 +75,9 @@ printf '%s\n' '\set r random(1, 1000000000000)' \
     >"$dir/new_key.sql"
 chmod 644 "$dir"/*.sql
 
-# run SCRIPT LOADED: "tps transactions"
+# run SCRIPT LOADED [PGOPTIONS]: "tps transactions"
 run() {
-    as_pg "$bindir/pgbench" -h "$dir" -p "$port" -U postgres -n -c "$clients" -j 2 -M prepared \
+    as_pg env PGOPTIONS="${3:-}" "$bindir/pgbench" -h "$dir" -p "$port" -U postgres -n -c "$clients" -j 2 -M prepared \
         -T "$seconds" -D loaded="$2" -f "$dir/$1.sql" postgres >"$dir/$1.log" 2>&1 ||
         { tail -5 "$dir/$1.log" >&2; return 1; }
     echo "$(sed -nE 's/^tps = ([0-9.]+) \(without.*/\1/p' "$dir/$1.log")" \
@@ -104,20 +107,27 @@ for step in $steps; do
     before=$(psql_bench -c "SELECT pg_current_wal_insert_lsn()")
     read -r new_tps new_count < <(run new_key "$loaded") || exit 1
     wal=$(psql_bench -c "SELECT (pg_current_wal_insert_lsn() - '$before'::pg_lsn) / greatest($new_count, 1)")
+    psql_bench -c "CHECKPOINT" >/dev/null || exit 1
+    log "growth: $keys keys: new keys, wal_compression = lz4"
+    before=$(psql_bench -c "SELECT pg_current_wal_insert_lsn()")
+    read -r _ lz4_count < <(run new_key "$loaded" "-c wal_compression=lz4") || exit 1
+    wal_lz4=$(psql_bench -c "SELECT (pg_current_wal_insert_lsn() - '$before'::pg_lsn) / greatest($lz4_count, 1)")
     per_key=$((total / keys))
     heap_per_key=$((heap / keys))
     wal=$(printf '%.0f' "$wal")
-    [ -z "$first" ] && first="$dup_tps $new_tps $wal"
-    read -r dup0 new0 wal0 <<<"$first"
-    rows+=("| $keys | $per_key B | $heap_per_key B | $(printf '%.0f' "$dup_tps") | $(ratio "$dup_tps" "$dup0") | $(printf '%.0f' "$new_tps") | $(ratio "$new_tps" "$new0") | $wal B | $(ratio "$wal" "$wal0") |")
+    wal_lz4=$(printf '%.0f' "$wal_lz4")
+    [ -z "$first" ] && first="$dup_tps $new_tps $wal $wal_lz4"
+    read -r dup0 new0 wal0 lz40 <<<"$first"
+    rows+=("| $keys | $per_key B | $heap_per_key B | $(printf '%.0f' "$dup_tps") | $(ratio "$dup_tps" "$dup0") | $(printf '%.0f' "$new_tps") | $(ratio "$new_tps" "$new0") | $wal B | $(ratio "$wal" "$wal0") | $wal_lz4 B | $(ratio "$wal_lz4" "$lz40") |")
 done
 
-echo "| finished keys | bytes per key (with indexes) | heap bytes per key | duplicates/s | ratio | new keys/s | ratio | WAL per new key | ratio |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| finished keys | bytes per key (with indexes) | heap bytes per key | duplicates/s | ratio | new keys/s | ratio | WAL per new key | ratio | WAL per new key, wal_compression = lz4 | ratio |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 printf '%s\n' "${rows[@]}"
 echo
 echo "Uniformly random keys, loaded directly; $clients pgbench clients, $seconds s a run, a checkpoint" \
     "before each run; PostgreSQL's default shared_buffers ($(psql_bench -c 'SHOW shared_buffers')) and" \
-    "checkpoint settings. Ratios to the first step."
+    "checkpoint settings. Ratios to the first step. The lz4 column: the new keys run again after" \
+    "another checkpoint, with wal_compression = lz4 in the clients' sessions."
 echo "Targets: <= 200 B per finished key at rest; duplicates at the last step >= 0.85x the first;" \
     "WAL per new key at the last step <= 2x the first."
