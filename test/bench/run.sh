@@ -43,9 +43,11 @@
 #              HOT updates at the start, middle and end of an
 #              enqueue/claim/ack run, and of idempotency.idempotency_keys
 #              under claim/complete, with the background workers purging
-#              (idempotency.naptime and purge_naptime 1s, outbox_retention and retention 5s,
+#              (idempotency.naptime and purge_naptime 1s, outbox_retention and retention BENCH_CHURN_RETENTION,
 #              autovacuum_naptime BENCH_CHURN_AUTOVACUUM_NAPTIME), the sizes
-#              sampled every second against a fresh copy of the live rows
+#              sampled every second against a fresh copy of the live rows;
+#              beside them the keys' churn written by hand in plain SQL
+#              (scripts/churn_plain.sql, purged by scripts/purge_plain.sql)
 #   idle       test/bench/idle.sh: the CPU an idle cluster spends with 1, 10
 #              and 100 databases that have the extension, with the library
 #              preloaded and without it, and the workers started per minute
@@ -89,8 +91,9 @@
 # BENCH_BACKLOG (60000 per second of a run, at least 300000) pending events
 # before each relay run (relays must not run dry: that would measure the
 # backlog, not them),
-# BENCH_CHURN_SECONDS (300) per churn run, BENCH_CHURN_TABLES ("outbox keys") the tables it churns, BENCH_CHURN_AUTOVACUUM_NAPTIME (10s) during
-# it, BENCH_SIZE_KEYS (5000000), BENCH_WAL_TRANSACTIONS (5000) per WAL measurement,
+# BENCH_CHURN_SECONDS (300) per churn run, BENCH_CHURN_TABLES ("outbox keys plain") the tables it churns, BENCH_CHURN_AUTOVACUUM_NAPTIME (10s) during
+# it, BENCH_CHURN_RETENTION (5s) of delivered events and completed keys,
+# BENCH_SIZE_KEYS (5000000), BENCH_WAL_TRANSACTIONS (5000) per WAL measurement,
 # BENCH_CROWD (100) waiters on one key, BENCH_CROWD_ROUNDS (5), BENCH_IDLE_WAITERS
 # (200) sessions waiting for other keys.
 # BENCH_OUT defaults to docs/benchmarks.md of the source tree; the raw
@@ -124,8 +127,9 @@ producer_rate=${BENCH_PRODUCER_RATE:-500}
 default_backlog=$((seconds * 60000 > 300000 ? seconds * 60000 : 300000))
 backlog=${BENCH_BACKLOG:-$default_backlog}
 churn_seconds=${BENCH_CHURN_SECONDS:-300}
-churn_tables=${BENCH_CHURN_TABLES:-outbox keys}
+churn_tables=${BENCH_CHURN_TABLES:-outbox keys plain}
 churn_autovacuum_naptime=${BENCH_CHURN_AUTOVACUUM_NAPTIME:-10s}
+churn_retention=${BENCH_CHURN_RETENTION:-5s}
 churn_size_target=1.5  # table and indexes at most 1.5 x a fresh copy of the live rows
 churn_growth_target=1.10  # and flat: the last third at most 10% above the middle third
 wal_transactions=${BENCH_WAL_TRANSACTIONS:-5000}
@@ -1001,7 +1005,8 @@ churn_run() {
     (IFS='|'; echo "tps|${load_tps[*]}")
 }
 
-# churns TABLE: whether BENCH_CHURN_TABLES names it (outbox, keys).
+# churns TABLE: whether BENCH_CHURN_TABLES names it (outbox, keys, plain:
+# the keys' churn written by hand in plain SQL, on bench.idempotency_keys).
 churns() { [[ " $churn_tables " == *" $1 "* ]]; }
 
 # churn_verdict TSV: rows "label|value|value|target" from the samples: the
@@ -1026,23 +1031,23 @@ churn_verdict() {
 }
 
 if want churn; then
-    log "churn: retention of delivered events and completed keys 5s, the background workers purge (naptime and purge_naptime 1s)"
-    psql_bench -c "ALTER SYSTEM SET idempotency.outbox_retention = '5s'" \
-        -c "ALTER SYSTEM SET idempotency.retention = '5s'" \
+    log "churn: retention of delivered events and completed keys $churn_retention, the background workers purge (naptime and purge_naptime 1s)"
+    psql_bench -c "ALTER SYSTEM SET idempotency.outbox_retention = '$churn_retention'" \
+        -c "ALTER SYSTEM SET idempotency.retention = '$churn_retention'" \
         -c "ALTER SYSTEM SET idempotency.naptime = '1s'" \
         -c "ALTER SYSTEM SET idempotency.purge_naptime = '1s'" \
         -c "ALTER SYSTEM SET autovacuum_naptime = '$churn_autovacuum_naptime'" \
         -c "SELECT pg_reload_conf()" >/dev/null || failures=$((failures + 1))
     psql_bench -c "TRUNCATE idempotency.outbox, idempotency.idempotency_keys" >/dev/null
 
-    outbox_result= keys_result=
+    outbox_result='' keys_result='' plain_result=''
     if churns outbox; then
         log "churn: idempotency.outbox, $producers producers + $churn_relays relays (${churn_seconds}s)"
         outbox_result=$(churn_run outbox idempotency.outbox "
             SELECT 'pending events', count(*) FILTER (WHERE state = 'pending')::text
               FROM idempotency.outbox
             UNION ALL
-            SELECT 'delivered events kept (retention 5s)', count(*) FILTER (WHERE state = 'delivered')::text
+            SELECT 'delivered events kept (retention $churn_retention)', count(*) FILTER (WHERE state = 'delivered')::text
               FROM idempotency.outbox" \
             "$producers enqueue_extension" "$churn_relays relay_extension")
         [ -n "$outbox_result" ] || failures=$((failures + 1))
@@ -1054,10 +1059,30 @@ if want churn; then
             SELECT 'PROCESSING keys', count(*) FILTER (WHERE status = 'PROCESSING')::text
               FROM idempotency.idempotency_keys
             UNION ALL
-            SELECT 'COMPLETED keys kept (retention 5s)', count(*) FILTER (WHERE status = 'COMPLETED')::text
+            SELECT 'COMPLETED keys kept (retention $churn_retention)', count(*) FILTER (WHERE status = 'COMPLETED')::text
               FROM idempotency.idempotency_keys" \
             "$producers two_txn_extension -D n=0")
         [ -n "$keys_result" ] || failures=$((failures + 1))
+    fi
+
+    if churns plain; then
+        # What a user would write: the same claims and completes in plain SQL
+        # (two_txn_plain.sql, expiring after the same retention), a purge
+        # by an index on the expiry once a second, the same autovacuum.
+        log "churn: bench.idempotency_keys (plain SQL), $producers clients claim + complete, one purges (${churn_seconds}s)"
+        retention_seconds=$(psql_bench -c "SELECT extract(epoch FROM interval '$churn_retention')")
+        psql_bench -c "TRUNCATE bench.idempotency_keys" \
+            -c "CREATE INDEX bench_keys_expiry ON bench.idempotency_keys (expires_at) WHERE expires_at IS NOT NULL" \
+            >/dev/null || failures=$((failures + 1))
+        plain_result=$(churn_run plain bench.idempotency_keys "
+            SELECT 'PROCESSING keys', count(*) FILTER (WHERE status = 'PROCESSING')::text
+              FROM bench.idempotency_keys
+            UNION ALL
+            SELECT 'COMPLETED keys kept (retention $churn_retention)', count(*) FILTER (WHERE status = 'COMPLETED')::text
+              FROM bench.idempotency_keys" \
+            "$producers churn_plain -D n=0 -D retention=$retention_seconds" "1 purge_plain")
+        [ -n "$plain_result" ] || failures=$((failures + 1))
+        psql_bench -c "DROP INDEX bench.bench_keys_expiry" -c "TRUNCATE bench.idempotency_keys" >/dev/null
     fi
 
     psql_bench -c "ALTER SYSTEM RESET idempotency.outbox_retention" \
@@ -1066,7 +1091,30 @@ if want churn; then
         -c "ALTER SYSTEM RESET autovacuum_naptime" \
         -c "SELECT pg_reload_conf()" >/dev/null
 
-    churn_plot=$(plot_size=1200,420 plot churn <<EOF
+    # Each table run: its name, title and load, and its result.
+    names=() titles=() loads=() results=()
+    if churns outbox; then
+        IFS='|' read -r enq_tps relay_tps _ < <(sed -n 's/^tps|//p' <<<"$outbox_result")
+        names+=(outbox) titles+=(idempotency.outbox) results+=("$outbox_result")
+        loads+=("$producers clients enqueuing (${enq_tps:-?} events/s), $churn_relays relays claiming + acking 100 per transaction (${relay_tps:-?} batches/s), the background worker purging")
+    fi
+    if churns keys; then
+        IFS='|' read -r keys_tps _ < <(sed -n 's/^tps|//p' <<<"$keys_result")
+        names+=(keys) titles+=(idempotency.idempotency_keys) results+=("$keys_result")
+        loads+=("$producers clients claiming a new key and completing it in two transactions (${keys_tps:-?} keys/s), the background worker purging")
+    fi
+    if churns plain; then
+        IFS='|' read -r plain_tps _ < <(sed -n 's/^tps|//p' <<<"$plain_result")
+        names+=(plain) titles+=("bench.idempotency_keys, written by hand in plain SQL") results+=("$plain_result")
+        loads+=("$producers clients claiming a new key and completing it in two transactions in plain SQL (${plain_tps:-?} keys/s, \`scripts/churn_plain.sql\`), one client deleting the expired keys once a second by an index on their expiry (\`scripts/purge_plain.sql\`)")
+    fi
+
+    plots=()
+    for ((t = 0; t < ${#names[@]}; t++)); do
+        plots+=("set title '${titles[t]}'")
+        plots+=("plot '$bench_dir/churn_${names[t]}.tsv' using 1:2 with lines lw 2 title 'total with indexes, kB', '' using 1:3 with lines lw 2 title 'heap, kB', '' using 1:6 with points pt 7 title 'fresh copy of the live rows, kB', '' using 1:5 axes x1y2 with lines dt 2 title 'n_dead_tup (right)'")
+    done
+    churn_plot=$(plot_size=$((600 * ${#names[@]})),420 plot churn <<EOF
 set key top left
 set xlabel 'seconds'
 set ylabel 'kB'
@@ -1074,52 +1122,35 @@ set y2label 'dead tuples'
 set y2tics
 set y2range [0:*]
 set ytics nomirror
-set multiplot layout 1,2 title 'size under steady churn, background workers purging (retention 5s, naptime and purge_naptime 1s)'
-set title 'idempotency.outbox ($producers producers, $churn_relays relays)'
-plot '$bench_dir/churn_outbox.tsv' using 1:2 with lines lw 2 title 'total with indexes, kB', '' using 1:3 with lines lw 2 title 'heap, kB', '' using 1:6 with points pt 7 title 'fresh copy of the live rows, kB', '' using 1:5 axes x1y2 with lines dt 2 title 'n_dead_tup (right)'
-set title 'idempotency.idempotency_keys ($producers clients claim + complete)'
-plot '$bench_dir/churn_keys.tsv' using 1:2 with lines lw 2 title 'total with indexes, kB', '' using 1:3 with lines lw 2 title 'heap, kB', '' using 1:6 with points pt 7 title 'fresh copy of the live rows, kB', '' using 1:5 axes x1y2 with lines dt 2 title 'n_dead_tup (right)'
+set multiplot layout 1,${#names[@]} title 'size under steady churn, purged after a retention of $churn_retention'
+$(printf '%s\n' "${plots[@]}")
 unset multiplot
 EOF
 )
     header="metric|start|middle|end"
-    outbox_tps=$(sed -n 's/^tps|//p' <<<"$outbox_result")
-    keys_tps=$(sed -n 's/^tps|//p' <<<"$keys_result")
-    IFS="|" read -r enq_tps relay_tps _ <<<"$outbox_tps"
-    IFS='|' read -r keys_tps_1 _ <<<"$keys_tps"
-    mapfile -t outbox_rows < <(grep -v '^tps|\|^verdict|' <<<"$outbox_result")
-    mapfile -t keys_rows < <(grep -v '^tps|\|^verdict|' <<<"$keys_result")
-    mapfile -t outbox_verdicts < <(sed -n 's/^verdict|//p' <<<"$outbox_result")
-    mapfile -t keys_verdicts < <(sed -n 's/^verdict|//p' <<<"$keys_result")
     verdict_header="over the run|value|last sample|target"
-    outbox_load="$producers clients enqueuing (${enq_tps:-?} events/s), $churn_relays relays"
-    outbox_load+=" claiming + acking 100 per transaction (${relay_tps:-?} batches/s),"
-    outbox_load+=" the background worker purging"
-    keys_load="$producers clients claiming a new key and completing it in two transactions"
-    keys_load+=" (${keys_tps_1:-?} keys/s), the background worker purging"
     echo
     echo "storage under churn: ${churn_seconds}s per table, samples at the start, middle and end;" \
-        "idempotency.outbox_retention = idempotency.retention = 5s, idempotency.naptime = idempotency.purge_naptime = 1s," \
+        "idempotency.outbox_retention = idempotency.retention = $churn_retention, idempotency.naptime = idempotency.purge_naptime = 1s," \
         "autovacuum_naptime = $churn_autovacuum_naptime (ALTER SYSTEM);" \
         "the background workers purge (no idem_maintenance() calls)"
-    echo "idempotency.outbox: $outbox_load"
-    if [ ${#outbox_rows[@]} -gt 0 ]; then
-        table_rows "$header" "${outbox_rows[@]}"
-        table_rows "$verdict_header" "${outbox_verdicts[@]}"
-    else echo "  (could not run)"; fi
-    echo "idempotency.idempotency_keys: $keys_load"
-    if [ ${#keys_rows[@]} -gt 0 ]; then
-        table_rows "$header" "${keys_rows[@]}"
-        table_rows "$verdict_header" "${keys_verdicts[@]}"
-    else echo "  (could not run)"; fi
+    for ((t = 0; t < ${#names[@]}; t++)); do
+        mapfile -t rows < <(grep -v '^tps|\|^verdict|' <<<"${results[t]}")
+        mapfile -t verdicts < <(sed -n 's/^verdict|//p' <<<"${results[t]}")
+        echo "${titles[t]}: ${loads[t]}"
+        if [ ${#rows[@]} -gt 0 ]; then
+            table_rows "$header" "${rows[@]}"
+            table_rows "$verdict_header" "${verdicts[@]}"
+        else echo "  (could not run)"; fi
+    done
     {
         echo
         echo "## Storage under churn"
         echo
         echo "${churn_seconds}s per table, sampled at the start, middle and end;" \
-            "\`idempotency.outbox_retention\` and \`idempotency.retention\` set to 5s with ALTER SYSTEM," \
+            "\`idempotency.outbox_retention\` and \`idempotency.retention\` set to $churn_retention with ALTER SYSTEM," \
             "\`idempotency.naptime\` and \`idempotency.purge_naptime\` 1s: the background workers expire and purge (the benchmark" \
-            "calls no \`idem_maintenance()\`)," \
+            "calls no \`idem_maintenance()\`); the plain SQL keys expire after the same retention," \
             "\`autovacuum_naptime\` $churn_autovacuum_naptime (ALTER SYSTEM; a queue table needs its dead rows" \
             "vacuumed more often than once a minute), autovacuum's other settings default." \
             "Counters from \`pg_stat_user_tables\`, reset at the start. The live rows' size is that of a" \
@@ -1127,31 +1158,25 @@ EOF
             "written anew). Targets: table and indexes at most $churn_size_target x the fresh copy after" \
             "the first minute, and flat (the mean size of the last third of the run at most" \
             "$churn_growth_target x that of the middle third)."
-        echo
-        echo "### idempotency.outbox"
-        echo
-        echo "$outbox_load."
-        echo
-        if [ ${#outbox_rows[@]} -gt 0 ]; then
-            markdown_rows "$header" "${outbox_rows[@]}"
+        for ((t = 0; t < ${#names[@]}; t++)); do
+            mapfile -t rows < <(grep -v '^tps|\|^verdict|' <<<"${results[t]}")
+            mapfile -t verdicts < <(sed -n 's/^verdict|//p' <<<"${results[t]}")
             echo
-            markdown_rows "$verdict_header" "${outbox_verdicts[@]}"
-        else echo "(could not run)"; fi
-        echo
-        echo "### idempotency.idempotency_keys"
-        echo
-        echo "$keys_load."
-        echo
-        if [ ${#keys_rows[@]} -gt 0 ]; then
-            markdown_rows "$header" "${keys_rows[@]}"
+            echo "### ${titles[t]}"
             echo
-            markdown_rows "$verdict_header" "${keys_verdicts[@]}"
-        else echo "(could not run)"; fi
+            echo "${loads[t]}."
+            echo
+            if [ ${#rows[@]} -gt 0 ]; then
+                markdown_rows "$header" "${rows[@]}"
+                echo
+                markdown_rows "$verdict_header" "${verdicts[@]}"
+            else echo "(could not run)"; fi
+        done
         echo
         echo "### Size over time"
         echo
-        echo "Sampled every second (\`$plot_link/churn_outbox.tsv\`, \`$plot_link/churn_keys.tsv\`;" \
-            "the fresh copy every 15 s): the workers' purge shows as \`n_tup_del\` and a steady" \
+        echo "Sampled every second (\`$plot_link/churn_<table>.tsv\`;" \
+            "the fresh copy every 15 s): the purge shows as \`n_tup_del\` and a steady" \
             "\`n_live_tup\`; the space of the purged rows becomes reusable only once (auto)vacuum has" \
             "run on the table: the heap stays flat after each autovacuum (the drop in dead tuples) and" \
             "grows again until the next one, so the steady-state size shows only in runs spanning" \
