@@ -1106,7 +1106,7 @@ if want churn; then
     if churns plain; then
         IFS='|' read -r plain_tps _ < <(sed -n 's/^tps|//p' <<<"$plain_result")
         names+=(plain) titles+=("bench.idempotency_keys, written by hand in plain SQL") results+=("$plain_result")
-        loads+=("$producers clients claiming a new key and completing it in two transactions in plain SQL (${plain_tps:-?} keys/s, \`scripts/churn_plain.sql\`), one client deleting the expired keys once a second by an index on their expiry (\`scripts/purge_plain.sql\`)")
+        loads+=("$producers clients claiming a new key and completing it in two transactions in plain SQL (${plain_tps:-?} keys/s, \`test/bench/scripts/churn_plain.sql\`), one client deleting the expired keys once a second by an index on their expiry (\`test/bench/scripts/purge_plain.sql\`)")
     fi
 
     plots=()
