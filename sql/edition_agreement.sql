@@ -143,8 +143,9 @@ SELECT key, status FROM idempotency.idempotency_keys WHERE scope = 'edition_agre
 
 -- A write that files a finished key for retention settles it in the same
 -- write (a complete whose retention ends before its lease, a final
--- failure); the others leave it live for the sweep, and do not name
--- lease_until: a trigger on UPDATE OF lease_until fires for the first two.
+-- failure), and so does a retryable failure; a complete kept longer than
+-- its lease leaves the key live for the sweep, and does not name
+-- lease_until: a trigger on UPDATE OF lease_until fires for the other three.
 CREATE FUNCTION edition_lease_named() RETURNS trigger LANGUAGE plpgsql AS $f$
 BEGIN
     RAISE NOTICE 'lease_until named: %', NEW.key;

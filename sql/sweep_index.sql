@@ -71,7 +71,8 @@ SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
 SELECT count(*) AS left_over FROM idempotency.idempotency_keys WHERE key = 's-retain-0';
 
 -- A final failure is filed at once, and settled in the same write too; a
--- retryable one stays live for the sweep.
+-- retryable one is settled by its write, not filed (a retry's claim then
+-- never finds the sweep holding the row).
 INSERT INTO t SELECT 'ff', token FROM idempotency.idem_claim('s-final', lease => '1h');
 SELECT idempotency.idem_fail('s-final', (SELECT token FROM t WHERE label = 'ff'), 'boom', false);
 SELECT * FROM pg_temp.key('s-final');
@@ -113,11 +114,12 @@ SELECT * FROM idempotency.idem_maintenance() WHERE rows <> 0;
 SELECT * FROM pg_temp.key('s-refile');
 
 -- A claim of a key not settled yet keeps the time it became live (and its
--- entry in the live keys' index); a key the sweep settled is live again
--- from its next claim.
-INSERT INTO t SELECT 'a1', token FROM idempotency.idem_claim('s-again');
-SELECT idempotency.idem_fail('s-again', (SELECT token FROM t WHERE label = 'a1'), 'boom', true, retry_in => '0s');
+-- entry in the live keys' index): here the takeover of an ended lease; a
+-- settled key (a failure settles its key) is live again from its next
+-- claim.
+INSERT INTO t SELECT 'a1', token FROM idempotency.idem_claim('s-again', lease => '50ms');
 SELECT active_since AS first_live FROM idempotency.idempotency_keys WHERE key = 's-again' \gset
+SELECT pg_sleep(0.1);
 INSERT INTO t SELECT 'a2', token FROM idempotency.idem_claim('s-again');
 SELECT status, active_since = :'first_live' AS kept_its_time
   FROM idempotency.idempotency_keys WHERE key = 's-again';

@@ -103,17 +103,22 @@ void put_status(KeyWrite* write, Status status) {
     put(write, write->at->status, status_datum(write->status_type, status));
 }
 
-// Filing a finished key for retention sets purge_at, an indexed column, so
-// that write is not a HOT update whatever else it changes: it also settles
-// the key as the sweep would (out of the live keys' index, its lease
-// cleared), which saves the sweep's second row version. Before 0.6.0's
-// layout the sweep settles by the lease's end, and is left to do so.
-void file_for_retention(KeyWrite* write, Micros purge_at) {
+// Settles the key as the sweep would: out of the live keys' index, its
+// lease cleared. Before 0.6.0's layout the sweep settles by the lease's
+// end, and is left to do so.
+void settle(KeyWrite* write) {
     const KeyColumns& at = *write->at;
-    put(write, at.purge_at, TimestampTzGetDatum(purge_at));
     if (at.active_since == 0) return;
     clear(write, at.active_since);
     clear(write, at.lease_until);
+}
+
+// Filing a finished key for retention sets purge_at, an indexed column, so
+// that write is not a HOT update whatever else it changes: it also settles
+// the key, which saves the sweep's second row version.
+void file_for_retention(KeyWrite* write, Micros purge_at) {
+    put(write, write->at->purge_at, TimestampTzGetDatum(purge_at));
+    settle(write);
 }
 
 // purge_at as put_time writes a time, the key filed (and so settled) when set.
@@ -283,6 +288,11 @@ void write_failure(KeyWrite* write, Status next, const text* error, Micros now,
     put(write, at.lease_expired, BoolGetDatum(false));
     clear(write, at.holder_pid);
     put_purge_time(write, expires_at);
+    // A retryable failure settles its key too. Left to the sweep, its write
+    // would follow at once (a finished key's settling is due when it
+    // finishes) and hold the row while a retry's claim comes, which then
+    // answers in_progress instead of taking the key.
+    if (!expires_at) settle(write);
     put_key_retention(write, key_retention);
 }
 

@@ -594,20 +594,14 @@ BEGIN
         delay := COALESCE(retry_in, idempotency.backoff(k.attempts));
     END IF;
     now := clock_timestamp();
-    -- A final failure is filed for retention, and settled in the same write.
-    IF kept IS NULL THEN
-        UPDATE idempotency.idempotency_keys i
-           SET status = next_status, last_error = p_error, updated_at = now, next_attempt_at = now + delay,
-               expires_at = NULL, lease_expired = false, holder_pid = NULL, purge_at = NULL,
-               key_retention = kept_key
-         WHERE i.scope = p_scope AND i.key = p_key;
-    ELSE
-        UPDATE idempotency.idempotency_keys i
-           SET status = next_status, last_error = p_error, updated_at = now, next_attempt_at = now + delay,
-               expires_at = now + kept, lease_expired = false, holder_pid = NULL, purge_at = now + kept,
-               key_retention = kept_key, active_since = NULL, lease_until = NULL
-         WHERE i.scope = p_scope AND i.key = p_key;
-    END IF;
+    -- A final failure is filed for retention; either failure settles its
+    -- key in the same write (left to the sweep, a retryable one's settling
+    -- would hold the row as a retry's claim comes).
+    UPDATE idempotency.idempotency_keys i
+       SET status = next_status, last_error = p_error, updated_at = now, next_attempt_at = now + delay,
+           expires_at = now + kept, lease_expired = false, holder_pid = NULL, purge_at = now + kept,
+           key_retention = kept_key, active_since = NULL, lease_until = NULL
+     WHERE i.scope = p_scope AND i.key = p_key;
     IF NOT FOUND THEN
         PERFORM idempotency.refuse_skipped_change('fail', token);
     END IF;
