@@ -1005,6 +1005,15 @@ churn_run() {
     (IFS='|'; echo "tps|${load_tps[*]}")
 }
 
+# key_states TABLE: the churn samples' extra rows for a keys table, its
+# PROCESSING keys and the COMPLETED ones kept.
+key_states() {
+    echo "SELECT 'PROCESSING keys', count(*) FILTER (WHERE status = 'PROCESSING')::text FROM $1
+          UNION ALL
+          SELECT 'COMPLETED keys kept (retention $churn_retention)',
+                 count(*) FILTER (WHERE status = 'COMPLETED')::text FROM $1"
+}
+
 # churns TABLE: whether BENCH_CHURN_TABLES names it (outbox, keys, plain:
 # the keys' churn written by hand in plain SQL, on bench.idempotency_keys).
 churns() { [[ " $churn_tables " == *" $1 "* ]]; }
@@ -1055,12 +1064,7 @@ if want churn; then
 
     if churns keys; then
         log "churn: idempotency.idempotency_keys, $producers workers claim + complete (${churn_seconds}s)"
-        keys_result=$(churn_run keys idempotency.idempotency_keys "
-            SELECT 'PROCESSING keys', count(*) FILTER (WHERE status = 'PROCESSING')::text
-              FROM idempotency.idempotency_keys
-            UNION ALL
-            SELECT 'COMPLETED keys kept (retention $churn_retention)', count(*) FILTER (WHERE status = 'COMPLETED')::text
-              FROM idempotency.idempotency_keys" \
+        keys_result=$(churn_run keys idempotency.idempotency_keys "$(key_states idempotency.idempotency_keys)" \
             "$producers two_txn_extension -D n=0")
         [ -n "$keys_result" ] || failures=$((failures + 1))
     fi
@@ -1074,12 +1078,7 @@ if want churn; then
         psql_bench -c "TRUNCATE bench.idempotency_keys" \
             -c "CREATE INDEX bench_keys_expiry ON bench.idempotency_keys (expires_at) WHERE expires_at IS NOT NULL" \
             >/dev/null || failures=$((failures + 1))
-        plain_result=$(churn_run plain bench.idempotency_keys "
-            SELECT 'PROCESSING keys', count(*) FILTER (WHERE status = 'PROCESSING')::text
-              FROM bench.idempotency_keys
-            UNION ALL
-            SELECT 'COMPLETED keys kept (retention $churn_retention)', count(*) FILTER (WHERE status = 'COMPLETED')::text
-              FROM bench.idempotency_keys" \
+        plain_result=$(churn_run plain bench.idempotency_keys "$(key_states bench.idempotency_keys)" \
             "$producers churn_plain -D n=0 -D retention=$retention_seconds" "1 purge_plain")
         [ -n "$plain_result" ] || failures=$((failures + 1))
         psql_bench -c "DROP INDEX bench.bench_keys_expiry" -c "TRUNCATE bench.idempotency_keys" >/dev/null
