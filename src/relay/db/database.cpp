@@ -191,7 +191,7 @@ void Database::read_events(PGresult* result, Clock::time_point lease_until,
         if (!PQgetisnull(result, row, 4)) event.headers = std::string(PQgetvalue(result, row, 4));
         if (!PQgetisnull(result, row, 5)) event.dedup_key = std::string(PQgetvalue(result, row, 5));
         event.attempt = atoi(PQgetvalue(result, row, 6));
-        event.enqueued_at = strtod(PQgetvalue(result, row, 7), nullptr);
+        event.enqueued_at = parse_double(PQgetvalue(result, row, 7));
         event.claimed_bytes = strtoll(PQgetvalue(result, row, 8), nullptr, 10);
         event.sent = strcmp(PQgetvalue(result, row, 9), "t") == 0;
         event.lease_until = lease_until;

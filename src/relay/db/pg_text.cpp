@@ -1,5 +1,8 @@
 #include "relay/db/pg_text.hpp"
 
+#include <charconv>
+#include <cstring>
+
 namespace idem::relay {
 
 std::string array_literal(const std::vector<std::string>& items) {
@@ -25,6 +28,13 @@ std::string id_array(const std::vector<std::int64_t>& ids) {
     }
     literal += '}';
     return literal;
+}
+
+double parse_double(const char* text) {
+    double value = 0;
+    const char* end = text + std::strlen(text);
+    if (std::from_chars(text, end, value).ec != std::errc()) return 0;
+    return value;
 }
 
 std::string one_line(const char* message) {

@@ -12,6 +12,10 @@ namespace idem::relay {
 std::string array_literal(const std::vector<std::string>& items);
 // An int8[] literal.
 std::string id_array(const std::vector<std::int64_t>& ids);
+// A float8 as the server writes it (date_part's epoch seconds); 0 when it
+// is not one. Read without strtod's locale, which cost the relay as much
+// per event as building its line of output.
+double parse_double(const char* text);
 // A server message on one line: trailing newlines and spaces dropped, inner
 // newlines and tabs as spaces. nullptr is "".
 std::string one_line(const char* message);

@@ -11,6 +11,7 @@ namespace {
 template <typename Match>
 void move_if(std::vector<Delivery>& from, std::vector<Delivery>& to, Match match) {
     std::vector<Delivery> kept;
+    kept.reserve(from.size());
     for (Delivery& d : from) {
         if (match(d)) to.push_back(std::move(d));
         else kept.push_back(std::move(d));
@@ -19,6 +20,13 @@ void move_if(std::vector<Delivery>& from, std::vector<Delivery>& to, Match match
 }
 
 void append(std::vector<Delivery>& to, std::vector<Delivery>& from) {
+    if (to.empty()) {
+        // Taken whole; `from` fills again with room for as many.
+        to.swap(from);
+        from.reserve(to.size());
+        return;
+    }
+    to.reserve(to.size() + from.size());
     for (Delivery& d : from) to.push_back(std::move(d));
     from.clear();
 }

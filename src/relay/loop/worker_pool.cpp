@@ -32,6 +32,15 @@ bool WorkerPool::any_startable() const {
 
 void WorkerPool::take_startable(std::size_t count, std::vector<Delivery>* taken,
                                 std::vector<std::string>* keys) {
+    if (one_ordered_thread_) {
+        // Nothing is being delivered while the only thread takes, and a
+        // key's run may share a group: the first `count` events start.
+        for (; !queue_.empty() && taken->size() < count; queue_.pop_front()) {
+            taken->push_back(Delivery{std::move(queue_.front().event), {}, 0});
+            keys->push_back(std::move(queue_.front().key));
+        }
+        return;
+    }
     std::deque<Queued> kept;
     std::unordered_set<std::string> runs;  // keys this take started
     auto next = queue_.begin();
@@ -61,7 +70,7 @@ void WorkerPool::finish(std::vector<Delivery>* taken, const std::vector<std::str
         const Delivery& delivery = (*taken)[i];
         const std::string& key = keys[i];
         if (key.empty()) continue;
-        busy_keys_.erase(key);
+        if (!one_ordered_thread_) busy_keys_.erase(key);
         if (delivery.outcome.verdict == Verdict::Ack) continue;
         // The rest of its run waits behind it in the outbox: not tried.
         std::deque<Queued> kept;
@@ -83,7 +92,8 @@ void WorkerPool::finish(std::vector<Delivery>* taken, const std::vector<std::str
 WorkerPool::WorkerPool(SinkTarget& target, int threads, const WakePipe& wake, Stats& stats)
     : target_(target), wake_(wake), stats_(stats),
       threads_count_(static_cast<std::size_t>(std::max(1, threads))),
-      runs_in_groups_(target.groups_keep_order() && target.group_size() > 1) {
+      runs_in_groups_(target.groups_keep_order() && target.group_size() > 1),
+      one_ordered_thread_(runs_in_groups_ && threads_count_ == 1) {
     threads_.reserve(static_cast<std::size_t>(threads));
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
 }
@@ -104,6 +114,8 @@ void WorkerPool::submit(std::vector<Event>&& events) {
 std::vector<Delivery> WorkerPool::take_results() {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<Delivery> taken;
+    // results_ goes on with room for as many, not growing from none again.
+    taken.reserve(results_.capacity());
     taken.swap(results_);
     return taken;
 }

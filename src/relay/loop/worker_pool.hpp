@@ -70,6 +70,9 @@ private:
     bool abandon_ = false;
     std::size_t threads_count_;
     const bool runs_in_groups_;  // the sink's groups keep order
+    // One thread and groups that keep order: every queued event may start
+    // (no key is busy while the thread takes), so no key is tracked.
+    const bool one_ordered_thread_;
     Clock::time_point last_wake_{};
     std::vector<std::thread> threads_;
 };

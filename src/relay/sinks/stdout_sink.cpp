@@ -44,6 +44,12 @@ int wait_until_read(Millis bound) {
     }
 }
 
+// Room for an event's line and its newline, short of escapes.
+std::size_t line_size(const Event& event) {
+    return 96 + event.topic.size() + (event.key ? event.key->size() : 0) + event.payload.size() +
+           (event.headers ? event.headers->size() : 0);
+}
+
 class StdoutSink : public Sink {
 public:
     StdoutSink(bool pipe, Millis bound) : pipe_(pipe), bound_(bound) {}
@@ -58,9 +64,12 @@ public:
     // read either all of them or not all.
     void deliver_group(const std::vector<const Event*>& events,
                        std::vector<Outcome>* outcomes) override {
+        std::size_t size = 0;
+        for (const Event* event : events) size += line_size(*event);
         std::string lines;
+        lines.reserve(size);
         for (const Event* event : events) {
-            lines += stdout_line(*event);
+            append_stdout_line(lines, *event);
             lines += '\n';
         }
         outcomes->assign(events.size(), write_lines(lines));
@@ -101,9 +110,7 @@ bool stdout_is_pipe() {
 
 }  // namespace
 
-std::string stdout_line(const Event& event) {
-    std::string line;
-    line.reserve(96 + event.payload.size() + (event.headers ? event.headers->size() : 0));
+void append_stdout_line(std::string& line, const Event& event) {
     line += "{\"id\":";
     line += std::to_string(event.id);
     line += ",\"topic\":";
@@ -118,6 +125,12 @@ std::string stdout_line(const Event& event) {
     line += ",\"attempt\":";
     line += std::to_string(event.attempt);
     line += '}';
+}
+
+std::string stdout_line(const Event& event) {
+    std::string line;
+    line.reserve(line_size(event));
+    append_stdout_line(line, event);
     return line;
 }
 

@@ -10,7 +10,9 @@
 
 namespace idem::relay {
 
-// The line for an event, without the newline.
+// The line for an event, without the newline; appended to `out` (a
+// group's lines are written in place, not copied from a line each).
+void append_stdout_line(std::string& out, const Event& event);
 std::string stdout_line(const Event& event);
 
 class StdoutTarget : public SinkTarget {

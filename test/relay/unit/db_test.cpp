@@ -32,6 +32,15 @@ TEST(RelayPgText, ArrayLiterals) {
     EXPECT_EQ(id_array({1, -2, 9007199254740993}), "{1,-2,9007199254740993}");
 }
 
+TEST(RelayPgText, Doubles) {
+    EXPECT_DOUBLE_EQ(parse_double("1764858123.123456"), 1764858123.123456);
+    EXPECT_DOUBLE_EQ(parse_double("-0.5"), -0.5);
+    EXPECT_DOUBLE_EQ(parse_double("1e+20"), 1e20);
+    EXPECT_DOUBLE_EQ(parse_double("42"), 42.0);
+    EXPECT_EQ(parse_double(""), 0.0);
+    EXPECT_EQ(parse_double("x"), 0.0);
+}
+
 TEST(RelayPgText, OneLine) {
     EXPECT_EQ(one_line(nullptr), "");
     EXPECT_EQ(one_line("ERROR:  boom\nDETAIL:\tmore\n \n"), "ERROR:  boom DETAIL: more");

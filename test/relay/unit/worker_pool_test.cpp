@@ -4,6 +4,7 @@
 // not tried); other keys go on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -198,4 +199,23 @@ TEST(RelayRuns, AGroupedRunStopsAtItsFirstEventNotDelivered) {
     EXPECT_EQ(verdicts.at(8), Verdict::Ack);
     EXPECT_EQ(target.shared.order["t/A"], (std::vector<std::int64_t>{1, 2, 3, 4}));
     EXPECT_EQ(target.shared.order.count("t/B"), 0u);
+}
+
+// With several threads, a sink whose groups keep order still never has two
+// events of one key out at once, and each key's events go out in order.
+TEST(RelayRuns, GroupsThatKeepOrderOnSeveralThreadsKeepEachKeyInOrder) {
+    RecordingTarget target(3);
+    target.shared.all_or_nothing = true;
+    std::vector<Event> events;
+    const char* keys[] = {"A", "B", "C", nullptr};
+    for (std::int64_t id = 1; id <= 60; ++id) events.push_back(event(id, keys[id % 4]));
+    const auto verdicts = deliver_all(target, 3, std::move(events));
+    ASSERT_EQ(verdicts.size(), 60u);
+    for (const auto& [id, verdict] : verdicts) EXPECT_EQ(verdict, Verdict::Ack) << id;
+    EXPECT_EQ(target.shared.most_at_once, 1);
+    for (const char* key : {"A", "B", "C"}) {
+        const std::vector<std::int64_t>& order = target.shared.order[std::string("t/") + key];
+        EXPECT_EQ(order.size(), 15u) << key;
+        EXPECT_TRUE(std::is_sorted(order.begin(), order.end())) << key;
+    }
 }
