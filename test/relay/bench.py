@@ -317,6 +317,10 @@ def latency(a, name, sink, topic, extra, consumer=None):
              "" if len(delays) == count else "  (%d of %d arrived)" % (len(delays), count)), flush=True)
 
 
+# The sections, in the order they run (--sections picks some).
+SECTIONS = ["unkeyed", "keyed", "distinct", "hot", "scaling", "http", "latency"]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dsn", required=True, help="superuser DSN for the load")
@@ -338,7 +342,13 @@ def main():
     p.add_argument("--rate", type=float, default=1000)
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--producers", type=int, default=4)
+    p.add_argument("--sections", default=" ".join(SECTIONS),
+                   help="which to run, of: " + " ".join(SECTIONS))
     a = p.parse_args()
+    chosen = a.sections.split()
+    unknown = [name for name in chosen if name not in SECTIONS]
+    if unknown:
+        p.error("unknown section(s): %s (known: %s)" % (" ".join(unknown), " ".join(SECTIONS)))
     bench = Bench(a)
     nats_sink = "nats://127.0.0.1:%d/bench" % a.nats_port if a.nats_port else None
     amqp_sink = "amqp://guest:guest@127.0.0.1:%d/" % a.amqp_port if a.amqp_port else None
@@ -362,75 +372,81 @@ def main():
             found.append(relay(prefix + "RabbitMQ", amqp_sink, extra, processes, "amqp"))
         return found
 
-    # Events without a key: no order to keep, the same work for the hand
-    # loop and the relay.
     lanes = ["--connections", "2"]
-    unkeyed = ([hand("hand-written SKIP LOCKED loop, stdout"), sql_loop] + sinks("idem-relay, ") +
-               sinks("idem-relay --connections 2, ", lanes))
-    results = bench.throughput(unkeyed, 0)
-    report("throughput: a backlog of %d events without a key, --batch %d, one process, median of %d"
-           % (a.events, a.batch, a.rounds), unkeyed, results, unkeyed[0]["name"])
+    if "unkeyed" in chosen:
+        # Events without a key: no order to keep, the same work for the hand
+        # loop and the relay.
+        unkeyed = ([hand("hand-written SKIP LOCKED loop, stdout"), sql_loop] + sinks("idem-relay, ") +
+                   sinks("idem-relay --connections 2, ", lanes))
+        results = bench.throughput(unkeyed, 0)
+        report("throughput: a backlog of %d events without a key, --batch %d, one process, median of %d"
+               % (a.events, a.batch, a.rounds), unkeyed, results, unkeyed[0]["name"])
 
-    # Events over 1000 keys: the relay hands a key's next event out only
-    # after its previous one is acked; so does the ordered hand loop, the
-    # baseline here. The unordered loop shows what the order costs.
-    keyed = [hand("hand loop keeping per-key order, stdout", ordered=True),
-             hand("hand loop without order, stdout"), sql_loop] + sinks("idem-relay, ") + \
-        [relay("idem-relay --run-length 1, stdout", "stdout", ["--run-length", "1"])] + \
-        sinks("idem-relay --connections 2, ", lanes)
-    results = bench.throughput(keyed, 1000)
-    report("throughput: a backlog of %d events over 1000 keys, --batch %d, one process, median of %d;"
-           " ratios to the hand loop that keeps per-key order" % (a.events, a.batch, a.rounds),
-           keyed, results, keyed[0]["name"])
+    if "keyed" in chosen:
+        # Events over 1000 keys: the relay hands a key's next event out only
+        # after its previous one is acked; so does the ordered hand loop, the
+        # baseline here. The unordered loop shows what the order costs.
+        keyed = [hand("hand loop keeping per-key order, stdout", ordered=True),
+                 hand("hand loop without order, stdout"), sql_loop] + sinks("idem-relay, ") + \
+            [relay("idem-relay --run-length 1, stdout", "stdout", ["--run-length", "1"])] + \
+            sinks("idem-relay --connections 2, ", lanes)
+        results = bench.throughput(keyed, 1000)
+        report("throughput: a backlog of %d events over 1000 keys, --batch %d, one process, median of %d;"
+               " ratios to the hand loop that keeps per-key order" % (a.events, a.batch, a.rounds),
+               keyed, results, keyed[0]["name"])
 
-    # Events of distinct keys: each key has nothing queued behind its
-    # event, so runs do not help; what the order costs the relay beyond a
-    # keyless event (a look at the key at enqueue and at ack).
-    distinct = [hand("hand loop keeping per-key order, stdout", ordered=True),
-                hand("hand loop without order, stdout"), relay("idem-relay, stdout", "stdout")]
-    results = bench.throughput(distinct, -1)
-    report("throughput: a backlog of %d events of distinct keys, --batch %d, one process, median of %d;"
-           " ratios to the hand loop that keeps per-key order" % (a.events, a.batch, a.rounds),
-           distinct, results, distinct[0]["name"])
+    if "distinct" in chosen:
+        # Events of distinct keys: each key has nothing queued behind its
+        # event, so runs do not help; what the order costs the relay beyond a
+        # keyless event (a look at the key at enqueue and at ack).
+        distinct = [hand("hand loop keeping per-key order, stdout", ordered=True),
+                    hand("hand loop without order, stdout"), relay("idem-relay, stdout", "stdout")]
+        results = bench.throughput(distinct, -1)
+        report("throughput: a backlog of %d events of distinct keys, --batch %d, one process, median of %d;"
+               " ratios to the hand loop that keeps per-key order" % (a.events, a.batch, a.rounds),
+               distinct, results, distinct[0]["name"])
 
-    # One hot key: its whole backlog behind one head. Runs (--run-length,
-    # 100 by default) drain it a batch at a time; the baseline is the same
-    # relay on a backlog without a key.
-    hot = [dict(relay("idem-relay, stdout, no key", "stdout"), keys=0),
-           dict(relay("idem-relay, stdout, one key", "stdout"), keys=1)]
-    results = bench.throughput(hot, 1)
-    report("hot key: a backlog of %d events of one key against the same backlog without a key,"
-           " --batch %d, one process, median of %d" % (a.events, a.batch, a.rounds),
-           hot, results, hot[0]["name"])
+    if "hot" in chosen:
+        # One hot key: its whole backlog behind one head. Runs (--run-length,
+        # 100 by default) drain it a batch at a time; the baseline is the same
+        # relay on a backlog without a key.
+        hot = [dict(relay("idem-relay, stdout, no key", "stdout"), keys=0),
+               dict(relay("idem-relay, stdout, one key", "stdout"), keys=1)]
+        results = bench.throughput(hot, 1)
+        report("hot key: a backlog of %d events of one key against the same backlog without a key,"
+               " --batch %d, one process, median of %d" % (a.events, a.batch, a.rounds),
+               hot, results, hot[0]["name"])
 
-    scale_variants = [hand("hand loop, 1 process"), hand("hand loop, 2 processes", 2),
-                      hand("hand loop, 4 processes", 4)]
-    scale_variants += sinks("idem-relay --parallel 4, ", ["--parallel", "4"])
-    scale_variants += sinks("2 idem-relays, ", processes=2)
-    scale_variants.append(relay("4 idem-relays, stdout", "stdout", processes=4))
-    results = bench.throughput(scale_variants, 0)
-    report("scaling: the backlog without a key, ratios to one hand loop", scale_variants, results,
-           scale_variants[0]["name"])
+    if "scaling" in chosen:
+        scale_variants = [hand("hand loop, 1 process"), hand("hand loop, 2 processes", 2),
+                          hand("hand loop, 4 processes", 4)]
+        scale_variants += sinks("idem-relay --parallel 4, ", ["--parallel", "4"])
+        scale_variants += sinks("2 idem-relays, ", processes=2)
+        scale_variants.append(relay("4 idem-relays, stdout", "stdout", processes=4))
+        results = bench.throughput(scale_variants, 0)
+        report("scaling: the backlog without a key, ratios to one hand loop", scale_variants, results,
+               scale_variants[0]["name"])
 
-    if a.http:
-        http_variants = [hand("hand loop, stdout"),
-                         relay("idem-relay, HTTP (Python receiver), --parallel 4", a.http,
-                               ["--parallel", "4"])]
-        results = bench.throughput(http_variants, 0)
-        report("HTTP: the same backlog to the local receiver (a single Python process bounds it)",
-               http_variants, results, http_variants[0]["name"])
+    if "http" in chosen:
+        if a.http:
+            http_variants = [hand("hand loop, stdout"),
+                             relay("idem-relay, HTTP (Python receiver), --parallel 4", a.http,
+                                   ["--parallel", "4"])]
+            results = bench.throughput(http_variants, 0)
+            report("HTTP: the same backlog to the local receiver (a single Python process bounds it)",
+                   http_variants, results, http_variants[0]["name"])
 
-    print("latency: %.0f events/s for %.0f s, one event per transaction from %d producers, 50 keys;"
-          " from the commit's return to arrival at the consumer:" % (a.rate, a.seconds, a.producers),
-          flush=True)
-    latency(a, "stdout", "stdout", "lat_stdout", [])
-    if nats_sink:
-        latency(a, "NATS JetStream (subscriber)", nats_sink, "lat_nats", [],
-                lambda arr, ready: consume_nats(a.nats_port, "bench.lat_nats", arr, ready))
-    if amqp_sink:
-        latency(a, "RabbitMQ (consumer)", amqp_sink, "lat_amqp", [],
-                lambda arr, ready: consume_amqp(a.amqp_port, "lat_amqp", arr, ready))
-
+    if "latency" in chosen:
+        print("latency: %.0f events/s for %.0f s, one event per transaction from %d producers, 50 keys;"
+              " from the commit's return to arrival at the consumer:" % (a.rate, a.seconds, a.producers),
+              flush=True)
+        latency(a, "stdout", "stdout", "lat_stdout", [])
+        if nats_sink:
+            latency(a, "NATS JetStream (subscriber)", nats_sink, "lat_nats", [],
+                    lambda arr, ready: consume_nats(a.nats_port, "bench.lat_nats", arr, ready))
+        if amqp_sink:
+            latency(a, "RabbitMQ (consumer)", amqp_sink, "lat_amqp", [],
+                    lambda arr, ready: consume_amqp(a.amqp_port, "lat_amqp", arr, ready))
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,9 @@
 #     events/s for BENCH_RELAY_SECONDS (10) s, to stdout and both brokers.
 # Run as root after make install. Settings: BENCH_RELAY_PORT (54500: the
 # cluster; the brokers take the next four), BENCH_RELAY_ROUNDS (3, the
-# median is shown), BENCH_HTTP (1: also the local Python HTTP receiver).
+# median is shown), BENCH_HTTP (1: also the local Python HTTP receiver),
+# BENCH_RELAY_SECTIONS (all: unkeyed keyed distinct hot scaling http
+# latency; e.g. "distinct hot" runs those two).
 # Without nats-server or rabbitmq-server that broker is left out.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -94,4 +96,5 @@ $python "$here/bench.py" --dsn "host=$dir port=$port dbname=$db user=postgres" \
     --relay-dsn "host=$dir port=$port dbname=$db user=postgres" --relay "$relay_bin" \
     --hand-loop "$dir/hand_loop" --pgbench "$bindir/pgbench" --sql-loop "$dir/sql_loop.sql" --postmaster-pid "$dir/data/postmaster.pid" "${broker_args[@]}" \
     --events "${BENCH_RELAY_EVENTS:-100000}" --batch "${BENCH_RELAY_BATCH:-100}" \
-    --rounds "${BENCH_RELAY_ROUNDS:-3}" --rate "${BENCH_RATE:-1000}" --seconds "${BENCH_RELAY_SECONDS:-10}"
+    --rounds "${BENCH_RELAY_ROUNDS:-3}" --rate "${BENCH_RATE:-1000}" --seconds "${BENCH_RELAY_SECONDS:-10}" \
+    ${BENCH_RELAY_SECTIONS:+--sections "$BENCH_RELAY_SECTIONS"}
