@@ -23,19 +23,8 @@ n1=${DRAIN_N1:-5}
 n2=${DRAIN_N2:-25}
 port=${DRAIN_PORT:-54441}
 
-IDEM_PACKAGES="valgrind" ensure_packages || exit 1
-if [ -z "${IDEM_BENCH_BUILT:-}" ]; then build_and_install || exit 1; fi
-bindir=$(pg_bindir)
-
-dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-drain.XXXXXX")
-chmod 755 "$dir"
-cleanup() { stop_cluster "$dir"; rm -rf "$dir"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-start_cluster "$dir" "$port" "idempotency.worker_enabled = off" "idempotency.outbox_notify = off" ||
-    { cat "$dir/server.log" >&2; exit 1; }
-as_pg "$bindir/createdb" -h "$dir" -p "$port" -U postgres bench || exit 1
+callgrind_cluster drain "$port" "idempotency.worker_enabled = off" "idempotency.outbox_notify = off" ||
+    exit 1
 as_pg "$bindir/psql" -h "$dir" -p "$port" -U postgres -d bench -X -q -v ON_ERROR_STOP=1 <<'SQL' >/dev/null || exit 1
 CREATE EXTENSION idempotency;
 SELECT count(idempotency.outbox_enqueue('u', jsonb_build_object('order', i))) FROM generate_series(1, 15000) i;

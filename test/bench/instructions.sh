@@ -23,17 +23,7 @@ n2=${INSTR_N2:-1200}
 port=${INSTR_PORT:-54438}
 here=$(cd "$(dirname "$0")" && pwd)
 
-IDEM_PACKAGES="valgrind" ensure_packages || exit 1
-if [ -z "${IDEM_BENCH_BUILT:-}" ]; then build_and_install || exit 1; fi
-bindir=$(pg_bindir)
-
-dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-instructions.XXXXXX")
-cleanup() { stop_cluster "$dir"; rm -rf "$dir"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-start_cluster "$dir" "$port" || { cat "$dir/server.log" >&2; exit 1; }
-as_pg "$bindir/createdb" -h "$dir" -p "$port" -U postgres bench || exit 1
+callgrind_cluster instructions "$port" || exit 1
 cp "$here/baselines.sql" "$here/outbox_baselines.sql" "$dir/" && chmod 644 "$dir"/*.sql
 as_pg "$bindir/psql" -h "$dir" -p "$port" -U postgres -d bench -X -q -v ON_ERROR_STOP=1 \
     -c "CREATE EXTENSION idempotency" -f "$dir/baselines.sql" -f "$dir/outbox_baselines.sql" \

@@ -14,25 +14,15 @@
 # Run alone: it needs valgrind, which it installs.
 set -u
 . "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/callgrind.sh"
 
 n1=${RELAY_N1:-2000}
 n2=${RELAY_N2:-12000}
 port=${RELAY_PORT:-54443}
 
-IDEM_PACKAGES="valgrind" ensure_packages || exit 1
-if [ -z "${IDEM_BENCH_BUILT:-}" ]; then build_and_install || exit 1; fi
-bindir=$(pg_bindir)
+callgrind_cluster relay-instructions "$port" "idempotency.worker_enabled = off" \
+    "idempotency.outbox_notify = off" || exit 1
 binaries=${RELAY_BINARIES:-$bindir/idem-relay}
-
-dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-relay-instructions.XXXXXX")
-chmod 755 "$dir"
-cleanup() { stop_cluster "$dir"; rm -rf "$dir"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-start_cluster "$dir" "$port" "idempotency.worker_enabled = off" "idempotency.outbox_notify = off" ||
-    { cat "$dir/server.log" >&2; exit 1; }
-as_pg "$bindir/createdb" -h "$dir" -p "$port" -U postgres bench || exit 1
 psql_bench() { as_pg "$bindir/psql" -h "$dir" -p "$port" -U postgres -d bench -X -q -v ON_ERROR_STOP=1 "$@"; }
 psql_bench -c "CREATE EXTENSION idempotency" >/dev/null || exit 1
 dsn="host=$dir port=$port user=postgres dbname=bench"
