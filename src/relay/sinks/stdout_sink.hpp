@@ -10,9 +10,9 @@
 
 namespace idem::relay {
 
-// The line for an event, without the newline; appended to `out` (a
+// The line for an event, without the newline; appended to `line` (a
 // group's lines are written in place, not copied from a line each).
-void append_stdout_line(std::string& out, const Event& event);
+void append_stdout_line(std::string& line, const Event& event);
 std::string stdout_line(const Event& event);
 
 class StdoutTarget : public SinkTarget {
