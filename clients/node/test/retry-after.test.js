@@ -48,8 +48,12 @@ describe('Retry-After of the duplicates of a running request', () => {
   app.use(express.json());
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
   const scopes = { claim: newKey('ra-claim'), transaction: newKey('ra-tx') };
+  // Keys whose handler has started, so that duplicates are sent only once
+  // the owner holds its key (sent at once, one of them could claim first).
+  const handlerStarted = new Map();
   for (const mode of ['claim', 'transaction']) {
     app.post(`/${mode}`, idempotency({ pool, mode, scope: scopes[mode], lease: 20 }), async (req, res) => {
+      handlerStarted.get(req.get('idempotency-key'))?.();
       await sleep(req.body.ms ?? 300);
       res.status(201).json({ ok: true });
     });
@@ -64,10 +68,13 @@ describe('Retry-After of the duplicates of a running request', () => {
     await res.arrayBuffer();
     return { status: res.status, retryAfter: res.headers.get('retry-after') };
   };
-  // The owner and, once it runs, duplicates: their Retry-After headers.
+  // The owner and, once its handler runs, duplicates: their Retry-After headers.
   const duplicates = async (mode, body) => {
     const key = newKey('ra');
+    const started = new Promise((resolve) => handlerStarted.set(key, resolve));
     const owner = post(mode, key, body);
+    await Promise.race([started, owner]);
+    handlerStarted.delete(key);
     const answers = [];
     for (let i = 0; i < 20 && answers.length < 5; i += 1) {
       const answer = await post(mode, key, body);
