@@ -116,36 +116,62 @@ run_isolation() {
 
 # IDEM_TAP_FILES: the TAP files to run, relative to the tree (the matrix
 # runs those of test/tap/major_upgrade/ where two majors are installed).
+# IDEM_TAP_JOBS: how many files run at once (2: most of a file's time is
+# spent waiting on its cluster's workers and clocks, and each file has its
+# own cluster and ports). Outputs are printed in file order.
 run_tap() {
-    local file name started files=()
+    local file files=()
     for file in ${IDEM_TAP_FILES:-test/tap/*.pl}; do files+=("$stage"/$file); done
     ls "${files[@]}" >/dev/null 2>&1 || return 0
-    log "TAP tests (PostgreSQL::Test::Cluster)"
+    log "TAP tests (PostgreSQL::Test::Cluster), ${IDEM_TAP_JOBS:-2} at a time"
     local require_pg_cron=
     idem_pg_cron_required && require_pg_cron=1
+    run_tap_files "${IDEM_TAP_JOBS:-2}" "$require_pg_cron" "${files[@]}" &
+    local name out status seconds
     for file in "${files[@]}"; do
         name=${file#$stage/test/}
-        started=$SECONDS
-        if (cd "$stage" && as_pg env PG_REGRESS="$pgxs_dir/src/test/regress/pg_regress" \
-            PATH="$bindir:$PATH" TESTDIR="$stage" PG_CONFIG="$(pg_config_path)" \
-            IDEM_REQUIRE_PG_CRON=$require_pg_cron prove -I "$pgxs_dir/src/test/perl" "${file#$stage/}"); then
-            count "$name" 1 0
-        else
-            count "$name" 0 1
-        fi
-        durations+=("$((SECONDS - started)) $name")
+        out=$(tap_file_output "$file")
+        while [ ! -s "$out.end" ]; do sleep 1; done
+        read -r status seconds <"$out.end"
+        cat "$out.log"
+        if [ "$status" -eq 0 ]; then count "$name" 1 0; else count "$name" 0 1; fi
+        durations+=("$seconds $name")
     done
+    wait
+}
+
+tap_file_output() { echo "$stage/tap.$(basename "$1" .pl)"; }
+
+run_tap_files() {  # run_tap_files JOBS REQUIRE_PG_CRON FILE...: each one's output, status and seconds into files
+    local jobs=$1 require_pg_cron=$2 file; shift 2
+    for file in "$@"; do
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+        run_tap_file "$require_pg_cron" "$file" &
+    done
+    wait
+}
+
+run_tap_file() {  # run_tap_file REQUIRE_PG_CRON FILE
+    local out started=$SECONDS
+    out=$(tap_file_output "$2")
+    (cd "$stage" && as_pg env PG_REGRESS="$pgxs_dir/src/test/regress/pg_regress" \
+        PATH="$bindir:$PATH" TESTDIR="$stage" PG_CONFIG="$(pg_config_path)" \
+        IDEM_REQUIRE_PG_CRON=$1 prove -I "$pgxs_dir/src/test/perl" "${2#$stage/}") >"$out.log" 2>&1
+    echo "$? $((SECONDS - started))" >"$out.end"
 }
 
 # Harnesses that run real processes: each script is one test.
 # IDEM_HARNESSES: the harnesses to run, relative to the tree (default all).
 # IDEM_BESIDE: those of them that run in the background, one after the
 # other, beside the others, from the suite's start, their output printed
-# when the others are done (default the differential tests: they keep a
-# core busy for minutes, where most of the others wait on processes and
-# clocks; empty: every harness in the foreground).
+# when the others are done (empty: every harness in the foreground). The
+# default is the differential tests, which keep a core busy for minutes
+# where most of the others wait on processes and clocks, then the relay's
+# harnesses, which share no folder, port or service with the others, so
+# that both lanes take about as long.
 run_harnesses() {
-    local script beside=" ${IDEM_BESIDE-test/differential/run.sh test/differential/sql_edition.sh} "
+    local script beside=" ${IDEM_BESIDE-test/differential/run.sh test/differential/sql_edition.sh \
+        test/relay/run.sh test/relay/maintenance.sh test/relay/brokers.sh} "
     local foreground=() background=()
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
