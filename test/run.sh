@@ -181,6 +181,10 @@ run_harnesses() {
         [ -x "$stage/$script" ] || continue
         if [[ $beside == *" $script "* ]]; then background+=("$script"); else foreground+=("$script"); fi
     done
+    # One Go build cache for the harnesses that build Go (the client's
+    # tests on both editions, the go-worker example): the standard library
+    # is then compiled once, not in each. Removed with the stage.
+    export GOCACHE=${GOCACHE:-$stage/gocache}
     if [ ${#background[@]} -gt 0 ]; then
         log "harnesses in the background: ${background[*]}"
         run_beside "${background[@]}" &

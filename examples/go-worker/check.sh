@@ -24,7 +24,7 @@ mkdir -p "$client" "$gopath/src/example.com/go-worker" &&
     cp "$here/../../clients/go"/*.go "$client/" && rm -f "$client"/*_test.go &&
     cp "$here/main.go" "$gopath/src/example.com/go-worker/" || example_fail "could not lay out GOPATH"
 (cd "$gopath/src/example.com/go-worker" && GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOPROXY=off \
-    GOCACHE=$EXAMPLE_DIR/gocache go build -o "$EXAMPLE_DIR/go-worker" .) || example_fail "go build failed"
+    GOCACHE=${GOCACHE:-$EXAMPLE_DIR/gocache} go build -o "$EXAMPLE_DIR/go-worker" .) || example_fail "go build failed"
 
 run_worker() {  # run_worker NAME ARGS...: in the background, output in NAME.log
     local name=$1; shift
