@@ -114,6 +114,35 @@ run_isolation() {
     [[ $editions == *" sql "* ]] && run_sql_edition isolation
 }
 
+# Work that runs in the background: each item's output, exit status and
+# seconds go into files of the stage, printed and counted by the caller.
+pooled_output() { echo "$stage/pooled.$(echo "$1" | tr / _)"; }
+
+run_pooled() {  # run_pooled JOBS COMMAND ITEM...: "COMMAND ITEM" for each ITEM, JOBS at a time
+    local jobs=$1 command=$2 item; shift 2
+    for item in "$@"; do
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+        (
+            out=$(pooled_output "$item")
+            started=$SECONDS
+            "$command" "$item" >"$out.log" 2>&1
+            echo "$? $((SECONDS - started))" >"$out.end"
+        ) &
+    done
+    wait
+}
+
+finish_pooled() {  # finish_pooled ITEM NAME [HEADER]: waits for ITEM, prints HEADER and its output, counts it as NAME
+    local out status seconds
+    out=$(pooled_output "$1")
+    while [ ! -s "$out.end" ]; do sleep 1; done
+    read -r status seconds <"$out.end"
+    [ -n "${3:-}" ] && log "$3"
+    cat "$out.log"
+    if [ "$status" -eq 0 ]; then count "$2" 1 0; else count "$2" 0 1; fi
+    durations+=("$seconds $2")
+}
+
 # IDEM_TAP_FILES: the TAP files to run, relative to the tree (the matrix
 # runs those of test/tap/major_upgrade/ where two majors are installed).
 # IDEM_TAP_JOBS: how many files run at once (2: most of a file's time is
@@ -121,43 +150,22 @@ run_isolation() {
 # own cluster and ports). Outputs are printed in file order.
 run_tap() {
     local file files=()
-    for file in ${IDEM_TAP_FILES:-test/tap/*.pl}; do files+=("$stage"/$file); done
-    ls "${files[@]}" >/dev/null 2>&1 || return 0
+    for file in $(cd "$stage" && printf '%s\n' ${IDEM_TAP_FILES:-test/tap/*.pl}); do
+        [ -f "$stage/$file" ] && files+=("$file")
+    done
+    [ ${#files[@]} -gt 0 ] || return 0
     log "TAP tests (PostgreSQL::Test::Cluster), ${IDEM_TAP_JOBS:-2} at a time"
-    local require_pg_cron=
-    idem_pg_cron_required && require_pg_cron=1
-    run_tap_files "${IDEM_TAP_JOBS:-2}" "$require_pg_cron" "${files[@]}" &
-    local name out status seconds
-    for file in "${files[@]}"; do
-        name=${file#$stage/test/}
-        out=$(tap_file_output "$file")
-        while [ ! -s "$out.end" ]; do sleep 1; done
-        read -r status seconds <"$out.end"
-        cat "$out.log"
-        if [ "$status" -eq 0 ]; then count "$name" 1 0; else count "$name" 0 1; fi
-        durations+=("$seconds $name")
-    done
+    tap_pg_cron=
+    idem_pg_cron_required && tap_pg_cron=1
+    run_pooled "${IDEM_TAP_JOBS:-2}" run_tap_file "${files[@]}" &
+    for file in "${files[@]}"; do finish_pooled "$file" "${file#test/}"; done
     wait
 }
 
-tap_file_output() { echo "$stage/tap.$(basename "$1" .pl)"; }
-
-run_tap_files() {  # run_tap_files JOBS REQUIRE_PG_CRON FILE...: each one's output, status and seconds into files
-    local jobs=$1 require_pg_cron=$2 file; shift 2
-    for file in "$@"; do
-        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
-        run_tap_file "$require_pg_cron" "$file" &
-    done
-    wait
-}
-
-run_tap_file() {  # run_tap_file REQUIRE_PG_CRON FILE
-    local out started=$SECONDS
-    out=$(tap_file_output "$2")
-    (cd "$stage" && as_pg env PG_REGRESS="$pgxs_dir/src/test/regress/pg_regress" \
+run_tap_file() {  # run_tap_file FILE (relative to the stage)
+    cd "$stage" && as_pg env PG_REGRESS="$pgxs_dir/src/test/regress/pg_regress" \
         PATH="$bindir:$PATH" TESTDIR="$stage" PG_CONFIG="$(pg_config_path)" \
-        IDEM_REQUIRE_PG_CRON=$1 prove -I "$pgxs_dir/src/test/perl" "${2#$stage/}") >"$out.log" 2>&1
-    echo "$? $((SECONDS - started))" >"$out.end"
+        IDEM_REQUIRE_PG_CRON=$tap_pg_cron prove -I "$pgxs_dir/src/test/perl" "$1"
 }
 
 # Harnesses that run real processes: each script is one test.
@@ -187,44 +195,26 @@ run_harnesses() {
     export GOCACHE=${GOCACHE:-$stage/gocache}
     if [ ${#background[@]} -gt 0 ]; then
         log "harnesses in the background: ${background[*]}"
-        run_beside "${background[@]}" &
+        run_pooled 1 run_harness_script "${background[@]}" &
     fi
     for script in "${foreground[@]}"; do
         log "harness $script"
         run_harness "$script"
     done
-    for script in "${background[@]}"; do finish_beside "$script"; done
+    for script in "${background[@]}"; do
+        finish_pooled "$script" "$script" "harness $script (ran in the background)"
+    done
+    wait
 }
 
 # From the staged copy: the OS user may not enter the checkout.
 run_harness() {  # run_harness SCRIPT
     local started=$SECONDS
-    if (cd "$stage" && "./$1"); then count "$1" 1 0; else count "$1" 0 1; fi
+    if (run_harness_script "$1"); then count "$1" 1 0; else count "$1" 0 1; fi
     durations+=("$((SECONDS - started)) $1")
 }
 
-beside_file() { echo "$stage/beside.$(echo "$1" | tr / _)"; }
-
-run_beside() {  # run_beside SCRIPT...: each one's output, exit status and seconds into files
-    local script out started
-    for script in "$@"; do
-        out=$(beside_file "$script")
-        started=$SECONDS
-        (cd "$stage" && "./$script") >"$out.log" 2>&1
-        echo "$? $((SECONDS - started))" >"$out.end"
-    done
-}
-
-finish_beside() {  # finish_beside SCRIPT: waits for it, prints its output, counts it
-    local out status seconds
-    out=$(beside_file "$1")
-    while [ ! -s "$out.end" ]; do sleep 1; done
-    read -r status seconds <"$out.end"
-    log "harness $1 (ran in the background)"
-    cat "$out.log"
-    if [ "$status" -eq 0 ]; then count "$1" 1 0; else count "$1" 0 1; fi
-    durations+=("$seconds $1")
-}
+run_harness_script() { cd "$stage" && "./$1"; }
 
 suite_seconds=()
 for suite in $IDEM_SUITES; do
