@@ -197,6 +197,33 @@ SELECT pg_temp.try($$SELECT idempotency.grant_relay('regress_idem_relay_a', '{a,
 SELECT pg_temp.try($$SELECT idempotency.set_role_rights('regress_idem_app', 'wizard', false)$$);
 SELECT idempotency.grant_relay('regress_idem_relay_a', '{priv.a,priv.b}');
 SELECT role, topics FROM idempotency.relay_grants ORDER BY role::text COLLATE "C";
+-- This session kept relay_a's topics from its calls above; each call sees
+-- the grants it can see: the wider one at once, a narrower one inside a
+-- transaction, the wider one again after that rolled back, and the topics
+-- of a granted role while relay_a is a member of it.
+CREATE FUNCTION pg_temp.claim_as_relay_a(topic text) RETURNS text LANGUAGE sql AS $f$
+    SET ROLE regress_idem_relay_a;
+    SELECT pg_temp.try(format($$SELECT * FROM idempotency.outbox_claim('relay-a', 1, topics => '{%s}')$$, topic));
+$f$;
+BEGIN;
+SELECT pg_temp.claim_as_relay_a('priv.b') AS widened;
+ROLLBACK;
+BEGIN;
+SELECT idempotency.grant_relay('regress_idem_relay_a', '{priv.a}');
+SELECT pg_temp.claim_as_relay_a('priv.b') AS narrowed;
+ROLLBACK;
+BEGIN;
+SELECT pg_temp.claim_as_relay_a('priv.b') AS after_rollback;
+ROLLBACK;
+BEGIN;
+CREATE ROLE regress_idem_relay_c;
+SELECT idempotency.grant_relay('regress_idem_relay_c', '{priv.c}');
+GRANT regress_idem_relay_c TO regress_idem_relay_a;
+SELECT pg_temp.claim_as_relay_a('priv.c') AS member;
+ROLLBACK;
+BEGIN;
+SELECT pg_temp.claim_as_relay_a('priv.c') AS no_longer_member;
+ROLLBACK;
 SELECT idempotency.revoke_role(r) FROM unnest(ARRAY['regress_idem_app', 'regress_idem_relay',
     'regress_idem_relay_a', 'regress_idem_monitor', 'regress_idem_admin']::regrole[]) r;
 SELECT count(*) AS grants_left FROM idempotency.relay_grants;

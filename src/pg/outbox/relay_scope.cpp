@@ -13,34 +13,66 @@ namespace idem::pg {
 
 namespace {
 
-// The topics of every grant the role has the privileges of; a NULL among
-// them grants every topic.
-Statement kGrantedTopics = {
-    "SELECT pg_catalog.bool_or(g.topics IS NULL), "
-    "       pg_catalog.array_agg(t.topic) FILTER (WHERE t.topic IS NOT NULL), "
-    "       pg_catalog.count(*) "
-    "  FROM @relay_grants@ g LEFT JOIN LATERAL pg_catalog.unnest(g.topics) AS t(topic) ON true "
+// Which versions of the grant rows give the role its topics (the role has
+// the privileges of each row's role): how many, whether one grants every
+// topic, and a key naming the rows' versions, which changes whenever one of
+// them, or the set of grants that apply, does.
+Statement kGrantVersions = {
+    "SELECT pg_catalog.count(*), pg_catalog.bool_or(g.topics IS NULL), "
+    "       pg_catalog.string_agg(g.ctid::pg_catalog.text || '/' || g.xmin::pg_catalog.text || '/' "
+    "                             || pg_catalog.pg_column_size(g.topics)::pg_catalog.text, ',' "
+    "                             ORDER BY g.ctid) "
+    "  FROM @relay_grants@ g "
     " WHERE pg_catalog.pg_has_role($1, g.role::pg_catalog.oid, 'USAGE')",
     1, {OIDOID}, nullptr};
 
-Statement kForeignEvent = {
-    "SELECT o.topic FROM @outbox@ o WHERE o.id = ANY ($1) AND o.topic <> ALL ($2) LIMIT 1", 2,
-    {INT8ARRAYOID, TEXTARRAYOID}, nullptr};
+// The topics of every grant the role has the privileges of.
+Statement kGrantedTopics = {
+    "SELECT pg_catalog.array_agg(t.topic) "
+    "  FROM @relay_grants@ g, pg_catalog.unnest(g.topics) AS t(topic) "
+    " WHERE pg_catalog.pg_has_role($1, g.role::pg_catalog.oid, 'USAGE')",
+    1, {OIDOID}, nullptr};
 
-bool topic_in(Datum topics, const text* topic) {
-    ArrayType* array = DatumGetArrayTypeP(topics);
-    Datum* elements = nullptr;
-    bool* nulls = nullptr;
-    int count = 0;
-    deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &elements, &nulls, &count);
-    for (int i = 0; i < count; ++i) {
-        if (nulls[i]) continue;
-        const text* element = DatumGetTextPP(elements[i]);
-        if (VARSIZE_ANY_EXHDR(element) == VARSIZE_ANY_EXHDR(topic) &&
-            memcmp(VARDATA_ANY(element), VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic)) == 0)
-            return true;
-    }
-    return false;
+// The topics of the events, in id order.
+Statement kEventTopics = {
+    "SELECT o.topic FROM @outbox@ o WHERE o.id = ANY ($1) ORDER BY o.id", 1, {INT8ARRAYOID},
+    nullptr};
+
+// The last role's allowed topics and their set, in a context of their own
+// under TopMemoryContext (memory nullptr: none yet).
+struct KeptScope {
+    MemoryContext memory;
+    Oid role;
+    const char* versions;
+    Datum topics;
+    TopicSet set;
+};
+KeptScope kept{};
+
+// The allowed topics of `role`, whose grant rows' versions are `versions`:
+// the kept ones when they come from the same rows, else read anew and kept.
+const KeptScope& granted_topics(Oid role, const char* versions) {
+    if (kept.memory != nullptr && kept.role == role && strcmp(kept.versions, versions) == 0)
+        return kept;
+    Params params;
+    params.add(ObjectIdGetDatum(role));
+    execute(kGrantedTopics, params, 1);
+    bool isnull = false;
+    const Datum topics = column(1, &isnull);
+    // Built under the caller's context, kept once whole: an error while
+    // building leaves the kept scope as it was and frees the half-built one.
+    MemoryContext const memory = AllocSetContextCreate(CurrentMemoryContext, "idempotency relay scope",
+                                                       ALLOCSET_DEFAULT_SIZES);
+    MemoryContext const caller = MemoryContextSwitchTo(memory);
+    KeptScope scope{memory, role, pstrdup(versions), 0, TopicSet{}};
+    scope.topics = isnull ? PointerGetDatum(construct_empty_array(TEXTOID))
+                          : PointerGetDatum(DatumGetArrayTypePCopy(topics));
+    scope.set = build_topic_set(scope.topics);
+    MemoryContextSwitchTo(caller);
+    MemoryContextSetParent(memory, TopMemoryContext);
+    if (kept.memory != nullptr) MemoryContextDelete(kept.memory);
+    kept = scope;
+    return kept;
 }
 
 [[noreturn]] void refuse(const char* what, const char* topic) {
@@ -57,23 +89,23 @@ bool topic_in(Datum topics, const text* topic) {
 RelayScope relay_scope() {
     const ExtensionObjects& objects = extension_objects();
     const Oid caller = calling_role();
-    RelayScope scope{true, 0};
+    RelayScope scope{true, 0, nullptr};
     if (superuser_arg(caller) || has_privs_of_role(caller, objects.owner) ||
         !OidIsValid(objects.relay_grants))
         return scope;
     Params params;
     params.add(ObjectIdGetDatum(caller));
-    execute(kGrantedTopics, params, 1);
+    execute(kGrantVersions, params, 1);
+    const std::int64_t grants = column_int8(1).value_or(0);
     bool isnull = false;
-    const Datum every = column(1, &isnull);
+    const Datum every = column(2, &isnull);
     const bool grant_for_every_topic = !isnull && DatumGetBool(every);
-    const std::int64_t grants = column_int8(3).value_or(0);
     // No grant at all: the right to execute was given by hand, unlimited.
     if (grants == 0 || grant_for_every_topic) return scope;
-    bool present = false;
-    const Datum topics = column_copy(2, &present);
+    const KeptScope& granted = granted_topics(caller, TextDatumGetCString(column(3, &isnull)));
     scope.every_topic = false;
-    scope.topics = present ? topics : PointerGetDatum(construct_empty_array(TEXTOID));
+    scope.topics = granted.topics;
+    scope.set = &granted.set;
     return scope;
 }
 
@@ -91,7 +123,7 @@ Datum claimable_topics(const RelayScope& scope, Datum requested, bool has_reques
     int count = 0;
     deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &elements, &nulls, &count);
     for (int i = 0; i < count; ++i)
-        if (!nulls[i] && !topic_in(scope.topics, DatumGetTextPP(elements[i])))
+        if (!nulls[i] && !topic_set_contains(*scope.set, DatumGetTextPP(elements[i])))
             refuse("claim", text_to_cstring(DatumGetTextPP(elements[i])));
     return requested;
 }
@@ -99,15 +131,18 @@ Datum claimable_topics(const RelayScope& scope, Datum requested, bool has_reques
 void check_event_topics(const RelayScope& scope, Datum ids, const char* what) {
     if (scope.every_topic) return;
     Params params;
-    params.add(ids).add(scope.topics);
-    if (execute(kForeignEvent, params, 1) > 0) {
+    params.add(ids);
+    const std::uint64_t rows = execute(kEventTopics, params);
+    for (std::uint64_t row = 0; row < rows; ++row) {
         bool isnull = false;
-        refuse(what, TextDatumGetCString(column(1, &isnull)));
+        const text* topic = DatumGetTextPP(column(1, &isnull, row));
+        if (!topic_set_contains(*scope.set, topic)) refuse(what, text_to_cstring(topic));
     }
 }
 
 void check_topic(const RelayScope& scope, const text* topic, const char* what) {
-    if (!scope.every_topic && !topic_in(scope.topics, topic)) refuse(what, text_to_cstring(topic));
+    if (!scope.every_topic && !topic_set_contains(*scope.set, topic))
+        refuse(what, text_to_cstring(topic));
 }
 
 }  // namespace idem::pg

@@ -3,15 +3,23 @@
 // row in relay_grants may work on every topic; a role granted topics with
 // grant_relay() (or a member of such a role) only on those. Callers hold an
 // SPI connection.
+//
+// A relay calls as the same role every time, so the backend keeps the last
+// role's allowed topics and their hashed set, and reads the grants again
+// only when the rows that give them are other versions than the kept ones:
+// a call then costs a look at the grant rows, whatever the length of their
+// lists, and each topic checked is one probe of the set.
 #pragma once
 
 #include "pg/boundary/postgres.hpp"
+#include "pg/outbox/topic_set.hpp"
 
 namespace idem::pg {
 
 struct RelayScope {
     bool every_topic;
-    Datum topics;  // text[] of the allowed topics, unless every_topic
+    Datum topics;          // text[] of the allowed topics, unless every_topic
+    const TopicSet* set;   // their set, unless every_topic
 };
 
 RelayScope relay_scope();
@@ -22,7 +30,8 @@ Datum claimable_topics(const RelayScope& scope, Datum requested, bool has_reques
                        bool* has_topics);
 
 // Raises 42501 when one of the events `ids` belongs to a topic outside the
-// scope; `what` names the call in the message.
+// scope (the first such event's, in id order); `what` names the call in the
+// message.
 void check_event_topics(const RelayScope& scope, Datum ids, const char* what);
 
 // Raises 42501 when `topic` is outside the scope.

@@ -44,30 +44,6 @@ void check_topics(ArrayType* array) {
     pfree(nulls);
 }
 
-// The set of the elements of a checked array.
-TopicSet build_topic_set(ArrayType* array) {
-    Datum* elements = nullptr;
-    bool* nulls = nullptr;
-    int n = 0;
-    deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &elements, &nulls, &n);
-    // At most half full: short probes.
-    std::uint32_t capacity = 16;
-    while (capacity < 2 * static_cast<std::uint32_t>(n)) capacity *= 2;
-    TopicSet set{};
-    set.topics = static_cast<const text**>(palloc(sizeof(text*) * (n + 1)));
-    set.slots = static_cast<TopicSlot*>(palloc0(sizeof(TopicSlot) * capacity));
-    set.mask = capacity - 1;
-    for (int i = 0; i < n; ++i) {
-        const text* topic = DatumGetTextPP(elements[i]);
-        const std::uint32_t hash = hash_of(topic);
-        const std::uint32_t slot = slot_of(set, topic, hash);
-        if (set.slots[slot].place != 0) continue;
-        set.topics[set.count++] = topic;
-        set.slots[slot] = TopicSlot{hash, static_cast<std::uint32_t>(set.count)};
-    }
-    return set;
-}
-
 // The last list and its set, in a context of their own under
 // TopMemoryContext (nullptr: none yet).
 struct KeptSet {
@@ -94,12 +70,37 @@ const TopicSet& topic_set_of(Datum datum) {
     MemoryContext const caller = MemoryContextSwitchTo(memory);
     auto* copy = static_cast<ArrayType*>(palloc(VARSIZE(array)));
     std::memcpy(copy, array, VARSIZE(array));
-    const TopicSet set = build_topic_set(copy);
+    const TopicSet set = build_topic_set(PointerGetDatum(copy));
     MemoryContextSwitchTo(caller);
     MemoryContextSetParent(memory, TopMemoryContext);
     if (kept.memory != nullptr) MemoryContextDelete(kept.memory);
     kept = KeptSet{memory, copy, set};
     return kept.set;
+}
+
+TopicSet build_topic_set(Datum datum) {
+    ArrayType* array = DatumGetArrayTypeP(datum);
+    Datum* elements = nullptr;
+    bool* nulls = nullptr;
+    int n = 0;
+    deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &elements, &nulls, &n);
+    // At most half full: short probes.
+    std::uint32_t capacity = 16;
+    while (capacity < 2 * static_cast<std::uint32_t>(n)) capacity *= 2;
+    TopicSet set{};
+    set.topics = static_cast<const text**>(palloc(sizeof(text*) * (n + 1)));
+    set.slots = static_cast<TopicSlot*>(palloc0(sizeof(TopicSlot) * capacity));
+    set.mask = capacity - 1;
+    for (int i = 0; i < n; ++i) {
+        if (nulls[i]) continue;
+        const text* topic = DatumGetTextPP(elements[i]);
+        const std::uint32_t hash = hash_of(topic);
+        const std::uint32_t slot = slot_of(set, topic, hash);
+        if (set.slots[slot].place != 0) continue;
+        set.topics[set.count++] = topic;
+        set.slots[slot] = TopicSlot{hash, static_cast<std::uint32_t>(set.count)};
+    }
+    return set;
 }
 
 bool topic_set_contains(const TopicSet& set, const text* topic) {

@@ -34,4 +34,10 @@ const TopicSet& topic_set_of(Datum array);
 
 bool topic_set_contains(const TopicSet& set, const text* topic);
 
+// The set of the elements of the text[] `array` (NULLs left out), built in
+// the current memory context and pointing into the array: for a list that
+// the caller keeps itself (a relay role's granted topics,
+// pg/outbox/relay_scope.hpp).
+TopicSet build_topic_set(Datum array);
+
 }  // namespace idem::pg
