@@ -218,7 +218,8 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
     MemoryContextSwitchTo(claim_memory);
     const int batch = request.batch;
     TopicSet topics{};
-    if (request.has_topics) topics = topic_set_of(request.topics);
+    if (request.has_topics)
+        topics = request.topic_set != nullptr ? *request.topic_set : topic_set_of(request.topics);
     if (request.has_topics && topics.count == 0) {
         MemoryContextSwitchTo(caller_memory);
         MemoryContextDelete(claim_memory);
@@ -285,7 +286,9 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
 std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut sink,
                            void* context) {
     if (!outbox_has_ready_queue()) {
-        if (request.has_topics) topic_set_of(request.topics);  // checks the list's names
+        // Checks the names of a list passed in the call (a grant's own topics
+        // are not an argument).
+        if (request.has_topics && request.topic_set == nullptr) topic_set_of(request.topics);
         return claim_by_walking(request, now, sink, context);
     }
     return claim_ready(request, now, sink, context);

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "pg/boundary/postgres.hpp"
+#include "pg/outbox/topic_set.hpp"
 
 namespace idem::pg {
 
@@ -13,6 +14,7 @@ struct ClaimRequest {
     Micros lease_until;
     Datum topics;  // text[], when has_topics
     bool has_topics;
+    const TopicSet* topic_set;  // the set of `topics` when the caller has it, else nullptr
     int max_attempts;
     int run_length;  // events of one key handed out together, the head first (1: the head alone)
 };

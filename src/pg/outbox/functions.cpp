@@ -121,7 +121,10 @@ Datum claim_body(FunctionCallInfo fcinfo) {
     InitMaterializedSRF(fcinfo, 0);
     HandedOutEvents out{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), 0};
     connect_spi();
-    request.topics = claimable_topics(relay_scope(), requested, has_requested, &request.has_topics);
+    const ClaimableTopics topics = claimable_topics(relay_scope(), requested, has_requested);
+    request.topics = topics.topics;
+    request.has_topics = topics.has_topics;
+    request.topic_set = topics.set;
     const Micros now = GetCurrentTimestamp();
     request.lease_until = now + lease;
     claim_events(request, now, put_handed_out, &out);

@@ -38,41 +38,28 @@ Statement kEventTopics = {
     "SELECT o.topic FROM @outbox@ o WHERE o.id = ANY ($1) ORDER BY o.id", 1, {INT8ARRAYOID},
     nullptr};
 
-// The last role's allowed topics and their set, in a context of their own
-// under TopMemoryContext (memory nullptr: none yet).
+// The last role's allowed topics and their set; role InvalidOid: none.
 struct KeptScope {
-    MemoryContext memory;
     Oid role;
-    const char* versions;
-    Datum topics;
-    TopicSet set;
+    const char* versions;  // in topics.memory
+    KeptTopics topics;
 };
 KeptScope kept{};
 
 // The allowed topics of `role`, whose grant rows' versions are `versions`:
 // the kept ones when they come from the same rows, else read anew and kept.
-const KeptScope& granted_topics(Oid role, const char* versions) {
-    if (kept.memory != nullptr && kept.role == role && strcmp(kept.versions, versions) == 0)
-        return kept;
+const KeptTopics& granted_topics(Oid role, const char* versions) {
+    if (kept.role == role && strcmp(kept.versions, versions) == 0) return kept.topics;
     Params params;
     params.add(ObjectIdGetDatum(role));
     execute(kGrantedTopics, params, 1);
     bool isnull = false;
     const Datum topics = column(1, &isnull);
-    // Built under the caller's context, kept once whole: an error while
-    // building leaves the kept scope as it was and frees the half-built one.
-    MemoryContext const memory = AllocSetContextCreate(CurrentMemoryContext, "idempotency relay scope",
-                                                       ALLOCSET_DEFAULT_SIZES);
-    MemoryContext const caller = MemoryContextSwitchTo(memory);
-    KeptScope scope{memory, role, pstrdup(versions), 0, TopicSet{}};
-    scope.topics = isnull ? PointerGetDatum(construct_empty_array(TEXTOID))
-                          : PointerGetDatum(DatumGetArrayTypePCopy(topics));
-    scope.set = build_topic_set(scope.topics);
-    MemoryContextSwitchTo(caller);
-    MemoryContextSetParent(memory, TopMemoryContext);
-    if (kept.memory != nullptr) MemoryContextDelete(kept.memory);
-    kept = scope;
-    return kept;
+    kept.role = InvalidOid;  // until the new list and its versions are kept whole
+    keep_topics(&kept.topics, isnull ? PointerGetDatum(construct_empty_array(TEXTOID)) : topics);
+    kept.versions = MemoryContextStrdup(kept.topics.memory, versions);
+    kept.role = role;
+    return kept.topics;
 }
 
 [[noreturn]] void refuse(const char* what, const char* topic) {
@@ -102,21 +89,16 @@ RelayScope relay_scope() {
     const bool grant_for_every_topic = !isnull && DatumGetBool(every);
     // No grant at all: the right to execute was given by hand, unlimited.
     if (grants == 0 || grant_for_every_topic) return scope;
-    const KeptScope& granted = granted_topics(caller, TextDatumGetCString(column(3, &isnull)));
+    const KeptTopics& granted = granted_topics(caller, TextDatumGetCString(column(3, &isnull)));
     scope.every_topic = false;
-    scope.topics = granted.topics;
+    scope.topics = PointerGetDatum(granted.array);
     scope.set = &granted.set;
     return scope;
 }
 
-Datum claimable_topics(const RelayScope& scope, Datum requested, bool has_requested,
-                       bool* has_topics) {
-    if (scope.every_topic) {
-        *has_topics = has_requested;
-        return requested;
-    }
-    *has_topics = true;
-    if (!has_requested) return scope.topics;
+ClaimableTopics claimable_topics(const RelayScope& scope, Datum requested, bool has_requested) {
+    if (scope.every_topic) return ClaimableTopics{requested, has_requested, nullptr};
+    if (!has_requested) return ClaimableTopics{scope.topics, true, scope.set};
     ArrayType* array = DatumGetArrayTypeP(requested);
     Datum* elements = nullptr;
     bool* nulls = nullptr;
@@ -125,7 +107,7 @@ Datum claimable_topics(const RelayScope& scope, Datum requested, bool has_reques
     for (int i = 0; i < count; ++i)
         if (!nulls[i] && !topic_set_contains(*scope.set, DatumGetTextPP(elements[i])))
             refuse("claim", text_to_cstring(DatumGetTextPP(elements[i])));
-    return requested;
+    return ClaimableTopics{requested, true, nullptr};
 }
 
 void check_event_topics(const RelayScope& scope, Datum ids, const char* what) {

@@ -19,15 +19,21 @@ namespace idem::pg {
 struct RelayScope {
     bool every_topic;
     Datum topics;          // text[] of the allowed topics, unless every_topic
-    const TopicSet* set;   // their set, unless every_topic
+    const TopicSet* set;   // their set, unless every_topic; kept until the
+                           // next call of relay_scope()
 };
 
 RelayScope relay_scope();
 
 // The topics a claim may take: the requested ones (NULL: all it may), each
-// checked against the scope. *has_topics tells whether the result filters.
-Datum claimable_topics(const RelayScope& scope, Datum requested, bool has_requested,
-                       bool* has_topics);
+// checked against the scope. `set`: their set when the scope has it (the
+// grant's own topics), else nullptr.
+struct ClaimableTopics {
+    Datum topics;  // text[], when has_topics
+    bool has_topics;
+    const TopicSet* set;
+};
+ClaimableTopics claimable_topics(const RelayScope& scope, Datum requested, bool has_requested);
 
 // Raises 42501 when one of the events `ids` belongs to a topic outside the
 // scope (the first such event's, in id order); `what` names the call in the

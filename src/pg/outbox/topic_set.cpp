@@ -44,42 +44,8 @@ void check_topics(ArrayType* array) {
     pfree(nulls);
 }
 
-// The last list and its set, in a context of their own under
-// TopMemoryContext (nullptr: none yet).
-struct KeptSet {
-    MemoryContext memory;
-    const ArrayType* array;
-    TopicSet set;
-};
-KeptSet kept{};
-
-bool same_array(const ArrayType* a, const ArrayType* b) {
-    return VARSIZE(a) == VARSIZE(b) && std::memcmp(a, b, VARSIZE(a)) == 0;
-}
-
-}  // namespace
-
-const TopicSet& topic_set_of(Datum datum) {
-    ArrayType* array = DatumGetArrayTypeP(datum);
-    if (kept.memory != nullptr && same_array(kept.array, array)) return kept.set;
-    check_topics(array);
-    // Built under the caller's context, kept once whole: an error while
-    // building leaves the kept set as it was and frees the half-built one.
-    MemoryContext const memory =
-        AllocSetContextCreate(CurrentMemoryContext, "idempotency topic set", ALLOCSET_DEFAULT_SIZES);
-    MemoryContext const caller = MemoryContextSwitchTo(memory);
-    auto* copy = static_cast<ArrayType*>(palloc(VARSIZE(array)));
-    std::memcpy(copy, array, VARSIZE(array));
-    const TopicSet set = build_topic_set(PointerGetDatum(copy));
-    MemoryContextSwitchTo(caller);
-    MemoryContextSetParent(memory, TopMemoryContext);
-    if (kept.memory != nullptr) MemoryContextDelete(kept.memory);
-    kept = KeptSet{memory, copy, set};
-    return kept.set;
-}
-
-TopicSet build_topic_set(Datum datum) {
-    ArrayType* array = DatumGetArrayTypeP(datum);
+// The set of the elements of an array (NULLs left out), pointing into it.
+TopicSet build_topic_set(ArrayType* array) {
     Datum* elements = nullptr;
     bool* nulls = nullptr;
     int n = 0;
@@ -101,6 +67,37 @@ TopicSet build_topic_set(Datum datum) {
         set.slots[slot] = TopicSlot{hash, static_cast<std::uint32_t>(set.count)};
     }
     return set;
+}
+
+// The last list a claim was given, and its set.
+KeptTopics claim_list{};
+
+bool same_array(const ArrayType* a, const ArrayType* b) {
+    return VARSIZE(a) == VARSIZE(b) && std::memcmp(a, b, VARSIZE(a)) == 0;
+}
+
+}  // namespace
+
+const TopicSet& topic_set_of(Datum datum) {
+    ArrayType* array = DatumGetArrayTypeP(datum);
+    if (claim_list.memory != nullptr && same_array(claim_list.array, array)) return claim_list.set;
+    check_topics(array);
+    keep_topics(&claim_list, PointerGetDatum(array));
+    return claim_list.set;
+}
+
+void keep_topics(KeptTopics* kept, Datum datum) {
+    ArrayType* array = DatumGetArrayTypeP(datum);
+    MemoryContext const memory =
+        AllocSetContextCreate(CurrentMemoryContext, "idempotency topics", ALLOCSET_DEFAULT_SIZES);
+    MemoryContext const caller = MemoryContextSwitchTo(memory);
+    auto* copy = static_cast<ArrayType*>(palloc(VARSIZE(array)));
+    std::memcpy(copy, array, VARSIZE(array));
+    const TopicSet set = build_topic_set(copy);
+    MemoryContextSwitchTo(caller);
+    MemoryContextSetParent(memory, TopMemoryContext);
+    if (kept->memory != nullptr) MemoryContextDelete(kept->memory);
+    *kept = KeptTopics{memory, copy, set};
 }
 
 bool topic_set_contains(const TopicSet& set, const text* topic) {

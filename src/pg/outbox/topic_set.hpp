@@ -2,12 +2,17 @@
 // Built in time linear in the list (hashed, not sorted). A relay names the
 // same list in every claim, so the backend keeps the set of the last list
 // it was given: a claim whose list is byte for byte the last one's costs a
-// comparison of the arrays, not a new set (about 100 ns a topic).
+// comparison of the arrays, not a new set (about 100 ns a topic). A relay
+// role's granted topics are kept the same way (pg/outbox/relay_scope.hpp).
 #pragma once
 
 #include <cstdint>
 
 #include "pg/boundary/postgres.hpp"
+
+extern "C" {
+#include "utils/array.h"
+}
 
 namespace idem::pg {
 
@@ -34,10 +39,18 @@ const TopicSet& topic_set_of(Datum array);
 
 bool topic_set_contains(const TopicSet& set, const text* topic);
 
-// The set of the elements of the text[] `array` (NULLs left out), built in
-// the current memory context and pointing into the array: for a list that
-// the caller keeps itself (a relay role's granted topics,
-// pg/outbox/relay_scope.hpp).
-TopicSet build_topic_set(Datum array);
+// A list of topics and its set that a backend keeps between calls, in a
+// memory context of its own under TopMemoryContext (memory nullptr: none).
+struct KeptTopics {
+    MemoryContext memory;
+    const ArrayType* array;
+    TopicSet set;
+};
+
+// Replaces `kept` with a copy of the text[] `array` and its set (NULL
+// elements left out). Built under the caller's context and swapped in
+// whole: an error while building leaves `kept` as it was and frees the
+// half-built one.
+void keep_topics(KeptTopics* kept, Datum array);
 
 }  // namespace idem::pg
