@@ -7,7 +7,8 @@
 # at once; with wait => '1s' each returns within 1 s + 50 ms with the same
 # answer. When the holder ends during a wait, the waiter answers at once with
 # what committed. Times are measured on the server (clock_timestamp()
-# around the call), so the client's latency does not count.
+# around the call), so the client's latency does not count. On a busy
+# machine an upper bound holds when the fastest of three tries meets it.
 use strict;
 use warnings;
 
@@ -67,17 +68,35 @@ sub timed
 	return split /\|/, $row eq '' ? 'none|99999' : $row;
 }
 
+# A busy machine can only add time to a call, never take it away: an upper
+# bound is met when the fastest of up to $tries tries meets it. Every try's
+# answer is checked, and so is a wait's lower bound; a call that blocks on
+# its holder misses the upper bound in every try.
+my $tries = 3;
+
 # Checks a call without wait and the same call with wait => '1s'.
 sub check_bounds
 {
 	my ($what, $function, $target, $expected) = @_;
-	my $label = $what =~ s/\W+/-/gr;
-	my ($answer, $ms) = timed("$label-now", "$function('$label-now', '$target', NULL)");
-	is($answer, $expected, "$what, no wait: answers $expected");
-	cmp_ok($ms, '<', $slack_ms, "$what, no wait: at once ($ms ms)");
-	($answer, $ms) = timed("$label-1s", "$function('$label-1s', '$target', '1s')");
-	is($answer, $expected, "$what, wait 1s: answers $expected");
-	ok($ms >= 1000 && $ms <= 1000 + $slack_ms, "$what, wait 1s: returns within 1 s + $slack_ms ms ($ms ms)");
+	for my $wait ('NULL', "'1s'")
+	{
+		my $name = $wait eq 'NULL' ? 'no wait' : 'wait 1s';
+		my $floor = $wait eq 'NULL' ? 0 : 1000;
+		my (@answers, @ms);
+		for my $try (1 .. $tries)
+		{
+			my $label = "$what $name $try" =~ s/\W+/-/gr;
+			my ($answer, $ms) = timed($label, "$function('$label', '$target', $wait)");
+			push @answers, $answer;
+			push @ms, $ms;
+			last if $ms < $floor + $slack_ms;
+		}
+		is_deeply(\@answers, [ ($expected) x @answers ], "$what, $name: answers $expected");
+		ok(!grep({ $_ < $floor } @ms), "$what, $name: never before $floor ms (@ms ms)") if $floor;
+		my $fastest = (sort { $a <=> $b } @ms)[0];
+		cmp_ok($fastest, '<', $floor + $slack_ms,
+			$floor ? "$what, $name: returns within 1 s + $slack_ms ms (@ms ms)" : "$what, $name: at once (@ms ms)");
+	}
 }
 
 # A session holding its transaction open.
@@ -90,39 +109,62 @@ sub holder
 	return ($session, $out);
 }
 
+# Each case makes its holder for the keys ending in SUFFIX and returns
+# (holder session, key or resource, the holder's work before it ends).
+my %cases = (
+	creating => sub {
+		my $key = "k-new$_[0]";
+		my ($h, $token) = holder("SELECT token FROM idempotency.idem_claim('$key', lease => '1 hour')");
+		return ($h, $key, "SELECT idempotency.idem_complete('$key', $token, '{\"done\": 1}')");
+	},
+	retrying => sub {
+		my $key = "k-retry$_[0]";
+		$node->safe_psql('postgres',
+			"SELECT idempotency.idem_fail('$key', (idempotency.idem_claim('$key')).token, 'boom', true, '0')");
+		my ($h) = holder("SELECT idempotency.idem_claim('$key', lease => '1 hour')");
+		return ($h, $key, '');
+	},
+	completing_late => sub {
+		my $key = "k-late$_[0]";
+		my $token = $node->safe_psql('postgres',
+			"SELECT token FROM idempotency.idem_claim('$key', lease => '1 millisecond')");
+		usleep(10_000);
+		my ($h) = holder("SELECT idempotency.idem_complete('$key', $token, '{\"late\": 1}')");
+		return ($h, $key, '');
+	},
+	locking => sub {
+		my $resource = "r-new$_[0]";
+		my ($h) = holder("SELECT idempotency.idem_lock('$resource', '1 hour')");
+		return ($h, $resource, '');
+	},
+	unlocking => sub {
+		my $resource = "r-row$_[0]";
+		my $token = $node->safe_psql('postgres', "SELECT idempotency.idem_lock('$resource', '1 millisecond')");
+		usleep(10_000);
+		my ($h) = holder("SELECT idempotency.idem_unlock('$resource', $token)");
+		return ($h, $resource, '');
+	});
+
 # --- holders that do not end ---------------------------------------------------
-my ($h1, $t_new) = holder(q{SELECT token FROM idempotency.idem_claim('k-new', lease => '1 hour')});
-check_bounds('a key another transaction is creating', 'timed_claim', 'k-new', 'in_progress NULL');
-
-$node->safe_psql('postgres',
-	q{SELECT idempotency.idem_fail('k-retry', (idempotency.idem_claim('k-retry')).token, 'boom', true, '0')});
-my ($h2) = holder(q{SELECT idempotency.idem_claim('k-retry', lease => '1 hour')});
-check_bounds('a due retry another transaction is claiming', 'timed_claim', 'k-retry',
+my %held = map { $_ => [ $cases{$_}->('') ] } sort keys %cases;
+check_bounds('a key another transaction is creating', 'timed_claim', $held{creating}[1], 'in_progress NULL');
+check_bounds('a due retry another transaction is claiming', 'timed_claim', $held{retrying}[1],
 	'in_progress FAILED_RETRYABLE');
-
-my $t_late = $node->safe_psql('postgres', q{SELECT token FROM idempotency.idem_claim('k-late', lease => '1 millisecond')});
-usleep(10_000);
-my ($h3) = holder("SELECT idempotency.idem_complete('k-late', $t_late, '{\"late\": 1}')");
-check_bounds('an ended lease whose holder is completing late', 'timed_claim', 'k-late', 'in_progress PROCESSING');
-
-my ($h4) = holder(q{SELECT idempotency.idem_lock('r-new', '1 hour')});
-check_bounds('a lock another transaction is taking', 'timed_lock', 'r-new', 'NULL');
-
-my $t_lock = $node->safe_psql('postgres', q{SELECT idempotency.idem_lock('r-row', '1 millisecond')});
-usleep(10_000);
-my ($h5) = holder("SELECT idempotency.idem_unlock('r-row', $t_lock)");
-check_bounds('an expired lock another transaction is releasing', 'timed_lock', 'r-row', 'NULL');
+check_bounds('an ended lease whose holder is completing late', 'timed_claim', $held{completing_late}[1],
+	'in_progress PROCESSING');
+check_bounds('a lock another transaction is taking', 'timed_lock', $held{locking}[1], 'NULL');
+check_bounds('an expired lock another transaction is releasing', 'timed_lock', $held{unlocking}[1], 'NULL');
 
 # --- holders that end during the wait ---------------------------------------------
-# Starts the call in a new session and returns once it waits; HOLDER then
-# runs WORK and ends with END (COMMIT or ROLLBACK). Returns the call's
-# answer, how long after the holder's end it came, and its whole time.
-sub ended_during_wait
+# Starts the call in a new session and returns once it waits; the holder
+# then runs its work and ends with END (COMMIT or ROLLBACK). Returns the
+# call's answer, how long after the holder's end it came, and its whole time.
+sub one_end_during_wait
 {
-	my ($label, $call, $holder, $work, $end) = @_;
+	my ($label, $function, $holder, $target, $work, $end) = @_;
 	my $waiter = $node->background_psql('postgres');
 	my $pid = $waiter->query_safe('SELECT pg_backend_pid()');
-	$waiter->query_until(qr/started\n/, "\\echo started\n$timeout SELECT $call;\n");
+	$waiter->query_until(qr/started\n/, "\\echo started\n$timeout SELECT $function('$label', '$target', '5s');\n");
 	my $waiting = poll_until(
 		10,
 		sub {
@@ -143,30 +185,36 @@ sub ended_during_wait
 		  . "|| '|' || round(ms) FROM timed WHERE label = '$label'");
 }
 
-my ($answer, $after, $total) = ended_during_wait('claim-commit', q{timed_claim('claim-commit', 'k-new', '5s')},
-	$h1, qq{SELECT idempotency.idem_complete('k-new', $t_new, '{"done": 1}')}, 'COMMIT');
-is($answer, 'completed COMPLETED {"done": 1}', 'the creator commits a completion: the waiter replays it');
-cmp_ok($after, '<', $slack_ms, "... at once ($after ms after the commit, $total ms in all)");
+# The case held above ends first; a try that misses the bound is made again
+# with a new holder of its own.
+sub ended_during_wait
+{
+	my ($what, $case, $function, $end, $expected) = @_;
+	my (@answers, @after);
+	for my $try (1 .. $tries)
+	{
+		my ($holder, $target, $work) = $try == 1 ? @{ $held{$case} } : $cases{$case}->("-$try");
+		my ($answer, $after, $total) =
+		  one_end_during_wait("$case-$end-$try", $function, $holder, $target, $work, $end);
+		push @answers, $answer;
+		push @after, $after;
+		last if $after < $slack_ms;
+	}
+	ok(!grep({ $_ !~ $expected } @answers), "$what (@answers)");
+	my $fastest = (sort { $a <=> $b } @after)[0];
+	cmp_ok($fastest, '<', $slack_ms, "... at once (@after ms after the $end)");
+}
 
-($answer, $after, $total) = ended_during_wait('late-commit', q{timed_claim('late-commit', 'k-late', '5s')},
-	$h3, '', 'COMMIT');
-is($answer, 'completed COMPLETED {"late": 1}', 'the late completion commits: the waiter replays it');
-cmp_ok($after, '<', $slack_ms, "... at once ($after ms after the commit, $total ms in all)");
-
-($answer, $after, $total) = ended_during_wait('retry-rollback', q{timed_claim('retry-rollback', 'k-retry', '5s')},
-	$h2, '', 'ROLLBACK');
-like($answer, qr/^claimed PROCESSING/, 'the claim of the due retry rolls back: the waiter claims it');
-cmp_ok($after, '<', $slack_ms, "... at once ($after ms after the rollback, $total ms in all)");
-
-($answer, $after, $total) = ended_during_wait('lock-rollback', q{timed_lock('lock-rollback', 'r-new', '5s')},
-	$h4, '', 'ROLLBACK');
-is($answer, 'token', 'the lock taken by another transaction rolls back: the waiter takes it');
-cmp_ok($after, '<', $slack_ms, "... at once ($after ms after the rollback, $total ms in all)");
-
-($answer, $after, $total) = ended_during_wait('unlock-commit', q{timed_lock('unlock-commit', 'r-row', '5s')},
-	$h5, '', 'COMMIT');
-is($answer, 'token', 'the release of the expired lock commits: the waiter takes it');
-cmp_ok($after, '<', $slack_ms, "... at once ($after ms after the commit, $total ms in all)");
+ended_during_wait('the creator commits a completion: the waiter replays it',
+	'creating', 'timed_claim', 'COMMIT', qr/^completed COMPLETED \{"done": 1\}$/);
+ended_during_wait('the late completion commits: the waiter replays it',
+	'completing_late', 'timed_claim', 'COMMIT', qr/^completed COMPLETED \{"late": 1\}$/);
+ended_during_wait('the claim of the due retry rolls back: the waiter claims it',
+	'retrying', 'timed_claim', 'ROLLBACK', qr/^claimed PROCESSING/);
+ended_during_wait('the lock taken by another transaction rolls back: the waiter takes it',
+	'locking', 'timed_lock', 'ROLLBACK', qr/^token$/);
+ended_during_wait('the release of the expired lock commits: the waiter takes it',
+	'unlocking', 'timed_lock', 'COMMIT', qr/^token$/);
 
 $node->stop;
 done_testing();
