@@ -58,20 +58,22 @@ END $$;});
 my $timeout = "SET statement_timeout = '3s';";
 
 # Runs a timed call (timed_claim or timed_lock) and returns (answer, ms);
-# a call that ended in an error (the statement timeout) gives ('none', 99999).
+# a call that ended in an error (the statement timeout) gives ().
 sub timed
 {
 	my ($label, $call) = @_;
 	my ($rc, $out, $err) = $node->psql('postgres', "$timeout SELECT $call");
 	diag("$label: $err") if $rc != 0;
 	my $row = $node->safe_psql('postgres', "SELECT answer || '|' || round(ms, 1) FROM timed WHERE label = '$label'");
-	return split /\|/, $row eq '' ? 'none|99999' : $row;
+	return $row eq '' ? () : split /\|/, $row;
 }
 
-# A busy machine can only add time to a call, never take it away: an upper
-# bound is met when the fastest of up to $tries tries meets it. Every try's
-# answer is checked, and so is a wait's lower bound; a call that blocks on
-# its holder misses the upper bound in every try.
+# A busy machine can only add time to a call, never take it away, and a
+# machine paused for a while (as a virtual machine can be) makes even the
+# statement timeout fire late: an upper bound is met when one of up to
+# $tries tries meets it, and a try that did not return in time is made
+# again. Every answer that came is checked, and so is a wait's lower bound;
+# a call that blocks on its holder misses the bound in every try.
 my $tries = 3;
 
 # Checks a call without wait and the same call with wait => '1s'.
@@ -82,20 +84,22 @@ sub check_bounds
 	{
 		my $name = $wait eq 'NULL' ? 'no wait' : 'wait 1s';
 		my $floor = $wait eq 'NULL' ? 0 : 1000;
-		my (@answers, @ms);
+		my (@answers, @ms, @seen);
 		for my $try (1 .. $tries)
 		{
 			my $label = "$what $name $try" =~ s/\W+/-/gr;
 			my ($answer, $ms) = timed($label, "$function('$label', '$target', $wait)");
+			push @seen, defined $ms ? "$ms ms" : 'no answer';
+			next unless defined $answer;
 			push @answers, $answer;
 			push @ms, $ms;
 			last if $ms < $floor + $slack_ms;
 		}
-		is_deeply(\@answers, [ ($expected) x @answers ], "$what, $name: answers $expected");
-		ok(!grep({ $_ < $floor } @ms), "$what, $name: never before $floor ms (@ms ms)") if $floor;
-		my $fastest = (sort { $a <=> $b } @ms)[0];
+		ok(@answers && !grep({ $_ ne $expected } @answers), "$what, $name: answers $expected (@answers)");
+		ok(!grep({ $_ < $floor } @ms), "$what, $name: never before $floor ms (" . join(', ', @seen) . ')') if $floor;
+		my $fastest = (sort { $a <=> $b } @ms, 99999)[0];
 		cmp_ok($fastest, '<', $floor + $slack_ms,
-			$floor ? "$what, $name: returns within 1 s + $slack_ms ms (@ms ms)" : "$what, $name: at once (@ms ms)");
+			($floor ? "$what, $name: returns within 1 s + $slack_ms ms" : "$what, $name: at once") . ' (' . join(', ', @seen) . ')');
 	}
 }
 
@@ -156,33 +160,34 @@ check_bounds('a lock another transaction is taking', 'timed_lock', $held{locking
 check_bounds('an expired lock another transaction is releasing', 'timed_lock', $held{unlocking}[1], 'NULL');
 
 # --- holders that end during the wait ---------------------------------------------
-# Starts the call in a new session and returns once it waits; the holder
-# then runs its work and ends with END (COMMIT or ROLLBACK). Returns the
-# call's answer, how long after the holder's end it came, and its whole time.
+# Starts the call in a new session and lets the holder, once the call
+# waits, run its work and end with END (COMMIT or ROLLBACK). Returns
+# whether the call was seen waiting, its answer (undef: it did not return,
+# its statement timed out) and how long after the holder's end it came.
 sub one_end_during_wait
 {
 	my ($label, $function, $holder, $target, $work, $end) = @_;
 	my $waiter = $node->background_psql('postgres');
 	my $pid = $waiter->query_safe('SELECT pg_backend_pid()');
 	$waiter->query_until(qr/started\n/, "\\echo started\n$timeout SELECT $function('$label', '$target', '5s');\n");
-	my $waiting = poll_until(
+	my $waited = poll_until(
 		10,
 		sub {
 			$node->safe_psql('postgres',
 				"SELECT state = 'active' AND wait_event IS NOT NULL FROM pg_stat_activity WHERE pid = $pid") eq 't';
 		},
 		5);
-	ok($waiting, "$label: the waiter waits");
 	usleep(100_000);
 	$holder->query_safe($work) if $work ne '';
 	my $ended_at = $holder->query_safe("SELECT clock_timestamp(); $end");
 	$holder->quit;
-	ok(poll_until(10, sub { $node->safe_psql('postgres', "SELECT count(*) FROM timed WHERE label = '$label'") eq '1' }),
-		"$label: the waiter returned");
-	$waiter->quit;
-	return split /\|/, $node->safe_psql('postgres',
+	poll_until(10, sub { $node->safe_psql('postgres', "SELECT count(*) FROM timed WHERE label = '$label'") eq '1' });
+	# A waiter whose statement failed has ended its psql (ON_ERROR_STOP).
+	eval { $waiter->quit; 1 } or diag("$label: the waiter's session had ended: $@");
+	my ($answer, $after) = split /\|/, $node->safe_psql('postgres',
 		"SELECT answer || '|' || round(extract(epoch FROM returned_at - '$ended_at'::timestamptz) * 1000, 1) "
-		  . "|| '|' || round(ms) FROM timed WHERE label = '$label'");
+		  . "FROM timed WHERE label = '$label'");
+	return ($waited, $answer, $after);
 }
 
 # The case held above ends first; a try that misses the bound is made again
@@ -190,19 +195,20 @@ sub one_end_during_wait
 sub ended_during_wait
 {
 	my ($what, $case, $function, $end, $expected) = @_;
-	my (@answers, @after);
+	my (@answers, @seen);
+	my $met = 0;
 	for my $try (1 .. $tries)
 	{
 		my ($holder, $target, $work) = $try == 1 ? @{ $held{$case} } : $cases{$case}->("-$try");
-		my ($answer, $after, $total) =
+		my ($waited, $answer, $after) =
 		  one_end_during_wait("$case-$end-$try", $function, $holder, $target, $work, $end);
-		push @answers, $answer;
-		push @after, $after;
-		last if $after < $slack_ms;
+		push @answers, $answer if defined $answer;
+		push @seen, !$waited ? 'not seen waiting' : defined $after ? "$after ms" : 'did not return';
+		$met = $waited && defined $after && $after < $slack_ms;
+		last if $met;
 	}
-	ok(!grep({ $_ !~ $expected } @answers), "$what (@answers)");
-	my $fastest = (sort { $a <=> $b } @after)[0];
-	cmp_ok($fastest, '<', $slack_ms, "... at once (@after ms after the $end)");
+	ok(@answers && !grep({ $_ !~ $expected } @answers), "$what (@answers)");
+	ok($met, "... waited, and returned at once after the $end (" . join(', ', @seen) . ')');
 }
 
 ended_during_wait('the creator commits a completion: the waiter replays it',
