@@ -217,16 +217,16 @@ std::uint64_t claim_ready(const ClaimRequest& request, Micros now, HandedOut sin
         AllocSetContextCreate(caller_memory, "idempotency outbox claim", ALLOCSET_DEFAULT_SIZES);
     MemoryContextSwitchTo(claim_memory);
     const int batch = request.batch;
+    const TopicLimit& limit = request.topics;
     TopicSet topics{};
-    if (request.has_topics)
-        topics = request.topic_set != nullptr ? *request.topic_set : topic_set_of(request.topics);
-    if (request.has_topics && topics.count == 0) {
+    if (limit.limited) topics = limit.set != nullptr ? *limit.set : topic_set_of(limit.topics);
+    if (limit.limited && topics.count == 0) {
         MemoryContextSwitchTo(caller_memory);
         MemoryContextDelete(claim_memory);
         return 0;
     }
     int source_count = 0;
-    Source* sources = sources_of(request, request.has_topics ? &topics : nullptr, &source_count);
+    Source* sources = sources_of(request, limit.limited ? &topics : nullptr, &source_count);
     auto* tids = static_cast<ItemPointerData*>(palloc(sizeof(ItemPointerData) * (batch + 1)));
     Holders holders;
     Heads heads{request.run_length > 1
@@ -288,7 +288,8 @@ std::uint64_t claim_events(const ClaimRequest& request, Micros now, HandedOut si
     if (!outbox_has_ready_queue()) {
         // Checks the names of a list passed in the call (a grant's own topics
         // are not an argument).
-        if (request.has_topics && request.topic_set == nullptr) topic_set_of(request.topics);
+        const TopicLimit& limit = request.topics;
+        if (limit.limited && limit.set == nullptr) topic_set_of(limit.topics);
         return claim_by_walking(request, now, sink, context);
     }
     return claim_ready(request, now, sink, context);

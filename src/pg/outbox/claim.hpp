@@ -12,9 +12,7 @@ struct ClaimRequest {
     text* relay;
     int batch;
     Micros lease_until;
-    Datum topics;  // text[], when has_topics
-    bool has_topics;
-    const TopicSet* topic_set;  // the set of `topics` when the caller has it, else nullptr
+    TopicLimit topics;
     int max_attempts;
     int run_length;  // events of one key handed out together, the head first (1: the head alone)
 };

@@ -185,7 +185,7 @@ std::uint64_t claim_by_walking(const ClaimRequest& request, Micros now, HandedOu
 
     Params walk_params;
     walk_params.add_timestamp(now).add_int4(request.max_attempts);
-    walk_params.add_datum(request.topics, request.has_topics);
+    walk_params.add_datum(request.topics.topics, request.topics.limited);
     Portal walk = open_cursor(kWalkLive, walk_params);
     std::uint64_t handed = 0;
     std::uint64_t walked = 0;

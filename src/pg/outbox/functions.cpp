@@ -121,10 +121,7 @@ Datum claim_body(FunctionCallInfo fcinfo) {
     InitMaterializedSRF(fcinfo, 0);
     HandedOutEvents out{reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo), 0};
     connect_spi();
-    const ClaimableTopics topics = claimable_topics(relay_scope(), requested, has_requested);
-    request.topics = topics.topics;
-    request.has_topics = topics.has_topics;
-    request.topic_set = topics.set;
+    request.topics = claimable_topics(relay_scope(), requested, has_requested);
     const Micros now = GetCurrentTimestamp();
     request.lease_until = now + lease;
     claim_events(request, now, put_handed_out, &out);
@@ -232,7 +229,7 @@ Datum redrive_body(FunctionCallInfo fcinfo) {
     if (topic != nullptr) check_topic(scope, topic, "redrive");
     if (has_ids) check_event_topics(scope, ids, "redrive");
     const std::uint64_t changed = redrive_events(ids, has_ids, topic, GetCurrentTimestamp(),
-                                                 scope.topics, !scope.every_topic);
+                                                 scope.topics, scope.limited);
     finish_spi();
     PG_RETURN_INT64(static_cast<int64>(changed));
 }
@@ -245,7 +242,7 @@ Datum discard_body(FunctionCallInfo fcinfo) {
     const RelayScope scope = relay_scope();
     check_event_topics(scope, ids, "discard");
     const std::uint64_t discarded =
-        discard_events(ids, scope.topics, !scope.every_topic, GetCurrentTimestamp());
+        discard_events(ids, scope.topics, scope.limited, GetCurrentTimestamp());
     finish_spi();
     PG_RETURN_INT64(static_cast<int64>(discarded));
 }

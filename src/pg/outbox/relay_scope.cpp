@@ -76,10 +76,10 @@ const KeptTopics& granted_topics(Oid role, const char* versions) {
 RelayScope relay_scope() {
     const ExtensionObjects& objects = extension_objects();
     const Oid caller = calling_role();
-    RelayScope scope{true, 0, nullptr};
+    const RelayScope unlimited{0, false, nullptr};
     if (superuser_arg(caller) || has_privs_of_role(caller, objects.owner) ||
         !OidIsValid(objects.relay_grants))
-        return scope;
+        return unlimited;
     Params params;
     params.add(ObjectIdGetDatum(caller));
     execute(kGrantVersions, params, 1);
@@ -88,17 +88,14 @@ RelayScope relay_scope() {
     const Datum every = column(2, &isnull);
     const bool grant_for_every_topic = !isnull && DatumGetBool(every);
     // No grant at all: the right to execute was given by hand, unlimited.
-    if (grants == 0 || grant_for_every_topic) return scope;
+    if (grants == 0 || grant_for_every_topic) return unlimited;
     const KeptTopics& granted = granted_topics(caller, TextDatumGetCString(column(3, &isnull)));
-    scope.every_topic = false;
-    scope.topics = PointerGetDatum(granted.array);
-    scope.set = &granted.set;
-    return scope;
+    return RelayScope{PointerGetDatum(granted.array), true, &granted.set};
 }
 
-ClaimableTopics claimable_topics(const RelayScope& scope, Datum requested, bool has_requested) {
-    if (scope.every_topic) return ClaimableTopics{requested, has_requested, nullptr};
-    if (!has_requested) return ClaimableTopics{scope.topics, true, scope.set};
+TopicLimit claimable_topics(const RelayScope& scope, Datum requested, bool has_requested) {
+    if (!scope.limited) return TopicLimit{requested, has_requested, nullptr};
+    if (!has_requested) return TopicLimit{scope.topics, true, scope.set};
     ArrayType* array = DatumGetArrayTypeP(requested);
     Datum* elements = nullptr;
     bool* nulls = nullptr;
@@ -107,11 +104,11 @@ ClaimableTopics claimable_topics(const RelayScope& scope, Datum requested, bool 
     for (int i = 0; i < count; ++i)
         if (!nulls[i] && !topic_set_contains(*scope.set, DatumGetTextPP(elements[i])))
             refuse("claim", text_to_cstring(DatumGetTextPP(elements[i])));
-    return ClaimableTopics{requested, true, nullptr};
+    return TopicLimit{requested, true, nullptr};
 }
 
 void check_event_topics(const RelayScope& scope, Datum ids, const char* what) {
-    if (scope.every_topic) return;
+    if (!scope.limited) return;
     Params params;
     params.add(ids);
     const std::uint64_t rows = execute(kEventTopics, params);
@@ -123,7 +120,7 @@ void check_event_topics(const RelayScope& scope, Datum ids, const char* what) {
 }
 
 void check_topic(const RelayScope& scope, const text* topic, const char* what) {
-    if (!scope.every_topic && !topic_set_contains(*scope.set, topic))
+    if (scope.limited && !topic_set_contains(*scope.set, topic))
         refuse(what, text_to_cstring(topic));
 }
 

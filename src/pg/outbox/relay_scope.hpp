@@ -16,24 +16,15 @@
 
 namespace idem::pg {
 
-struct RelayScope {
-    bool every_topic;
-    Datum topics;          // text[] of the allowed topics, unless every_topic
-    const TopicSet* set;   // their set, unless every_topic; kept until the
-                           // next call of relay_scope()
-};
+// The topics the calling role may work on: limited to a grant's topics,
+// with their set (kept until the next call of relay_scope()), or not.
+using RelayScope = TopicLimit;
 
 RelayScope relay_scope();
 
 // The topics a claim may take: the requested ones (NULL: all it may), each
-// checked against the scope. `set`: their set when the scope has it (the
-// grant's own topics), else nullptr.
-struct ClaimableTopics {
-    Datum topics;  // text[], when has_topics
-    bool has_topics;
-    const TopicSet* set;
-};
-ClaimableTopics claimable_topics(const RelayScope& scope, Datum requested, bool has_requested);
+// checked against the scope; with the grant's own topics, their set too.
+TopicLimit claimable_topics(const RelayScope& scope, Datum requested, bool has_requested);
 
 // Raises 42501 when one of the events `ids` belongs to a topic outside the
 // scope (the first such event's, in id order); `what` names the call in the

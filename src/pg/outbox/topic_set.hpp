@@ -39,6 +39,14 @@ const TopicSet& topic_set_of(Datum array);
 
 bool topic_set_contains(const TopicSet& set, const text* topic);
 
+// The topics a call is limited to: every topic unless `limited`; `set`:
+// the set of `topics` when the caller already has it, else nullptr.
+struct TopicLimit {
+    Datum topics;  // text[], when limited
+    bool limited;
+    const TopicSet* set;
+};
+
 // A list of topics and its set that a backend keeps between calls, in a
 // memory context of its own under TopMemoryContext (memory nullptr: none).
 struct KeptTopics {
