@@ -535,8 +535,9 @@ Options:
                        no secrets, but expose them only to the scraper's network
   --poll-interval DUR  claim at least this often even without a notification
                        (default 1s); the relay wakes at once on LISTEN
-                       idempotency_outbox, polling picks up retries that came
-                       due, delayed events and expired leases
+                       idempotency_outbox (not through a pooler, where it
+                       polls), polling picks up retries that came due,
+                       delayed events and expired leases
   --http-timeout DUR   total time allowed for one delivery (default the smaller
                        of 10s and a third of --lease; must be shorter than
                        --lease); for stdout in a pipe, the time the reader may

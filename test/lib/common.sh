@@ -23,7 +23,7 @@ idem_packages_for() {
             harnesses) echo "postgresql-contrib python3 python3-psycopg2 nodejs gnuplot-nox
                 python3-psycopg python3-psycopg-pool python3-venv python3-pip python3-fastapi
                 python3-httpx python3-pytest python3-uvicorn curl prometheus prometheus-postgres-exporter
-                python3-matplotlib nats-server rabbitmq-server python3-pika
+                python3-matplotlib nats-server rabbitmq-server python3-pika pgbouncer
                 python3-flask python3-django openssl golang-go golang-github-lib-pq-dev
                 golang-github-jackc-pgx-v4-dev" ;;
             packaging) echo "postgresql-server-dev-all debhelper build-essential fakeroot" ;;
@@ -67,9 +67,10 @@ ensure_packages() {
         echo "missing packages (${missing[*]}) and not root: install them first" >&2
         return 1
     fi
-    # The broker packages would start system services (RabbitMQ on 5672,
-    # NATS on 4222); the harnesses run brokers of their own, so packages
-    # installed here start none and the brokers' services stay disabled.
+    # The broker and pooler packages would start system services (RabbitMQ
+    # on 5672, NATS on 4222, PgBouncer on 6432); the harnesses run their
+    # own, so packages installed here start none and those services stay
+    # disabled.
     local policy=/usr/sbin/policy-rc.d made_policy= status
     if [ ! -e "$policy" ]; then
         printf '#!/bin/sh\n# idempotency tests: no service starts while they install packages\nexit 101\n' >"$policy" &&
@@ -82,7 +83,7 @@ ensure_packages() {
     if [ -d /run/systemd/system ]; then
         for pkg in "${missing[@]}"; do
             case $pkg in
-                rabbitmq-server | nats-server)
+                rabbitmq-server | nats-server | pgbouncer)
                     systemctl disable --now "$pkg" >/dev/null 2>&1 &&
                         log "$pkg: its system service disabled (the tests run their own)" ;;
             esac

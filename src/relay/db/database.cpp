@@ -73,6 +73,7 @@ DbStatus Database::connect(std::string* error) {
     const std::string role = PQntuples(check) == 1 ? PQgetvalue(check, 0, 2) : "";
     can_release_ = PQntuples(check) == 1 && strcmp(PQgetvalue(check, 0, 3), "t") == 0;
     const bool can_run = PQntuples(check) == 1 && strcmp(PQgetvalue(check, 0, 4), "t") == 0;
+    const std::string backend_pid = PQntuples(check) == 1 ? PQgetvalue(check, 0, 5) : "";
     PQclear(check);
     if (!installed || !usage) {
         *error = !installed ? "the idempotency extension is not installed in this database "
@@ -82,31 +83,41 @@ DbStatus Database::connect(std::string* error) {
         disconnect();
         return DbStatus::Fatal;
     }
-    if (!exec_setup("LISTEN idempotency_outbox", error, &status)) return setup_failed(status);
+    // A pooler (PgBouncer, Odyssey and the like) gives the client its own
+    // backend key, not the server backend's pid. Through it, each
+    // transaction may run on another server backend, shared with other
+    // clients: nothing is left in the session (no LISTEN, no SET, no
+    // prepared statement), the settings are set in each claim's transaction,
+    // and the relay polls instead of being woken.
+    pooled_ = PQbackendPID(conn_) != atoi(backend_pid.c_str());
+    if (!logged_pooled_ || *logged_pooled_ != pooled_) {
+        if (pooled_)
+            log_info("database: connected through a pooler (the server's backend is not this "
+                     "connection's): no LISTEN, a poll every %lld ms; settings set in each "
+                     "transaction",
+                     static_cast<long long>(options_.poll_interval.count()));
+        logged_pooled_ = pooled_;
+    }
     // A claim's transaction stays open while its events are delivered; one
     // left idle longer than a lease (a relay frozen) is ended by the server,
     // which gives its events back as a lease would.
-    const std::string idle = "SET idle_in_transaction_session_timeout = " +
-                             std::to_string(options_.lease.count());
-    if (!exec_setup(idle.c_str(), error, &status)) return setup_failed(status);
-    if (can_run && options_.run_length > 1) {
-        const std::string run = "SET idempotency.outbox_run_length = " +
-                                std::to_string(options_.run_length);
-        if (!exec_setup(run.c_str(), error, &status)) return setup_failed(status);
-    }
-    struct Prepared {
-        const char* name;
-        const char* sql;
-    };
-    for (const Prepared& p : {Prepared{"idem_relay_claim", kClaimSql},
-                              Prepared{"idem_relay_ack", kAckSql},
-                              Prepared{"idem_relay_nack", kNackSql},
-                              Prepared{"idem_relay_release", can_release_ ? kReleaseSql : nullptr}}) {
-        if (p.sql == nullptr) continue;
-        PGresult* result = PQprepare(conn_, p.name, p.sql, 0, nullptr);
-        if (PQresultStatus(result) != PGRES_COMMAND_OK)
-            return setup_failed(failure(result, "preparing", error));
-        PQclear(result);
+    settings_.clear();
+    settings_.push_back("idle_in_transaction_session_timeout = " +
+                        std::to_string(options_.lease.count()));
+    if (can_run && options_.run_length > 1)
+        settings_.push_back("idempotency.outbox_run_length = " +
+                            std::to_string(options_.run_length));
+    if (!pooled_) {
+        if (!exec_setup("LISTEN idempotency_outbox", error, &status)) return setup_failed(status);
+        for (const std::string& setting : settings_)
+            if (!exec_setup(("SET " + setting).c_str(), error, &status)) return setup_failed(status);
+        for (const Statement& statement : {kClaim, kAck, kNack, kRelease}) {
+            if (statement.name == kRelease.name && !can_release_) continue;
+            PGresult* result = PQprepare(conn_, statement.name, statement.sql, 0, nullptr);
+            if (PQresultStatus(result) != PGRES_COMMAND_OK)
+                return setup_failed(failure(result, "preparing", error));
+            PQclear(result);
+        }
     }
     // Events committed before the LISTEN took effect are found by the first claim.
     notified_ = true;
@@ -214,7 +225,18 @@ void Database::send_claim(const ClaimArgs& args) {
                              topics_literal_.empty() ? nullptr : topics_literal_.c_str(),
                              budget.c_str(), args.first_anyway ? "true" : "false"};
     // libpq copies the parameters into its buffer here.
-    queued(PQsendQueryPrepared(conn_, "idem_relay_claim", 6, params, nullptr, nullptr, 0));
+    queued(send(kClaim, 6, params));
+}
+
+int Database::send(const Statement& statement, int count, const char* const* params) {
+    return pooled_ ? PQsendQueryParams(conn_, statement.sql, count, nullptr, params, nullptr,
+                                       nullptr, 0)
+                   : PQsendQueryPrepared(conn_, statement.name, count, params, nullptr, nullptr, 0);
+}
+
+PGresult* Database::exec(const Statement& statement, int count, const char* const* params) {
+    return pooled_ ? PQexecParams(conn_, statement.sql, count, nullptr, params, nullptr, nullptr, 0)
+                   : PQexecPrepared(conn_, statement.name, count, params, nullptr, nullptr, 0);
 }
 
 DbStatus Database::rollback_now(std::string* error) {
@@ -266,7 +288,7 @@ void Database::send_settlement(const Settlement& settlement, std::vector<RoundSt
     if (!settlement.acks.empty()) {
         const std::string literal = id_array(settlement.acks);
         const char* params[1] = {literal.c_str()};
-        queued(PQsendQueryPrepared(conn_, "idem_relay_ack", 1, params, nullptr, nullptr, 0));
+        queued(send(kAck, 1, params));
         steps->push_back(RoundStep::Ack);
     }
     for (const NackRequest& nack : settlement.nacks) {
@@ -276,13 +298,13 @@ void Database::send_settlement(const Settlement& settlement, std::vector<RoundSt
         const char* params[4] = {id_text.c_str(), nack.message.c_str(),
                                  nack.retryable ? "true" : "false",
                                  nack.retry_in_ms ? retry_text.c_str() : nullptr};
-        queued(PQsendQueryPrepared(conn_, "idem_relay_nack", 4, params, nullptr, nullptr, 0));
+        queued(send(kNack, 4, params));
         steps->push_back(RoundStep::Nack);
     }
     if (!settlement.releases.empty() && can_release_) {
         const std::string literal = id_array(settlement.releases);
         const char* params[2] = {literal.c_str(), options_.relay.c_str()};
-        queued(PQsendQueryPrepared(conn_, "idem_relay_release", 2, params, nullptr, nullptr, 0));
+        queued(send(kRelease, 2, params));
         steps->push_back(RoundStep::Release);
     }
     queued(PQsendQueryParams(conn_, "COMMIT", 0, nullptr, nullptr, nullptr, nullptr, 0));
@@ -293,6 +315,12 @@ void Database::send_settlement(const Settlement& settlement, std::vector<RoundSt
 Clock::time_point Database::send_next_claim(const ClaimArgs& args, std::vector<RoundStep>* steps) {
     queued(PQsendQueryParams(conn_, "BEGIN", 0, nullptr, nullptr, nullptr, nullptr, 0));
     steps->push_back(RoundStep::Begin);
+    if (pooled_)
+        for (const std::string& setting : settings_) {
+            const std::string local = "SET LOCAL " + setting;
+            queued(PQsendQueryParams(conn_, local.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0));
+            steps->push_back(RoundStep::Setting);
+        }
     const Clock::time_point lease_until = Clock::now() + options_.lease;
     send_claim(args);
     steps->push_back(RoundStep::Claim);
@@ -306,7 +334,7 @@ bool Database::read_round(const std::vector<RoundStep>& steps, SettleResult* res
                           Clock::time_point lease_until, std::vector<Event>* events,
                           RoundFailure* failed) {
     static const char* const kWhat[] = {"outbox_ack", "outbox_nack", "outbox_release",
-                                        "COMMIT", "BEGIN", "outbox_claim"};
+                                        "COMMIT", "BEGIN", "SET LOCAL", "outbox_claim"};
     for (const RoundStep step : steps) {
         PGresult* r = PQgetResult(conn_);
         if (r == nullptr) return false;
@@ -332,7 +360,8 @@ bool Database::read_round(const std::vector<RoundStep>& steps, SettleResult* res
                     break;
                 case RoundStep::Claim: read_events(r, lease_until, events); break;
                 case RoundStep::Commit:
-                case RoundStep::Begin: break;
+                case RoundStep::Begin:
+                case RoundStep::Setting: break;
             }
         }
         PQclear(r);
@@ -385,7 +414,7 @@ DbStatus Database::release(const std::vector<std::int64_t>& ids, std::int64_t* c
     if (conn_ == nullptr) return DbStatus::Lost;
     const std::string literal = id_array(ids);
     const char* params[2] = {literal.c_str(), options_.relay.c_str()};
-    PGresult* result = PQexecPrepared(conn_, "idem_relay_release", 2, params, nullptr, nullptr, 0);
+    PGresult* result = exec(kRelease, 2, params);
     collect_notifications();
     if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_release", error);
     *changed = strtoll(PQgetvalue(result, 0, 0), nullptr, 10);
@@ -398,7 +427,7 @@ DbStatus Database::ack(const std::vector<std::int64_t>& ids, std::int64_t* chang
     if (conn_ == nullptr) return DbStatus::Lost;
     const std::string literal = id_array(ids);
     const char* params[1] = {literal.c_str()};
-    PGresult* result = PQexecPrepared(conn_, "idem_relay_ack", 1, params, nullptr, nullptr, 0);
+    PGresult* result = exec(kAck, 1, params);
     collect_notifications();
     if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_ack", error);
     *changed = strtoll(PQgetvalue(result, 0, 0), nullptr, 10);
@@ -415,7 +444,7 @@ DbStatus Database::nack(std::int64_t id, const std::string& message, bool retrya
         retry_in_ms ? std::to_string(*retry_in_ms) + " milliseconds" : std::string();
     const char* params[4] = {id_text.c_str(), message.c_str(), retryable ? "true" : "false",
                              retry_in_ms ? retry_text.c_str() : nullptr};
-    PGresult* result = PQexecPrepared(conn_, "idem_relay_nack", 4, params, nullptr, nullptr, 0);
+    PGresult* result = exec(kNack, 4, params);
     collect_notifications();
     if (PQresultStatus(result) != PGRES_TUPLES_OK) return failure(result, "outbox_nack", error);
     *state = PQgetvalue(result, 0, 0);

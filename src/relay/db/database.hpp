@@ -1,7 +1,8 @@
 // The database side of the relay (libpq, used by one thread only): the
 // connection, LISTEN idempotency_outbox, and the outbox_claim / outbox_ack /
 // outbox_nack calls, each classified so that the caller knows whether to
-// carry on, try again, reconnect or give up.
+// carry on, try again, reconnect or give up. Through a pooler in
+// transaction mode it keeps nothing in the session (see connect).
 #pragma once
 
 #include <chrono>
@@ -12,6 +13,7 @@
 
 #include "relay/db/db_status.hpp"
 #include "relay/db/retry_delay.hpp"
+#include "relay/db/statements.hpp"
 #include "relay/event.hpp"
 #include "relay/options.hpp"
 
@@ -57,8 +59,10 @@ public:
     Database(const Database&) = delete;
     Database& operator=(const Database&) = delete;
 
-    // Connects, checks that the extension is there, LISTENs and prepares the
-    // statements. Lost means "try again later".
+    // Connects, checks that the extension is there, LISTENs, sets the
+    // session's settings and prepares the statements; through a pooler, none
+    // of these (the settings go in each claim's transaction). Lost means "try
+    // again later".
     DbStatus connect(std::string* error);
     void disconnect();
     bool connected() const { return conn_ != nullptr; }
@@ -105,11 +109,14 @@ public:
 private:
     DbStatus failure(::pg_result* result, const char* what, std::string* error);
     void send_claim(const ClaimArgs& args);
+    // A statement, prepared or (through a pooler) sent whole.
+    int send(const Statement& statement, int count, const char* const* params);
+    ::pg_result* exec(const Statement& statement, int count, const char* const* params);
     void queued(int sent);  // a PQsend* call's result
     void read_events(::pg_result* result, Clock::time_point lease_until, std::vector<Event>* events);
 
     // commit_round's steps: what it sends, reads and decides.
-    enum class RoundStep { Ack, Nack, Release, Commit, Begin, Claim };
+    enum class RoundStep { Ack, Nack, Release, Commit, Begin, Setting, Claim };
     struct RoundFailure {
         ::pg_result* result = nullptr;  // the first statement that failed
         const char* what = nullptr;
@@ -132,6 +139,11 @@ private:
     pg_conn* conn_ = nullptr;
     bool notified_ = false;
     bool can_release_ = false;
+    bool pooled_ = false;  // through a pooler: nothing kept in the session
+    std::optional<bool> logged_pooled_;  // what the log last said of it
+    // "name = value" of each setting a claim's transaction needs; through a
+    // pooler each is SET LOCAL after the BEGIN, else SET once per session.
+    std::vector<std::string> settings_;
     bool settings_read_ = false;
     bool send_failed_ = false;  // a statement of the pipeline could not be queued
     RetrySettings retry_settings_;

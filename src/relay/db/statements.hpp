@@ -1,6 +1,7 @@
 // The SQL the relay runs: every name schema-qualified, every value a
 // parameter. The claim, ack, nack and release statements are prepared once
-// per connection (Database::connect).
+// per connection (Database::connect), or sent whole each time through a
+// pooler (Statement).
 #pragma once
 
 namespace idem::relay {
@@ -26,7 +27,10 @@ inline constexpr const char* kCheckSql =
     "       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
     "                 ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
     "                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
-    "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_counts') "
+    "                  AND p.proname OPERATOR(pg_catalog.=) 'outbox_counts'), "
+    // The server backend's pid: another than the connection's backend key
+    // means a pooler in between (Database::connect).
+    "       pg_catalog.pg_backend_pid() "
     "  FROM (SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
     "                         ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
     "                        WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency' "
@@ -61,6 +65,18 @@ inline constexpr const char* kNackSql =
     "$3::pg_catalog.bool, $4::pg_catalog.interval)::pg_catalog.text";
 inline constexpr const char* kReleaseSql =
     "SELECT idempotency.outbox_release($1::pg_catalog.int8[], $2::pg_catalog.text)";
+// A statement the relay runs at every batch: prepared once per connection
+// under `name`, or, through a pooler, where the next transaction may run on
+// another server backend that never saw it, sent whole each time.
+struct Statement {
+    const char* name;
+    const char* sql;
+};
+inline constexpr Statement kClaim{"idem_relay_claim", kClaimSql};
+inline constexpr Statement kAck{"idem_relay_ack", kAckSql};
+inline constexpr Statement kNack{"idem_relay_nack", kNackSql};
+inline constexpr Statement kRelease{"idem_relay_release", kReleaseSql};
+
 // In milliseconds; absent until the extension's library is loaded in the session.
 inline constexpr const char* kRetrySettingsSql =
     "SELECT s.name, s.setting FROM pg_catalog.pg_settings s WHERE s.name OPERATOR(pg_catalog.=) "

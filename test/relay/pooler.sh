@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# idem-relay through PgBouncer in transaction mode, as a team that puts a
+# pooler in front of every database runs it: a throwaway cluster and a
+# PgBouncer (2 server connections for the relay's role) in front of it,
+# with an application's short transactions going through the same pool, so
+# that the relay's transactions run on whichever server backend is free.
+#
+#   burst     --connections 2 --parallel 2: every event arrives once, in
+#             per-key order, and the relay says it runs through a pooler
+#   runs      a hot key's events are handed out in runs (--run-length 20
+#             set in each claim's transaction): far fewer claims than events
+#   restart   SIGTERM, then a new relay through the same pool, whose server
+#             backends the first one used: it starts and delivers (a relay
+#             that prepared its statements in the session found them there
+#             already, or missing, and stopped)
+#   session   nothing of the relay is left in the pool's server backends:
+#             no setting, no LISTEN, no prepared statement
+#   direct    a direct connection is not taken for a pooler
+#
+# Run as root after the extension and idem-relay are installed (make
+# install); needs pgbouncer. Prints "ok N - ..." or "not ok N - ..." lines
+# and ends with "N passed, N failed". Settings: RELAY_POOLER_PORT (54490:
+# PostgreSQL; PgBouncer takes the next), IDEM_RELAY.
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/../lib/common.sh"
+. "$here/harness.sh"
+
+port=${RELAY_POOLER_PORT:-54490}
+pooler_port=$((port + 1))
+bindir=$(pg_bindir)
+relay_bin=${IDEM_RELAY:-$bindir/idem-relay}
+python=python3
+db=relay_pooler
+passed=0
+failed=0
+number=0
+pids=()
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-relay-pooler.XXXXXX") || exit 1
+chmod 755 "$dir"
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+    pkill -KILL -f "pgbench -h 127.0.0.1 -p $pooler_port " 2>/dev/null
+    [ -f "$dir/pgbouncer.pid" ] && kill "$(cat "$dir/pgbouncer.pid")" 2>/dev/null
+    stop_cluster "$dir"
+    if [ "$failed" -eq 0 ] && [ -z "${RELAY_TEST_KEEP:-}" ]; then rm -rf "$dir"; else echo "outputs kept in $dir" >&2; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+give_up() { echo "pooler: $1" >&2; [ $# -gt 1 ] && tail -n 20 "$2" >&2; echo "$passed passed, $((failed + 1)) failed"; exit 1; }
+
+# ---------------------------------------------------------------- setup
+[ -x "$relay_bin" ] || give_up "idem-relay not found at $relay_bin: run make install first"
+command -v pgbouncer >/dev/null || give_up "pgbouncer is missing (apt-get install pgbouncer)"
+log "relay through a pooler: cluster in $dir, port $port, PgBouncer on $pooler_port"
+start_cluster "$dir" "$port" "log_min_messages = warning" || give_up "could not start the cluster" "$dir/server.log"
+as_pg "$bindir/createdb" -h "$dir" -p "$port" -U postgres "$db" || give_up "createdb failed"
+sql <<'SQL' || give_up "setup failed"
+CREATE EXTENSION idempotency;
+CREATE ROLE relay_app LOGIN;
+SELECT idempotency.grant_relay('relay_app');
+SQL
+cat >"$dir/pgbouncer.ini" <<EOF
+[databases]
+$db = host=$dir port=$port dbname=$db
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $pooler_port
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/pgbouncer.users
+pool_mode = transaction
+default_pool_size = 2
+max_client_conn = 100
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+EOF
+printf '"relay_app" ""\n"postgres" ""\n' >"$dir/pgbouncer.users"
+chown "$IDEM_OS_USER" "$dir/pgbouncer.ini" "$dir/pgbouncer.users"
+as_pg pgbouncer -d "$dir/pgbouncer.ini" || give_up "PgBouncer did not start" "$dir/pgbouncer.log"
+pooled() { as_pg "$bindir/psql" -X -q -At -h 127.0.0.1 -p "$pooler_port" -U relay_app -d "$db" -v ON_ERROR_STOP=1 "$@"; }
+wait_until 20 pooled -c "SELECT 1" >/dev/null || give_up "PgBouncer does not answer" "$dir/pgbouncer.log"
+pooled_dsn="host=127.0.0.1 port=$pooler_port dbname=$db user=relay_app"
+
+# An application's short transactions through the same pool (same role and
+# database), so that consecutive transactions of the relay land on
+# different server backends.
+printf 'SELECT pg_sleep(0.002);\n' >"$dir/app.sql"
+chmod 644 "$dir/app.sql"
+start_app_load() {
+    as_pg "$bindir/pgbench" -h 127.0.0.1 -p "$pooler_port" -U relay_app -n -c 4 -T 600 \
+        -f "$dir/app.sql" "$db" >"$dir/app.log" 2>&1 &
+    app_pid=$!
+    pids+=("$app_pid")
+}
+# (pgbench itself: the signal would stop only runuser, which does not pass it on.)
+stop_app_load() {
+    pkill -TERM -f "pgbench -h 127.0.0.1 -p $pooler_port " 2>/dev/null
+    wait "$app_pid" 2>/dev/null
+}
+
+# enqueue TOPIC FROM TO KEYS: events FROM..TO (seq) over KEYS keys.
+enqueue() {
+    sql -c "SELECT count(idempotency.outbox_enqueue('$1', jsonb_build_object('seq', g), 'k' || (g % $4)))
+            FROM generate_series($2, $3) g" >/dev/null
+}
+# in_order FILE TOPIC COUNT: the stdout sink's lines of TOPIC hold COUNT
+# distinct events, each once, and each key's in seq order.
+in_order() {
+    $python - "$1" "$2" "$3" <<'PY'
+import json, sys
+path, topic, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ids, last = set(), {}
+for line in open(path):
+    e = json.loads(line)
+    if e["topic"] != topic:
+        continue
+    if e["id"] in ids:
+        sys.exit(f"event {e['id']} delivered twice")
+    ids.add(e["id"])
+    seq = e["payload"]["seq"]
+    if last.get(e["key"], 0) > seq:
+        sys.exit(f"key {e['key']}: {seq} after {last[e['key']]}")
+    last[e["key"]] = seq
+if len(ids) != count:
+    sys.exit(f"{len(ids)} events, not {count}")
+PY
+}
+metric() {  # metric PORT NAME: the value of NAME in the relay's /metrics
+    $python -c "
+import re, sys, urllib.request
+text = urllib.request.urlopen('http://127.0.0.1:$1/metrics', timeout=5).read().decode()
+m = re.search(r'^$2\{[^}]*\} (\S+)$', text, re.M)
+print(int(float(m.group(1))) if m else -1)"
+}
+
+# ---------------------------------------------------------------- burst
+start_app_load
+enqueue burst 1 600 20
+start_relay r1 --dsn "$pooled_dsn" --sink stdout --topics burst,hot --connections 2 --parallel 2 \
+    --batch 20 --run-length 20 --progress-interval 0 --metrics-addr 127.0.0.1:0
+relay1=$relay_pid
+expect_delivered "burst: 600 events delivered through the pooler" 90 burst 600 r1
+check "burst: each once, in per-key order" in_order "$dir/r1.out" burst 600
+check "burst: the relay says it runs through a pooler" grep -q "through a pooler" "$dir/r1.err"
+no_error() { ! grep -q ERROR "$dir/$1.err"; }
+check "burst: no error" no_error r1
+
+# ---------------------------------------------------------------- runs
+wait_until 15 grep -q "metrics on http://127.0.0.1:" "$dir/r1.err"
+metrics_port=$(sed -nE 's|.*metrics on http://127.0.0.1:([0-9]+)/metrics.*|\1|p' "$dir/r1.err" | head -n 1)
+claims_before=$(metric "${metrics_port:-1}" idem_relay_claims_total)
+enqueue hot 1 60 1
+expect_delivered "runs: 60 events of one key delivered" 60 hot 60 r1
+claims=$(( $(metric "${metrics_port:-1}" idem_relay_claims_total) - claims_before ))
+# Runs of 20: 3 claims and the polls meanwhile; one event a claim: 60.
+check "runs: the hot key took $claims claims for 60 events (runs of 20 set in each transaction)" \
+    test "$claims" -ge 3 -a "$claims" -le 30
+check "runs: in order" in_order "$dir/r1.out" hot 60
+
+# ---------------------------------------------------------------- restart
+stop_relay "$relay1" 20
+check "restart: the first relay exits 0 on SIGTERM (exit $?)" test "$?" = 0
+enqueue burst 601 700 20
+start_relay r2 --dsn "$pooled_dsn" --sink stdout --topics burst --connections 2 --parallel 2 \
+    --batch 20 --progress-interval 0
+relay2=$relay_pid
+expect_delivered "restart: a second relay through the same pool delivers the rest" 60 burst 700 r2
+check "restart: no error" no_error r2
+stop_relay "$relay2" 20
+check "restart: the second relay exits 0 on SIGTERM (exit $?)" test "$?" = 0
+stop_app_load
+
+# ---------------------------------------------------------------- session
+# Two transactions at once take both server backends of the pool: each
+# tells what its session holds. A relay that set its settings, LISTENed or
+# prepared in the session left them on one of these.
+session_state() {
+    local i
+    for i in 1 2; do
+        pooled -F ' ' -c "BEGIN" -c "SELECT pg_backend_pid(),
+              current_setting('idle_in_transaction_session_timeout'),
+              coalesce(current_setting('idempotency.outbox_run_length', true), 'unset'),
+              (SELECT count(*) FROM pg_listening_channels()),
+              (SELECT count(*) FROM pg_prepared_statements)" -c "SELECT pg_sleep(1)" -c "COMMIT" \
+            >"$dir/session.$i" &
+    done
+    wait
+    grep -h -v '^$' "$dir/session.1" "$dir/session.2" >"$dir/session.txt"
+    [ "$(cut -d ' ' -f 1 "$dir/session.txt" | sort -u | wc -l)" = 2 ]
+}
+# pid, idle_in_transaction_session_timeout, run length, channels, statements
+session_clean() { awk '$2 != "0" || $3 == "20" || $4 != 0 || $5 != 0 { bad = 1 } END { exit bad }' "$dir/session.txt"; }
+if wait_until 30 session_state; then
+    if session_clean; then
+        ok "session: neither server backend holds a setting, a LISTEN or a prepared statement of the relay"
+    else
+        not_ok "session: a server backend holds what the relay left" "$(cat "$dir/session.txt")"
+    fi
+else
+    not_ok "session: two server backends seen at once" "$(cat "$dir/session.txt")"
+fi
+
+# ---------------------------------------------------------------- direct
+once direct 30 --dsn "host=$dir port=$port dbname=$db user=relay_app" --sink stdout --topics burst
+check "direct: a direct connection runs --once (exit $?)" test "$?" = 0
+not_pooled() { ! grep -q "through a pooler" "$dir/$1.err"; }
+check "direct: and is not taken for a pooler" not_pooled direct
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
