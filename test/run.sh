@@ -175,15 +175,16 @@ run_tap_file() {  # run_tap_file FILE (relative to the stage)
 # when the others are done (empty: every harness in the foreground). The
 # default is the differential tests, which keep a core busy for minutes
 # where most of the others wait on processes and clocks, then the relay's
-# harnesses, which share no folder, port or service with the others, so
+# and the pooler's harnesses, which share no folder, port or service with
+# the others, so
 # that both lanes take about as long.
 run_harnesses() {
     local script beside=" ${IDEM_BESIDE-test/differential/run.sh test/differential/sql_edition.sh \
-        test/relay/run.sh test/relay/maintenance.sh test/relay/brokers.sh test/relay/pooler.sh} "
+        test/relay/run.sh test/relay/maintenance.sh test/relay/brokers.sh test/pooler/run.sh} "
     local foreground=() background=()
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
-        test/relay/maintenance.sh test/relay/brokers.sh test/relay/pooler.sh test/chaos/run.sh test/differential/run.sh \
+        test/relay/maintenance.sh test/relay/brokers.sh test/pooler/run.sh test/chaos/run.sh test/differential/run.sh \
         test/differential/sql_edition.sh test/sql_edition/install.sh test/clients/*.sh \
         test/monitoring/*.sh examples/run-all.sh}); do
         [ -x "$stage/$script" ] || continue

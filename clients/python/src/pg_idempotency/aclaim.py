@@ -21,7 +21,8 @@ STOP_WAIT = 5.0
 async def _connect_like(conn):
     password = conn.info.password
     return await psycopg.AsyncConnection.connect(
-        conn.info.dsn, autocommit=True, **({"password": password} if password else {}))
+        conn.info.dsn, autocommit=True, prepare_threshold=conn.prepare_threshold,
+        **({"password": password} if password else {}))
 
 
 async def keep_alive(job, renew, stopping):

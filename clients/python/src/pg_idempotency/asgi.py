@@ -32,6 +32,7 @@ from ._state import JobState, dict_cursor
 from ._steps import AsyncStep, StepHolder, arun_step, step_key
 from .aclaim import start_beat, stop_beat
 from .hooks import Hooks
+from .pooler import awith_unprepared
 from .waiting import AsyncOwners, answered_row
 from .http import (Response, answer, default_classify, default_fingerprint, encode_response, json_response,
                    problem)
@@ -351,7 +352,8 @@ class IdempotencyMiddleware:
             async with self.pool_lock:
                 if self.pool is None:
                     from psycopg_pool import AsyncConnectionPool
-                    pool = AsyncConnectionPool(self.conninfo, open=False, kwargs={"autocommit": True})
+                    pool = AsyncConnectionPool(self.conninfo, open=False, kwargs={"autocommit": True},
+                                               configure=awith_unprepared(None))
                     await pool.open()
                     self.pool = pool
         return self.pool

@@ -43,9 +43,11 @@ STOP_WAIT = 5.0
 
 
 def _connect_like(conn):
-    """A new connection with the settings of ``conn``, for the heartbeat."""
+    """A new connection with the settings of ``conn``, for the heartbeat
+    (preparing nothing where ``conn`` prepares nothing: a pooler)."""
     password = conn.info.password
-    return psycopg.connect(conn.info.dsn, autocommit=True, **({"password": password} if password else {}))
+    return psycopg.connect(conn.info.dsn, autocommit=True, prepare_threshold=conn.prepare_threshold,
+                           **({"password": password} if password else {}))
 
 
 class Heartbeat(threading.Thread):

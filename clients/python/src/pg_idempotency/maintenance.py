@@ -14,6 +14,7 @@ import threading
 import psycopg
 
 from . import _sql
+from .pooler import aunprepared_behind_pooler, unprepared_behind_pooler
 
 _log = logging.getLogger("pg_idempotency")
 
@@ -94,6 +95,7 @@ class Maintenance:
     def _own_connection(self):
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.source, autocommit=True, application_name="idem_maintenance")
+            unprepared_behind_pooler(self._conn)
         return self._conn
 
 
@@ -161,6 +163,7 @@ class AsyncMaintenance:
         if self._conn is None or self._conn.closed:
             self._conn = await psycopg.AsyncConnection.connect(self.source, autocommit=True,
                                                                application_name="idem_maintenance")
+            await aunprepared_behind_pooler(self._conn)
         return self._conn
 
 

@@ -17,6 +17,7 @@ from ._state import JobState
 from ._steps import StepHolder, SyncStep, run_step
 from .asgi import IdempotencyContext
 from .hooks import Hooks
+from .pooler import with_unprepared
 from .http import answer, default_classify, default_fingerprint, encode_response, json_response, problem
 from .waiting import ThreadOwners, answered_row
 
@@ -116,6 +117,7 @@ class SyncIdempotency:
                     from psycopg_pool import ConnectionPool
                     options = {"min_size": 1, "max_size": 10, **self.pool_options}
                     kwargs = {"autocommit": True, **options.pop("kwargs", {})}
+                    options["configure"] = with_unprepared(options.get("configure"))
                     self._pool = ConnectionPool(self.conninfo, kwargs=kwargs, **options)
         return self._pool
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# idem-relay through PgBouncer in transaction mode, as a team that puts a
-# pooler in front of every database runs it: a throwaway cluster and a
-# PgBouncer (2 server connections for the relay's role) in front of it,
-# with an application's short transactions going through the same pool, so
-# that the relay's transactions run on whichever server backend is free.
+# idem-relay and the Python client through PgBouncer in transaction mode,
+# as a team that puts a pooler in front of every database runs them: a
+# throwaway cluster and a PgBouncer (2 server connections for the role) in
+# front of it, with an application's short transactions going through the
+# same pool, so that each transaction runs on whichever server backend is
+# free. The relay:
 #
 #   burst     --connections 2 --parallel 2: every event arrives once, in
 #             per-key order, and the relay says it runs through a pooler
@@ -16,15 +17,19 @@
 #   session   nothing of the relay is left in the pool's server backends:
 #             no setting, no LISTEN, no prepared statement
 #   direct    a direct connection is not taken for a pooler
+#   python    the WSGI middleware, with the pool it makes from a conninfo,
+#             and the maintenance runner: 120 requests over 40 keys, each
+#             handled once, and 30 maintenance passes, all without an error
+#             (psycopg prepares a query after 5 runs unless told not to)
 #
 # Run as root after the extension and idem-relay are installed (make
-# install); needs pgbouncer. Prints "ok N - ..." or "not ok N - ..." lines
+# install); needs pgbouncer, python3-psycopg and python3-psycopg-pool. Prints "ok N - ..." or "not ok N - ..." lines
 # and ends with "N passed, N failed". Settings: RELAY_POOLER_PORT (54490:
 # PostgreSQL; PgBouncer takes the next), IDEM_RELAY.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/../lib/common.sh"
-. "$here/harness.sh"
+. "$here/../relay/harness.sh"
 
 port=${RELAY_POOLER_PORT:-54490}
 pooler_port=$((port + 1))
@@ -37,7 +42,7 @@ failed=0
 number=0
 pids=()
 
-dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-relay-pooler.XXXXXX") || exit 1
+dir=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-pooler.XXXXXX") || exit 1
 chmod 755 "$dir"
 cleanup() {
     local pid
@@ -171,6 +176,20 @@ expect_delivered "restart: a second relay through the same pool delivers the res
 check "restart: no error" no_error r2
 stop_relay "$relay2" 20
 check "restart: the second relay exits 0 on SIGTERM (exit $?)" test "$?" = 0
+
+# ---------------------------------------------------------------- python
+# The same role as the application's load, so that it shares its pool.
+sql -c "SELECT idempotency.grant_application('relay_app'), idempotency.grant_admin('relay_app')" >/dev/null
+as_pg env PYTHONPATH="$IDEM_ROOT/clients/python/src" $python "$here/python_client.py" "$pooled_dsn" \
+    >"$dir/python.out" 2>"$dir/python.err"
+python_status=$?
+while read -r line; do
+    case $line in
+        "ok "*) ok "${line#ok }" ;;
+        "not ok "*) not_ok "${line#not ok }" ;;
+    esac
+done <"$dir/python.out"
+[ "$python_status" -eq 0 ] || not_ok "python: the client's run exits 0 (exit $python_status)" "$(tail -n 15 "$dir/python.err")"
 stop_app_load
 
 # ---------------------------------------------------------------- session

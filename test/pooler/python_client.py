@@ -1,0 +1,69 @@
+"""The Python client through a pooler in transaction mode: the WSGI
+middleware with the pool it makes itself from a conninfo, and the
+maintenance runner, both on connections that reach the server through
+PgBouncer while another application shares its pool. Argument: the
+conninfo. Prints one line per check, "ok ..." or "not ok ...", and exits 1
+on any failure."""
+
+import sys
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+import io
+
+from pg_idempotency.maintenance import start_maintenance
+from pg_idempotency.wsgi import IdempotencyMiddleware
+
+conninfo = sys.argv[1]
+runs = Counter()
+lock = threading.Lock()
+
+
+def handler(environ, start_response):
+    with lock:
+        runs[environ["PATH_INFO"]] += 1
+    start_response("201 Created", [("Content-Type", "application/json")])
+    return [b'{"ok": true}']
+
+
+app = IdempotencyMiddleware(handler, conninfo=conninfo, scope="pooler", pool_options={"max_size": 4})
+
+
+def post(key):
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/" + key, "HTTP_IDEMPOTENCY_KEY": key,
+               "CONTENT_LENGTH": "2", "CONTENT_TYPE": "application/json", "wsgi.input": io.BytesIO(b"{}")}
+    status = []
+    body = b"".join(app(environ, lambda s, h, e=None: status.append(s)))
+    return status[0], body
+
+
+errors = []
+passes = []
+maintenance = start_maintenance(conninfo, interval=0.02, on_pass=lambda rows: passes.append(1),
+                                on_error=errors.append)
+keys = [f"order-{i}" for i in range(40)]
+with ThreadPoolExecutor(max_workers=4) as pool:
+    # Each key three times, in turn: the first runs the handler, the others
+    # replay it; 120 requests over the pool's connections, each far past
+    # psycopg's prepare_threshold.
+    answers = list(pool.map(post, keys * 3))
+while len(passes) < 30 and not errors:
+    threading.Event().wait(0.05)
+maintenance.stop()
+app.idempotency.close()
+
+failed = False
+
+
+def check(ok, what):
+    global failed
+    print(("ok " if ok else "not ok ") + what)
+    failed |= not ok
+
+
+statuses = Counter(status for status, _ in answers)
+check(statuses == Counter({"201 Created": 120}), f"python: 120 requests answered 201 ({dict(statuses)})")
+check(sorted(runs.values()) == [1] * 40, f"python: each of 40 keys handled once ({sum(runs.values())} runs)")
+check(not errors and len(passes) >= 30,
+      f"python: the maintenance runner made {len(passes)} passes without an error {errors[:1]}")
+sys.exit(1 if failed else 0)
