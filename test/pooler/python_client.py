@@ -1,7 +1,7 @@
 """The Python client through a pooler in transaction mode: the WSGI
-middleware with the pool it makes itself from a conninfo, and the
-maintenance runner, both on connections that reach the server through
-PgBouncer while another application shares its pool. Argument: the
+middleware with the pool it makes itself from a conninfo, the maintenance
+runner and the outbox's Consumer, all on connections that reach the server
+through PgBouncer while another application shares its pool. Argument: the
 conninfo. Prints one line per check, "ok ..." or "not ok ...", and exits 1
 on any failure."""
 
@@ -11,7 +11,10 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 import io
 
+import psycopg
+
 from pg_idempotency.maintenance import start_maintenance
+from pg_idempotency.outbox import Consumer
 from pg_idempotency.wsgi import IdempotencyMiddleware
 
 conninfo = sys.argv[1]
@@ -52,6 +55,26 @@ while len(passes) < 30 and not errors:
 maintenance.stop()
 app.idempotency.close()
 
+# The Consumer: 30 events, one claim each, on one connection (far past
+# prepare_threshold), polling every 0.05 s.
+with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as conn:
+    conn.execute("SELECT count(idempotency.outbox_enqueue('py.events', jsonb_build_object('n', n)))"
+                 " FROM generate_series(1, 30) n")
+handled = []
+consumer_log = []
+consumer = Consumer(conninfo, ["py.events"], name="py-consumer", poll=0.05, log=consumer_log.append)
+
+
+def handle(event):
+    handled.append(event["id"])
+    if len(handled) >= 30:
+        consumer.stop()
+
+
+runner = threading.Thread(target=consumer.run, args=(handle,), daemon=True)
+runner.start()
+runner.join(60)
+
 failed = False
 
 
@@ -66,4 +89,7 @@ check(statuses == Counter({"201 Created": 120}), f"python: 120 requests answered
 check(sorted(runs.values()) == [1] * 40, f"python: each of 40 keys handled once ({sum(runs.values())} runs)")
 check(not errors and len(passes) >= 30,
       f"python: the maintenance runner made {len(passes)} passes without an error {errors[:1]}")
+check(len(handled) == 30 and len(set(handled)) == 30 and not runner.is_alive(),
+      f"python: the Consumer handled 30 events, each once, and stopped ({len(set(handled))} distinct)")
+check(not consumer_log, f"python: the Consumer logged no error {consumer_log[:1]}")
 sys.exit(1 if failed else 0)

@@ -18,8 +18,9 @@
 #             no setting, no LISTEN, no prepared statement
 #   direct    a direct connection is not taken for a pooler
 #   python    the WSGI middleware, with the pool it makes from a conninfo,
-#             and the maintenance runner: 120 requests over 40 keys, each
-#             handled once, and 30 maintenance passes, all without an error
+#             the maintenance runner and the outbox's Consumer: 120
+#             requests over 40 keys, each handled once, 30 maintenance
+#             passes, 30 events consumed once each, all without an error
 #             (psycopg prepares a query after 5 runs unless told not to)
 #
 # Run as root after the extension and idem-relay are installed (make

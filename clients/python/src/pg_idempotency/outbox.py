@@ -13,6 +13,7 @@ from . import _sql
 from ._state import JobState, dict_cursor
 from .errors import NotClaimed, default_classify, is_stale_token
 from .hooks import Hooks
+from .pooler import aunprepared_behind_pooler, unprepared_behind_pooler
 
 
 def _enqueue_params(topic, payload, key, headers, dedup_key, deliver_at):
@@ -82,8 +83,8 @@ class _ConsumerSettings:
 class Consumer(_ConsumerSettings):
     """Claims events of ``topics`` one at a time and runs ``handler(event)``
     (a dict: id, topic, key, payload, headers, dedup_key, attempt); acks or
-    nacks by ``settlement``. Wakes on the outbox's notifications, polls every
-    ``poll`` seconds as well. ``run()`` returns after ``stop()`` (safe in a
+    nacks by ``settlement``. Wakes on the outbox's notifications (not through
+    a pooler, see pooler.py), polls every ``poll`` seconds as well. ``run()`` returns after ``stop()`` (safe in a
     signal handler), once the event in hand is settled.
 
         Consumer(conninfo, ["invoice.email"], name="worker-1").run(handle)
@@ -101,7 +102,8 @@ class Consumer(_ConsumerSettings):
         with psycopg.connect(self.conninfo, autocommit=True, application_name=self.name) as conn, \
                 psycopg.connect(self.conninfo, autocommit=True,
                                 application_name=f"{self.name} listener") as listener:
-            listener.execute(_sql.LISTEN)
+            if not unprepared_behind_pooler(conn):
+                listener.execute(_sql.LISTEN)
             params = {"relay": self.name, "batch": self.batch, "lease": self.lease, "topics": self.topics}
             while not self.stopping:
                 events = dict_cursor(conn).execute(_sql.OUTBOX_CLAIM, params).fetchall()
@@ -184,8 +186,9 @@ class AsyncConsumer(_ConsumerSettings):
                                                           application_name=f"{self.name} listener")
         listening = None
         try:
-            await listener.execute(_sql.LISTEN)
-            listening = asyncio.create_task(self._listen(listener))
+            if not await aunprepared_behind_pooler(conn):
+                await listener.execute(_sql.LISTEN)
+                listening = asyncio.create_task(self._listen(listener))
             params = {"relay": self.name, "batch": self.batch, "lease": self.lease, "topics": self.topics}
             while not self.stopping:
                 self._wake.clear()

@@ -6,25 +6,30 @@ clients, so a statement psycopg prepares on one (it does after
 there for the next client: "prepared statement ... does not exist" or
 "... already exists". A pooler gives its client a backend key of its own,
 not the server backend's pid; where the two differ, the connections this
-package opens prepare nothing. A pool the application passes in is its own
-to configure (``prepare_threshold=None`` in its connections' kwargs).
+package opens prepare nothing, and the outbox consumers do not LISTEN (a
+notification would reach whichever client holds that backend; they poll).
+A pool the application passes in is its own to configure
+(``prepare_threshold=None`` in its connections' kwargs).
 """
 
 _BACKEND_PID = "SELECT pg_catalog.pg_backend_pid()"
 
 
 def _unprepared_if(conn, server_pid):
-    if server_pid != conn.info.backend_pid:
+    pooled = server_pid != conn.info.backend_pid
+    if pooled:
         conn.prepare_threshold = None
+    return pooled
 
 
 def unprepared_behind_pooler(conn):
     """Turns off psycopg's prepared statements on ``conn`` when it reaches
-    the server through a pooler; leaves it idle as it found it."""
+    the server through a pooler, and says whether it does; leaves it idle as
+    it found it."""
     server_pid = conn.execute(_BACKEND_PID).fetchone()[0]
     if not conn.autocommit:
         conn.rollback()
-    _unprepared_if(conn, server_pid)
+    return _unprepared_if(conn, server_pid)
 
 
 async def aunprepared_behind_pooler(conn):
@@ -32,7 +37,7 @@ async def aunprepared_behind_pooler(conn):
     server_pid = (await (await conn.execute(_BACKEND_PID)).fetchone())[0]
     if not conn.autocommit:
         await conn.rollback()
-    _unprepared_if(conn, server_pid)
+    return _unprepared_if(conn, server_pid)
 
 
 def with_unprepared(configure):
