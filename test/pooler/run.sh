@@ -22,9 +22,12 @@
 #             requests over 40 keys, each handled once, 30 maintenance
 #             passes, 30 events consumed once each, all without an error
 #             (psycopg prepares a query after 5 runs unless told not to)
+#   node      the outbox's Consumer on a pg.Pool: 30 events consumed once
+#             each, and no server backend of the pool listening for it
 #
 # Run as root after the extension and idem-relay are installed (make
-# install); needs pgbouncer, python3-psycopg and python3-psycopg-pool. Prints "ok N - ..." or "not ok N - ..." lines
+# install); needs pgbouncer, python3-psycopg, python3-psycopg-pool, node
+# and npm (with the network, for clients/node's locked dependencies). Prints "ok N - ..." or "not ok N - ..." lines
 # and ends with "N passed, N failed". Settings: RELAY_POOLER_PORT (54490:
 # PostgreSQL; PgBouncer takes the next), IDEM_RELAY.
 set -u
@@ -134,6 +137,16 @@ if len(ids) != count:
     sys.exit(f"{len(ids)} events, not {count}")
 PY
 }
+# report_lines FILE: the "ok ..." and "not ok ..." lines a client's run printed.
+report_lines() {
+    local line
+    while read -r line; do
+        case $line in
+            "ok "*) ok "${line#ok }" ;;
+            "not ok "*) not_ok "${line#not ok }" ;;
+        esac
+    done <"$1"
+}
 metric() {  # metric PORT NAME: the value of NAME in the relay's /metrics
     $python -c "
 import re, sys, urllib.request
@@ -184,13 +197,22 @@ sql -c "SELECT idempotency.grant_application('relay_app'), idempotency.grant_adm
 as_pg env PYTHONPATH="$IDEM_ROOT/clients/python/src" $python "$here/python_client.py" "$pooled_dsn" \
     >"$dir/python.out" 2>"$dir/python.err"
 python_status=$?
-while read -r line; do
-    case $line in
-        "ok "*) ok "${line#ok }" ;;
-        "not ok "*) not_ok "${line#not ok }" ;;
-    esac
-done <"$dir/python.out"
+report_lines "$dir/python.out"
 [ "$python_status" -eq 0 ] || not_ok "python: the client's run exits 0 (exit $python_status)" "$(tail -n 15 "$dir/python.err")"
+
+# ---------------------------------------------------------------- node
+# A copy of the client with its locked dependencies (pg), run from there.
+node_copy=$dir/node-client
+mkdir -p "$node_copy" && cp -r "$IDEM_ROOT/clients/node/src" "$IDEM_ROOT/clients/node/package.json" \
+    "$IDEM_ROOT/clients/node/package-lock.json" "$here/node_client.mjs" "$node_copy/" &&
+    chown -R "$IDEM_OS_USER" "$node_copy" &&
+    as_pg timeout 300 npm ci --prefix "$node_copy" --no-audit --no-fund --loglevel=error \
+        >"$dir/npm.log" 2>&1 || give_up "npm ci of clients/node failed" "$dir/npm.log"
+(cd "$node_copy" && as_pg node node_client.mjs "postgresql://relay_app@127.0.0.1:$pooler_port/$db") \
+    >"$dir/node.out" 2>"$dir/node.err"
+node_status=$?
+report_lines "$dir/node.out"
+[ "$node_status" -eq 0 ] || not_ok "node: the client's run exits 0 (exit $node_status)" "$(tail -n 15 "$dir/node.err")"
 stop_app_load
 
 # ---------------------------------------------------------------- session

@@ -1,7 +1,7 @@
 // The transactional outbox: enqueue in the caller's transaction, and a
 // consumer loop for those who use the outbox as a job queue.
 import { defaultClassify, isStaleToken } from './errors.js';
-import { ENQUEUE, LISTEN, OUTBOX_ACK, OUTBOX_CLAIM, OUTBOX_NACK, jsonParam } from './sql.js';
+import { BACKEND_PID, ENQUEUE, LISTEN, OUTBOX_ACK, OUTBOX_CLAIM, OUTBOX_NACK, jsonParam } from './sql.js';
 
 // Enqueues on `client`: pass the client of your transaction and the event
 // exists if and only if that transaction commits. Resolves to the event id.
@@ -60,6 +60,7 @@ export class Consumer {
     this.stopping = false;
     this.sleepers = new Set();
     this.listener = null;
+    this.pooled = false;   // behind a pooler: no LISTEN (see listen)
     this.done = this.start(concurrency);
   }
 
@@ -110,9 +111,19 @@ export class Consumer {
   }
 
   async listen() {
-    if (this.listener || this.stopping) return;
+    if (this.listener || this.stopping || this.pooled) return;
     try {
       const client = await this.pool.connect();
+      // Through a pooler in transaction mode (PgBouncer and the like) the
+      // connection's backend key is the pooler's, not the server backend's
+      // pid: a LISTEN would stay on a server backend that other clients
+      // share, and its notifications would reach them. Poll instead.
+      const { rows } = await client.query(BACKEND_PID);
+      if (rows[0].pid !== client.processID) {
+        this.pooled = true;
+        client.release();
+        return;
+      }
       client.on('notification', () => this.wakeAll());
       client.on('error', (err) => {
         this.onError(err);

@@ -47,3 +47,4 @@ export const OUTBOX_ACK = 'SELECT idempotency.outbox_ack(ARRAY[$1::bigint])';
 export const OUTBOX_NACK = `SELECT idempotency.outbox_nack($1::bigint, $2, retryable => $3,
                                    retry_in => make_interval(secs => $4::float8))::text AS state`;
 export const LISTEN = 'LISTEN idempotency_outbox';
+export const BACKEND_PID = 'SELECT pg_catalog.pg_backend_pid() AS pid';
