@@ -24,10 +24,15 @@
 #             (psycopg prepares a query after 5 runs unless told not to)
 #   node      the outbox's Consumer on a pg.Pool: 30 events consumed once
 #             each, and no server backend of the pool listening for it
+#   go        Run over 40 keys, each three times at once, with each driver
+#             setting docs/clients-go.md gives for a pooler (lib/pq with
+#             binary_parameters=yes, pgx with statement_cache_mode=describe
+#             or prefer_simple_protocol=true): each key's work once, no error
 #
 # Run as root after the extension and idem-relay are installed (make
 # install); needs pgbouncer, python3-psycopg, python3-psycopg-pool, node
-# and npm (with the network, for clients/node's locked dependencies). Prints "ok N - ..." or "not ok N - ..." lines
+# and npm (with the network, for clients/node's locked dependencies), Go
+# with golang-github-lib-pq-dev and golang-github-jackc-pgx-v4-dev. Prints "ok N - ..." or "not ok N - ..." lines
 # and ends with "N passed, N failed". Settings: RELAY_POOLER_PORT (54490:
 # PostgreSQL; PgBouncer takes the next), IDEM_RELAY.
 set -u
@@ -81,6 +86,7 @@ unix_socket_dir =
 auth_type = trust
 auth_file = $dir/pgbouncer.users
 pool_mode = transaction
+ignore_startup_parameters = extra_float_digits
 default_pool_size = 2
 max_client_conn = 100
 logfile = $dir/pgbouncer.log
@@ -213,6 +219,29 @@ mkdir -p "$node_copy" && cp -r "$IDEM_ROOT/clients/node/src" "$IDEM_ROOT/clients
 node_status=$?
 report_lines "$dir/node.out"
 [ "$node_status" -eq 0 ] || not_ok "node: the client's run exits 0 (exit $node_status)" "$(tail -n 15 "$dir/node.err")"
+
+# ---------------------------------------------------------------- go
+# A copy of the client with vendor/ from Debian's Go packages, and the
+# check built in it; then the driver settings docs/clients-go.md gives for
+# a pooler, each with keys of its own.
+go_copy=$dir/go-client
+mkdir -p "$go_copy/clients/go/poolercheck" && cp -r "$IDEM_ROOT/clients/go/." "$go_copy/clients/go/" &&
+    cp "$here/go_client.go" "$go_copy/clients/go/poolercheck/main.go" &&
+    "$go_copy/clients/go/vendor.sh" >"$dir/vendor.log" 2>&1 || give_up "could not make the Go vendor tree" "$dir/vendor.log"
+(cd "$go_copy/clients/go" && GOFLAGS=-mod=vendor GOPROXY=off GOCACHE=${GOCACHE:-$dir/gocache} \
+    timeout 300 go build -o "$dir/go_client" ./poolercheck) >"$dir/go_build.log" 2>&1 ||
+    give_up "could not build the Go check" "$dir/go_build.log"
+chmod 755 "$dir/go_client"
+go_dsn="host=127.0.0.1 port=$pooler_port dbname=$db user=relay_app sslmode=disable"
+for run in "postgres|$go_dsn binary_parameters=yes|lib/pq, binary_parameters=yes" \
+    "pgx|$go_dsn statement_cache_mode=describe|pgx, statement_cache_mode=describe" \
+    "pgx|$go_dsn prefer_simple_protocol=true|pgx, prefer_simple_protocol=true"; do
+    IFS='|' read -r go_driver go_source go_label <<<"$run"
+    as_pg "$dir/go_client" "$go_driver" "$go_source" "$go_label" >"$dir/go.out" 2>&1
+    go_status=$?
+    report_lines "$dir/go.out"
+    [ "$go_status" -eq 0 ] || not_ok "go ($go_label): the run exits 0 (exit $go_status)" "$(tail -n 5 "$dir/go.out")"
+done
 stop_app_load
 
 # ---------------------------------------------------------------- session
