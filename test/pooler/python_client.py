@@ -1,7 +1,8 @@
 """The Python client through a pooler in transaction mode: the WSGI
 middleware with the pool it makes itself from a conninfo, the maintenance
-runner and the outbox's Consumer, all on connections that reach the server
-through PgBouncer while another application shares its pool. Argument: the
+runner and the outbox's Consumer and AsyncConsumer, all on connections that
+reach the server through PgBouncer while another application shares its
+pool. Argument: the
 conninfo. Prints one line per check, "ok ..." or "not ok ...", and exits 1
 on any failure."""
 
@@ -11,10 +12,12 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 import io
 
+import asyncio
+
 import psycopg
 
 from pg_idempotency.maintenance import start_maintenance
-from pg_idempotency.outbox import Consumer
+from pg_idempotency.outbox import AsyncConsumer, Consumer
 from pg_idempotency.wsgi import IdempotencyMiddleware
 
 conninfo = sys.argv[1]
@@ -75,6 +78,29 @@ runner = threading.Thread(target=consumer.run, args=(handle,), daemon=True)
 runner.start()
 runner.join(60)
 
+# The AsyncConsumer: 30 more events, the same way.
+with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as conn:
+    conn.execute("SELECT count(idempotency.outbox_enqueue('py.async', jsonb_build_object('n', n)))"
+                 " FROM generate_series(1, 30) n")
+handled_async = []
+async_log = []
+
+
+async def consume_async():
+    async_consumer = AsyncConsumer(conninfo, ["py.async"], name="py-async", poll=0.05, log=async_log.append)
+
+    async def handle_async(event):
+        handled_async.append(event["id"])
+        if len(handled_async) >= 30:
+            async_consumer.stop()
+    await asyncio.wait_for(async_consumer.run(handle_async), 60)
+
+
+try:
+    asyncio.run(consume_async())
+except Exception as exc:   # reported by the check below
+    async_log.append(repr(exc))
+
 failed = False
 
 
@@ -92,4 +118,7 @@ check(not errors and len(passes) >= 30,
 check(len(handled) == 30 and len(set(handled)) == 30 and not runner.is_alive(),
       f"python: the Consumer handled 30 events, each once, and stopped ({len(set(handled))} distinct)")
 check(not consumer_log, f"python: the Consumer logged no error {consumer_log[:1]}")
+check(len(set(handled_async)) == 30 == len(handled_async) and not async_log,
+      f"python: the AsyncConsumer handled 30 events, each once, with no error ({len(set(handled_async))} distinct"
+      f"{', ' + async_log[0] if async_log else ''})")
 sys.exit(1 if failed else 0)

@@ -18,9 +18,10 @@
 #             no setting, no LISTEN, no prepared statement
 #   direct    a direct connection is not taken for a pooler
 #   python    the WSGI middleware, with the pool it makes from a conninfo,
-#             the maintenance runner and the outbox's Consumer: 120
-#             requests over 40 keys, each handled once, 30 maintenance
-#             passes, 30 events consumed once each, all without an error
+#             the maintenance runner and the outbox's Consumer and
+#             AsyncConsumer: 120 requests over 40 keys, each handled once,
+#             30 maintenance passes, 30 events consumed once each by each
+#             consumer, all without an error
 #             (psycopg prepares a query after 5 runs unless told not to)
 #   node      the outbox's Consumer on a pg.Pool: 30 events consumed once
 #             each, and no server backend of the pool listening for it
