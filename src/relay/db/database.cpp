@@ -111,9 +111,9 @@ DbStatus Database::connect(std::string* error) {
         if (!exec_setup("LISTEN idempotency_outbox", error, &status)) return setup_failed(status);
         for (const std::string& setting : settings_)
             if (!exec_setup(("SET " + setting).c_str(), error, &status)) return setup_failed(status);
-        for (const Statement& statement : {kClaim, kAck, kNack, kRelease}) {
-            if (statement.name == kRelease.name && !can_release_) continue;
-            PGresult* result = PQprepare(conn_, statement.name, statement.sql, 0, nullptr);
+        for (const Statement* statement : {&kClaim, &kAck, &kNack, &kRelease}) {
+            if (statement == &kRelease && !can_release_) continue;
+            PGresult* result = PQprepare(conn_, statement->name, statement->sql, 0, nullptr);
             if (PQresultStatus(result) != PGRES_COMMAND_OK)
                 return setup_failed(failure(result, "preparing", error));
             PQclear(result);
