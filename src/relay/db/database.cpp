@@ -90,14 +90,11 @@ DbStatus Database::connect(std::string* error) {
     // prepared statement), the settings are set in each claim's transaction,
     // and the relay polls instead of being woken.
     pooled_ = PQbackendPID(conn_) != atoi(backend_pid.c_str());
-    if (!logged_pooled_ || *logged_pooled_ != pooled_) {
-        if (pooled_)
-            log_info("database: connected through a pooler (the server's backend is not this "
-                     "connection's): no LISTEN, a poll every %lld ms; settings set in each "
-                     "transaction",
-                     static_cast<long long>(options_.poll_interval.count()));
-        logged_pooled_ = pooled_;
-    }
+    if (pooled_)
+        log_info("database: connected through a pooler (the server's backend is not this "
+                 "connection's): no LISTEN, a poll every %lld ms; settings set in each "
+                 "transaction",
+                 static_cast<long long>(options_.poll_interval.count()));
     // A claim's transaction stays open while its events are delivered; one
     // left idle longer than a lease (a relay frozen) is ended by the server,
     // which gives its events back as a lease would.

@@ -140,7 +140,6 @@ private:
     bool notified_ = false;
     bool can_release_ = false;
     bool pooled_ = false;  // through a pooler: nothing kept in the session
-    std::optional<bool> logged_pooled_;  // what the log last said of it
     // "name = value" of each setting a claim's transaction needs; through a
     // pooler each is SET LOCAL after the BEGIN, else SET once per session.
     std::vector<std::string> settings_;
