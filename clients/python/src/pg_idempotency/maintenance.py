@@ -11,10 +11,8 @@ import logging
 import math
 import threading
 
-import psycopg
-
 from . import _sql
-from .pooler import aunprepared_behind_pooler, unprepared_behind_pooler
+from .pooler import aconnect, connect
 
 _log = logging.getLogger("pg_idempotency")
 
@@ -94,8 +92,7 @@ class Maintenance:
 
     def _own_connection(self):
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.source, autocommit=True, application_name="idem_maintenance")
-            unprepared_behind_pooler(self._conn)
+            self._conn, _ = connect(self.source, application_name="idem_maintenance")
         return self._conn
 
 
@@ -161,9 +158,7 @@ class AsyncMaintenance:
 
     async def _own_connection(self):
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(self.source, autocommit=True,
-                                                               application_name="idem_maintenance")
-            await aunprepared_behind_pooler(self._conn)
+            self._conn, _ = await aconnect(self.source, application_name="idem_maintenance")
         return self._conn
 
 

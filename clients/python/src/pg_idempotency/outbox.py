@@ -2,6 +2,7 @@
 consumer loop for those who use the outbox as a job queue."""
 
 import asyncio
+import contextlib
 import inspect
 import os
 import select
@@ -13,7 +14,7 @@ from . import _sql
 from ._state import JobState, dict_cursor
 from .errors import NotClaimed, default_classify, is_stale_token
 from .hooks import Hooks
-from .pooler import aunprepared_behind_pooler, unprepared_behind_pooler
+from .pooler import aconnect, connect
 
 
 def _enqueue_params(topic, payload, key, headers, dedup_key, deliver_at):
@@ -99,10 +100,13 @@ class Consumer(_ConsumerSettings):
         os.write(self._wake_write, b"x")
 
     def run(self, handler):
-        with psycopg.connect(self.conninfo, autocommit=True, application_name=self.name) as conn, \
-                psycopg.connect(self.conninfo, autocommit=True,
-                                application_name=f"{self.name} listener") as listener:
-            if not unprepared_behind_pooler(conn):
+        with contextlib.ExitStack() as opened:
+            conn, pooled = connect(self.conninfo, application_name=self.name)
+            opened.enter_context(conn)
+            listener = None
+            if not pooled:
+                listener = opened.enter_context(psycopg.connect(
+                    self.conninfo, autocommit=True, application_name=f"{self.name} listener"))
                 listener.execute(_sql.LISTEN)
             params = {"relay": self.name, "batch": self.batch, "lease": self.lease, "topics": self.topics}
             while not self.stopping:
@@ -125,9 +129,10 @@ class Consumer(_ConsumerSettings):
             conn.execute(sql, params)
 
     def _idle(self, listener):
-        """Waits for a notification, stop() or the poll interval."""
-        ready = select.select([listener.fileno(), self._wake_read], [], [], self.poll)[0]
-        if listener.fileno() in ready:
+        """Waits for a notification (when listening), stop() or the poll interval."""
+        watched = [self._wake_read] + ([listener.fileno()] if listener is not None else [])
+        ready = select.select(watched, [], [], self.poll)[0]
+        if listener is not None and listener.fileno() in ready:
             listener.execute("SELECT 1")     # takes in the notifications
         if self._wake_read in ready:
             os.read(self._wake_read, 64)
@@ -181,12 +186,12 @@ class AsyncConsumer(_ConsumerSettings):
         self._wake = asyncio.Event()
         if self.stopping:
             return
-        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True, application_name=self.name)
-        listener = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
-                                                          application_name=f"{self.name} listener")
-        listening = None
+        conn, pooled = await aconnect(self.conninfo, application_name=self.name)
+        listener = listening = None
         try:
-            if not await aunprepared_behind_pooler(conn):
+            if not pooled:
+                listener = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
+                                                                  application_name=f"{self.name} listener")
                 await listener.execute(_sql.LISTEN)
                 listening = asyncio.create_task(self._listen(listener))
             params = {"relay": self.name, "batch": self.batch, "lease": self.lease, "topics": self.topics}
@@ -205,6 +210,8 @@ class AsyncConsumer(_ConsumerSettings):
             if listening is not None:
                 listening.cancel()
             for c in (listener, conn):
+                if c is None:
+                    continue
                 try:
                     await asyncio.wait_for(c.close(), 5)
                 except Exception:

@@ -12,6 +12,8 @@ A pool the application passes in is its own to configure
 (``prepare_threshold=None`` in its connections' kwargs).
 """
 
+import psycopg
+
 _BACKEND_PID = "SELECT pg_catalog.pg_backend_pid()"
 
 
@@ -38,6 +40,28 @@ async def aunprepared_behind_pooler(conn):
     if not conn.autocommit:
         await conn.rollback()
     return _unprepared_if(conn, server_pid)
+
+
+def connect(conninfo, **kwargs):
+    """The package's own connection in autocommit, unprepared behind a
+    pooler: ``(conn, pooled)``. ``kwargs`` go to psycopg.connect
+    (application_name, ...)."""
+    conn = psycopg.connect(conninfo, autocommit=True, **kwargs)
+    try:
+        return conn, unprepared_behind_pooler(conn)
+    except BaseException:
+        conn.close()
+        raise
+
+
+async def aconnect(conninfo, **kwargs):
+    """The same with an ``AsyncConnection``."""
+    conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **kwargs)
+    try:
+        return conn, await aunprepared_behind_pooler(conn)
+    except BaseException:
+        await conn.close()
+        raise
 
 
 def with_unprepared(configure):
