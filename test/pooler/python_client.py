@@ -1,13 +1,15 @@
-"""The Python client through a pooler in transaction mode: the WSGI
-middleware with the pool it makes itself from a conninfo, the maintenance
-runner and the outbox's Consumer and AsyncConsumer, all on connections that
-reach the server through PgBouncer while another application shares its
-pool. Argument: the
-conninfo. Prints one line per check, "ok ..." or "not ok ...", and exits 1
+"""The Python client through a pooler in transaction mode: the WSGI and
+ASGI middlewares with the pools they make themselves from a conninfo (the
+ASGI one with waiting duplicates, and in transaction mode), a claim whose
+heartbeat renews its lease many times, the maintenance runner and the
+outbox's Consumer and AsyncConsumer, all on connections that reach the
+server through PgBouncer while another application shares its pool.
+Argument: the conninfo. Prints one line per check, "ok ..." or "not ok ...", and exits 1
 on any failure."""
 
 import sys
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 import io
@@ -16,6 +18,8 @@ import asyncio
 
 import psycopg
 
+import pg_idempotency as idem
+from pg_idempotency.asgi import IdempotencyMiddleware as AsgiMiddleware
 from pg_idempotency.maintenance import start_maintenance
 from pg_idempotency.outbox import AsyncConsumer, Consumer
 from pg_idempotency.wsgi import IdempotencyMiddleware
@@ -101,6 +105,120 @@ try:
 except Exception as exc:   # reported by the check below
     async_log.append(repr(exc))
 
+# The ASGI middlewares, each with the pool it opens from the conninfo and
+# closes at the app's shutdown: /slow in claim mode, where the duplicates
+# sent at once wait for the holder (its handler takes 0.3 s), and /tx in
+# transaction mode, whose handler writes on the key's connection.
+asgi_runs = Counter()
+
+
+async def inner(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+    context = scope["state"]["idempotency"]
+    asgi_runs[scope["path"] + context.key] += 1
+    if scope["path"] == "/slow":
+        await asyncio.sleep(0.3)
+    else:
+        await context.conn.execute("INSERT INTO asgi_effects VALUES (%s)", (context.key,))
+    await send({"type": "http.response.start", "status": 201, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"ok": true}'})
+
+
+asgi_app = AsgiMiddleware(AsgiMiddleware(inner, conninfo=conninfo, scope="pooler.asgi_tx", paths=["/tx"],
+                                         mode="transaction"),
+                          conninfo=conninfo, scope="pooler.asgi", paths=["/slow"], wait=30)
+
+
+async def asgi_post(path, key):
+    sent = []
+    body = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive():
+        return body.pop() if body else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [
+        (b"idempotency-key", key.encode()), (b"content-type", b"application/json")]}
+    await asgi_app(scope, receive, send)
+    return sent[0]["status"]
+
+
+async def lifespan(event):
+    messages = [{"type": "lifespan." + event}]
+    done = []
+
+    async def receive():
+        return messages.pop() if messages else await asyncio.Event().wait()
+
+    async def send(message):
+        done.append(message["type"])
+    task = asyncio.ensure_future(asgi_app({"type": "lifespan"}, receive, send))
+    while not done:
+        await asyncio.sleep(0.01)
+    task.cancel()
+
+
+async def asgi_burst():
+    await lifespan("startup")
+    try:
+        asgi_keys = [f"asgi-{i}" for i in range(20)]
+        return await asyncio.gather(*[asgi_post(path, key) for path in ("/slow", "/tx")
+                                      for key in asgi_keys * 3])
+    finally:
+        await lifespan("shutdown")
+
+try:
+    asgi_statuses = Counter(asyncio.run(asgi_burst()))
+except Exception as exc:   # reported by the checks below
+    asgi_statuses = Counter({repr(exc): 1})
+with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as conn:
+    asgi_effects = conn.execute("SELECT count(*), count(DISTINCT key) FROM asgi_effects").fetchone()
+
+# A claim whose work outlasts its lease several times: the heartbeat renews
+# it (every third of the lease) on a connection of its own, opened like the
+# claim's (which prepares nothing, as the docs say behind a pooler).
+# Meanwhile, after 3.5 s, another worker's claim of the key must find it
+# held; a lease the heartbeat failed to renew would have ended by then.
+def claim_again():
+    with psycopg.connect(conninfo, prepare_threshold=None) as other:
+        try:
+            with idem.claim(other, "long-job", scope="pooler.heartbeat", lease=1, heartbeat=False):
+                return "claimed"
+        except idem.NotClaimed as answer:
+            return answer.job.outcome
+
+
+with psycopg.connect(conninfo, prepare_threshold=None) as conn:
+    with idem.claim(conn, "long-job", scope="pooler.heartbeat", lease=1) as job:
+        time.sleep(3.5)
+        second_claim = claim_again()
+        time.sleep(0.5)
+heartbeat_outcome = (job.outcome, job.lost.is_set(), second_claim)
+
+
+# Then two transactions at once take both server backends of the pool: a
+# statement any connection above prepared would still be on one of them
+# (a heartbeat that prepared, for one, fails only some of its beats).
+def backend_state():
+    with psycopg.connect(conninfo, prepare_threshold=None) as conn, conn.transaction():
+        row = conn.execute("SELECT pg_backend_pid(), (SELECT count(*) FROM pg_prepared_statements)").fetchone()
+        conn.execute("SELECT pg_sleep(0.5)")
+        return row
+
+
+prepared = {}
+with ThreadPoolExecutor(max_workers=2) as pool:
+    for _ in range(20):
+        prepared.update(pool.map(lambda _: backend_state(), range(2)))
+        if len(prepared) == 2:
+            break
+
 failed = False
 
 
@@ -121,4 +239,14 @@ check(not consumer_log, f"python: the Consumer logged no error {consumer_log[:1]
 check(len(set(handled_async)) == 30 == len(handled_async) and not async_log,
       f"python: the AsyncConsumer handled 30 events, each once, with no error ({len(set(handled_async))} distinct"
       f"{', ' + async_log[0] if async_log else ''})")
+check(asgi_statuses == Counter({201: 120}),
+      f"python: 120 ASGI requests, duplicates at once, answered 201 ({dict(asgi_statuses)})")
+check(sorted(asgi_runs.values()) == [1] * 40,
+      f"python: each of 40 ASGI keys handled once ({sum(asgi_runs.values())} runs)")
+check(asgi_effects == (20, 20), f"python: the transaction mode's writes, each key's once ({asgi_effects})")
+check(heartbeat_outcome == ("completed", False, "in_progress"),
+      f"python: 4 s of work under a 1 s lease stays held and completes, its heartbeat renewing it"
+      f" (outcome, lost, another claim at 3.5 s: {heartbeat_outcome})")
+check(len(prepared) == 2 and not any(prepared.values()),
+      f"python: no server backend of the pool holds a statement the client prepared ({prepared})")
 sys.exit(1 if failed else 0)

@@ -17,14 +17,19 @@
 #   session   nothing of the relay is left in the pool's server backends:
 #             no setting, no LISTEN, no prepared statement
 #   direct    a direct connection is not taken for a pooler
-#   python    the WSGI middleware, with the pool it makes from a conninfo,
-#             the maintenance runner and the outbox's Consumer and
-#             AsyncConsumer: 120 requests over 40 keys, each handled once,
-#             30 maintenance passes, 30 events consumed once each by each
-#             consumer, all without an error
+#   python    the WSGI and ASGI middlewares, with the pools they make from
+#             a conninfo (ASGI: duplicates at once waiting for the holder,
+#             and transaction mode), a claim whose work outlasts its lease
+#             four times, the maintenance runner and the outbox's Consumer
+#             and AsyncConsumer: each key handled once, each event consumed
+#             once, no error, and afterwards no server backend holding a
+#             statement the client prepared
 #             (psycopg prepares a query after 5 runs unless told not to)
-#   node      the outbox's Consumer on a pg.Pool: 30 events consumed once
-#             each, and no server backend of the pool listening for it
+#   node      the outbox's Consumer on a pg.Pool (30 events consumed once
+#             each, no server backend of the pool listening for it), and
+#             the Express middleware: duplicates at once in claim mode,
+#             whose handler outlasts its lease, and in transaction mode,
+#             each key handled once
 #   go        Run over 40 keys, each three times at once, with each driver
 #             setting docs/clients-go.md gives for a pooler (lib/pq with
 #             binary_parameters=yes, pgx with statement_cache_mode=describe
@@ -201,6 +206,9 @@ check "restart: the second relay exits 0 on SIGTERM (exit $?)" test "$?" = 0
 # ---------------------------------------------------------------- python
 # The same role as the application's load, so that it shares its pool.
 sql -c "SELECT idempotency.grant_application('relay_app'), idempotency.grant_admin('relay_app')" >/dev/null
+# The tables the middlewares' handlers write to in transaction mode.
+sql -c "CREATE TABLE asgi_effects (key text); CREATE TABLE express_effects (key text);
+        GRANT SELECT, INSERT ON asgi_effects, express_effects TO relay_app" >/dev/null
 as_pg env PYTHONPATH="$IDEM_ROOT/clients/python/src" $python "$here/python_client.py" "$pooled_dsn" \
     >"$dir/python.out" 2>"$dir/python.err"
 python_status=$?
