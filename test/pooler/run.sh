@@ -30,6 +30,10 @@
 #             the Express middleware: duplicates at once in claim mode,
 #             whose handler outlasts its lease, and in transaction mode,
 #             each key handled once
+#   wait      idem_claim(wait => ...) holds a server connection while it
+#             waits: as many waiters as the pool's connections keep the
+#             holder's complete out until one gives up (in_progress);
+#             fewer leave it room, and it wakes them (completed)
 #   go        Run over 40 keys, each three times at once, with each driver
 #             setting docs/clients-go.md gives for a pooler (lib/pq with
 #             binary_parameters=yes, pgx with statement_cache_mode=describe
@@ -252,6 +256,39 @@ for run in "postgres|$go_dsn binary_parameters=yes|lib/pq, binary_parameters=yes
     [ "$go_status" -eq 0 ] || not_ok "go ($go_label): the run exits 0 (exit $go_status)" "$(tail -n 5 "$dir/go.out")"
 done
 stop_app_load
+
+# ---------------------------------------------------------------- wait
+# idem_claim(wait => ...) through the pooler: a waiting duplicate holds a
+# server connection for as long as it waits (docs/waiting.md). With as many
+# waiters as the pool has server connections, the holder's idem_complete
+# finds none to run on until one of them gives up: it answers in_progress,
+# though the holder finished right after it began to wait. With fewer
+# waiters than connections, the complete runs and wakes them: completed.
+waiting_sessions() {
+    sql_is "SELECT count(*) FROM pg_stat_activity
+            WHERE state = 'active' AND query LIKE '%wait =>%' AND pid <> pg_backend_pid()" "$1"
+}
+# crowd KEY WAITERS: WAITERS duplicates wait (8 s) for KEY's holder, which
+# completes once they all wait; prints each waiter's outcome, sorted.
+crowd() {
+    local key=$1 waiters=$2 token i
+    token=$(pooled -c "SELECT token FROM idempotency.idem_claim('$key', lease => '1 minute')")
+    for i in $(seq "$waiters"); do
+        pooled -c "SELECT outcome FROM idempotency.idem_claim('$key', wait => '8s')" >"$dir/waiter.$i" 2>&1 &
+    done
+    wait_until 30 waiting_sessions "$waiters" || echo "the waiters did not all wait"
+    pooled -c "SELECT idempotency.idem_complete('$key', '$token', '{}')" >/dev/null
+    wait
+    sort "$dir"/waiter.* | paste -sd ' '
+    rm -f "$dir"/waiter.*
+}
+outcomes=$(crowd crowd-full 2)
+gave_up() { case " $outcomes " in *" in_progress "*) return 0 ;; *) return 1 ;; esac; }
+check "wait: 2 waiters on a pool of 2 hold both connections; the holder's complete runs once one gives up ($outcomes)" \
+    gave_up
+outcomes=$(crowd crowd-room 1)
+check "wait: 1 waiter on a pool of 2 leaves room for the complete, which wakes it ($outcomes)" \
+    test "$outcomes" = "completed"
 
 # ---------------------------------------------------------------- session
 # Two transactions at once take both server backends of the pool: each
