@@ -155,8 +155,8 @@ run_tap() {
     done
     [ ${#files[@]} -gt 0 ] || return 0
     log "TAP tests (PostgreSQL::Test::Cluster), ${IDEM_TAP_JOBS:-2} at a time"
-    tap_pg_cron=
-    idem_pg_cron_required && tap_pg_cron=1
+    tap_third_party=
+    idem_third_party_required && tap_third_party=1
     run_pooled "${IDEM_TAP_JOBS:-2}" run_tap_file "${files[@]}" &
     for file in "${files[@]}"; do finish_pooled "$file" "${file#test/}"; done
     wait
@@ -165,7 +165,7 @@ run_tap() {
 run_tap_file() {  # run_tap_file FILE (relative to the stage)
     cd "$stage" && as_pg env PG_REGRESS="$pgxs_dir/src/test/regress/pg_regress" \
         PATH="$bindir:$PATH" TESTDIR="$stage" PG_CONFIG="$(pg_config_path)" \
-        IDEM_REQUIRE_PG_CRON=$tap_pg_cron prove -I "$pgxs_dir/src/test/perl" "$1"
+        IDEM_REQUIRE_THIRD_PARTY=$tap_third_party prove -I "$pgxs_dir/src/test/perl" "$1"
 }
 
 # Harnesses that run real processes: each script is one test.

@@ -19,7 +19,7 @@ idem_packages_for() {
         case $group in
             core) echo "postgresql-$major postgresql-server-dev-$major libpq-dev libipc-run-perl
                 g++ make cmake pkg-config libgtest-dev libcurl4-openssl-dev libnats-dev
-                librabbitmq-dev $(idem_pg_cron_package "$major")" ;;
+                librabbitmq-dev $(idem_third_party_packages "$major")" ;;
             harnesses) echo "postgresql-contrib python3 python3-psycopg2 nodejs gnuplot-nox
                 python3-psycopg python3-psycopg-pool python3-venv python3-pip python3-fastapi
                 python3-httpx python3-pytest python3-uvicorn curl prometheus prometheus-postgres-exporter
@@ -32,19 +32,21 @@ idem_packages_for() {
     done
 }
 
-# pg_cron, which runs the SQL edition's housekeeping in
-# test/tap/035_sql_edition_pg_cron.pl: Debian's package for the host's major
-# (15) only. The matrix's other majors have none and that test skips there.
-idem_pg_cron_package() {
-    [ "$1" = 15 ] && echo "postgresql-$1-cron"
+# Debian's packages of other projects' extensions that TAP tests use, for
+# the host's major (15) only: pg_cron, which runs the SQL edition's
+# housekeeping in test/tap/035_sql_edition_pg_cron.pl, and pg_repack, which
+# test/tap/036_repack.pl runs under traffic. The matrix's other majors have
+# none and those tests skip there.
+idem_third_party_packages() {
+    [ "$1" = 15 ] && echo "postgresql-$1-cron postgresql-$1-repack"
     return 0
 }
 
-# Whether the pg_cron test must run rather than skip: the PostgreSQL under
-# test is the Debian package's, for which the package list above has pg_cron
-# (a relocated copy, named by PG_CONFIG, may lack it).
-idem_pg_cron_required() {
-    [ -n "$(idem_pg_cron_package "$(idem_major)")" ] &&
+# Whether those tests must run rather than skip: the PostgreSQL under test
+# is the Debian package's, for which the package list above has them (a
+# relocated copy, named by PG_CONFIG, may lack them).
+idem_third_party_required() {
+    [ -n "$(idem_third_party_packages "$(idem_major)")" ] &&
         dpkg -S "$(pg_config_path)" >/dev/null 2>&1
 }
 

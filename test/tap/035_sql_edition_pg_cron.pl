@@ -17,7 +17,7 @@
 #
 # pg_cron must be installed for the PostgreSQL under test (Debian's
 # postgresql-15-cron, which `make test` installs). Where it is not, the
-# test skips and says why, unless IDEM_REQUIRE_PG_CRON is set (test/run.sh
+# test skips and says why, unless IDEM_REQUIRE_THIRD_PARTY is set (test/run.sh
 # sets it where `make test` installs the package): then it fails.
 use strict;
 use warnings;
@@ -29,17 +29,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my $pg_config = $ENV{PG_CONFIG} // 'pg_config';
-my $pkglibdir = `"$pg_config" --pkglibdir`;
-chomp $pkglibdir;
-unless (-e "$pkglibdir/pg_cron.so")
-{
-	my $why = "pg_cron is not installed for this PostgreSQL (no pg_cron.so in $pkglibdir)";
-	BAIL_OUT("$why, and IDEM_REQUIRE_PG_CRON says it must be: install postgresql-15-cron")
-	  if $ENV{IDEM_REQUIRE_PG_CRON};
-	diag("SKIPPED: $why");
-	plan skip_all => $why;
-}
+needs_extension('pg_cron', 'postgresql-15-cron');
 
 my $root = $ENV{TESTDIR} // "$FindBin::RealBin/../..";
 my $dir = PostgreSQL::Test::Utils::tempdir;

@@ -13,7 +13,7 @@ use Test::More;
 use Time::HiRes qw(time usleep);
 
 our @EXPORT = qw(idem_node poll_until wait_until_up backend_pid wait_for_backend
-  key_row claim_sql wait_served percentile fmt_ms);
+  key_row claim_sql wait_served percentile fmt_ms needs_extension);
 
 # idem_node(NAME, conf => [lines], allows_streaming => 0|1, start => 1)
 # A cluster with shared_preload_libraries = 'idempotency', naptime 200ms,
@@ -56,6 +56,24 @@ sub poll_until
 		return undef if time - $start > $timeout;
 		usleep($interval_ms * 1000);
 	}
+}
+
+# needs_extension(LIBRARY, PACKAGE): skips the whole test, saying why, when
+# another project's extension (LIBRARY.so) is not installed for the
+# PostgreSQL under test; fails instead when IDEM_REQUIRE_THIRD_PARTY is set
+# (test/run.sh sets it where `make test` installs PACKAGE).
+sub needs_extension
+{
+	my ($library, $package) = @_;
+	my $pg_config = $ENV{PG_CONFIG} // 'pg_config';
+	my $pkglibdir = `"$pg_config" --pkglibdir`;
+	chomp $pkglibdir;
+	return if -e "$pkglibdir/$library.so";
+	my $why = "$library is not installed for this PostgreSQL (no $library.so in $pkglibdir)";
+	BAIL_OUT("$why, and IDEM_REQUIRE_THIRD_PARTY says it must be: install $package")
+	  if $ENV{IDEM_REQUIRE_THIRD_PARTY};
+	diag("SKIPPED: $why");
+	plan skip_all => $why;
 }
 
 # Waits until the cluster accepts connections again (after a crash restart).
