@@ -207,6 +207,40 @@ check "restart: no error" no_error r2
 stop_relay "$relay2" 20
 check "restart: the second relay exits 0 on SIGTERM (exit $?)" test "$?" = 0
 
+# ---------------------------------------------------------------- session
+# Right after the relay, before any client has used the pool, two
+# transactions at once take both server backends of the pool: each tells
+# what its session holds. A relay that set its settings, LISTENed or
+# prepared in the session left them on one of these. (The application's
+# load goes on: stopping it mid-transaction would make PgBouncer close the
+# server connections it held, and with them what they held.)
+session_state() {
+    local i probes=()
+    for i in 1 2; do
+        pooled -F ' ' -c "BEGIN" -c "SELECT pg_backend_pid(),
+              current_setting('idle_in_transaction_session_timeout'),
+              coalesce(current_setting('idempotency.outbox_run_length', true), 'unset'),
+              (SELECT count(*) FROM pg_listening_channels()),
+              (SELECT count(*) FROM pg_prepared_statements)" -c "SELECT pg_sleep(1)" -c "COMMIT" \
+            >"$dir/session.$i" &
+        probes+=($!)
+    done
+    wait "${probes[@]}"
+    grep -h -v '^$' "$dir/session.1" "$dir/session.2" >"$dir/session.txt"
+    [ "$(cut -d ' ' -f 1 "$dir/session.txt" | sort -u | wc -l)" = 2 ]
+}
+# pid, idle_in_transaction_session_timeout, run length, channels, statements
+session_clean() { awk '$2 != "0" || $3 == "20" || $4 != 0 || $5 != 0 { bad = 1 } END { exit bad }' "$dir/session.txt"; }
+if wait_until 30 session_state; then
+    if session_clean; then
+        ok "session: neither server backend holds a setting, a LISTEN or a prepared statement of the relay"
+    else
+        not_ok "session: a server backend holds what the relay left" "$(cat "$dir/session.txt")"
+    fi
+else
+    not_ok "session: two server backends seen at once" "$(cat "$dir/session.txt")"
+fi
+
 # ---------------------------------------------------------------- python
 # The same role as the application's load, so that it shares its pool.
 sql -c "SELECT idempotency.grant_application('relay_app'), idempotency.grant_admin('relay_app')" >/dev/null
@@ -289,36 +323,6 @@ check "wait: 2 waiters on a pool of 2 hold both connections; the holder's comple
 outcomes=$(crowd crowd-room 1)
 check "wait: 1 waiter on a pool of 2 leaves room for the complete, which wakes it ($outcomes)" \
     test "$outcomes" = "completed"
-
-# ---------------------------------------------------------------- session
-# Two transactions at once take both server backends of the pool: each
-# tells what its session holds. A relay that set its settings, LISTENed or
-# prepared in the session left them on one of these.
-session_state() {
-    local i
-    for i in 1 2; do
-        pooled -F ' ' -c "BEGIN" -c "SELECT pg_backend_pid(),
-              current_setting('idle_in_transaction_session_timeout'),
-              coalesce(current_setting('idempotency.outbox_run_length', true), 'unset'),
-              (SELECT count(*) FROM pg_listening_channels()),
-              (SELECT count(*) FROM pg_prepared_statements)" -c "SELECT pg_sleep(1)" -c "COMMIT" \
-            >"$dir/session.$i" &
-    done
-    wait
-    grep -h -v '^$' "$dir/session.1" "$dir/session.2" >"$dir/session.txt"
-    [ "$(cut -d ' ' -f 1 "$dir/session.txt" | sort -u | wc -l)" = 2 ]
-}
-# pid, idle_in_transaction_session_timeout, run length, channels, statements
-session_clean() { awk '$2 != "0" || $3 == "20" || $4 != 0 || $5 != 0 { bad = 1 } END { exit bad }' "$dir/session.txt"; }
-if wait_until 30 session_state; then
-    if session_clean; then
-        ok "session: neither server backend holds a setting, a LISTEN or a prepared statement of the relay"
-    else
-        not_ok "session: a server backend holds what the relay left" "$(cat "$dir/session.txt")"
-    fi
-else
-    not_ok "session: two server backends seen at once" "$(cat "$dir/session.txt")"
-fi
 
 # ---------------------------------------------------------------- direct
 once direct 30 --dsn "host=$dir port=$port dbname=$db user=relay_app" --sink stdout --topics burst
