@@ -173,6 +173,7 @@ async def asgi_burst():
     finally:
         await lifespan("shutdown")
 
+
 try:
     asgi_statuses = Counter(asyncio.run(asgi_burst()))
 except Exception as exc:   # reported by the checks below
