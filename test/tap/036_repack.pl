@@ -102,7 +102,7 @@ my @connect = ('-h', $node->host, '-p', $node->port);
 my $traffic = IPC::Run::start(
 	[ 'pgbench', @connect, '-n', '-c', '6', '-R', '300', '-T', '600',
 	  (map { ('-f', "$dir/$_") } qw(one.sql two.sql consume.sql)), 'postgres' ],
-	'>', "$dir/pgbench.out", '2>&1', "$dir/pgbench.err");
+	'>', "$dir/pgbench.out", '2>&1');
 
 sub done { return $node->safe_psql('postgres', 'SELECT (SELECT count(*) FROM done_one) + (SELECT count(*) FROM done_two)'); }
 ok(poll_until(60, sub { done() >= 300 }), 'the traffic runs before the repack');
