@@ -22,8 +22,8 @@
 #             and transaction mode), a claim whose work outlasts its lease
 #             four times, the maintenance runner and the outbox's Consumer
 #             and AsyncConsumer: each key handled once, each event consumed
-#             once, no error, and afterwards no server backend holding a
-#             statement the client prepared
+#             once, no error, and afterwards (the session check again)
+#             no server backend holding what the client left
 #             (psycopg prepares a query after 5 runs unless told not to)
 #   node      the outbox's Consumer on a pg.Pool (30 events consumed once
 #             each, no server backend of the pool listening for it), and
@@ -208,12 +208,14 @@ stop_relay "$relay2" 20
 check "restart: the second relay exits 0 on SIGTERM (exit $?)" test "$?" = 0
 
 # ---------------------------------------------------------------- session
-# Right after the relay, before any client has used the pool, two
-# transactions at once take both server backends of the pool: each tells
-# what its session holds. A relay that set its settings, LISTENed or
-# prepared in the session left them on one of these. (The application's
-# load goes on: stopping it mid-transaction would make PgBouncer close the
-# server connections it held, and with them what they held.)
+# Two transactions at once take both server backends of the pool: each
+# tells what its session holds. A relay or client that set its settings,
+# LISTENed or prepared in the session left them on one of these. Checked
+# right after the relay, before any client has used the pool, and again
+# after the Python client (a heartbeat that prepared, for one, fails only
+# some of its beats). The application's load goes on meanwhile: stopping
+# it mid-transaction would make PgBouncer close the server connections it
+# held, and with them what they held.
 session_state() {
     local i probes=()
     for i in 1 2; do
@@ -231,15 +233,17 @@ session_state() {
 }
 # pid, idle_in_transaction_session_timeout, run length, channels, statements
 session_clean() { awk '$2 != "0" || $3 == "20" || $4 != 0 || $5 != 0 { bad = 1 } END { exit bad }' "$dir/session.txt"; }
-if wait_until 30 session_state; then
-    if session_clean; then
-        ok "session: neither server backend holds a setting, a LISTEN or a prepared statement of the relay"
+# session_check WHO: the check, after WHO used the pool.
+session_check() {
+    if ! wait_until 30 session_state; then
+        not_ok "session: two server backends seen at once" "$(cat "$dir/session.txt")"
+    elif session_clean; then
+        ok "session: neither server backend holds a setting, a LISTEN or a prepared statement of $1"
     else
-        not_ok "session: a server backend holds what the relay left" "$(cat "$dir/session.txt")"
+        not_ok "session: a server backend holds what $1 left" "$(cat "$dir/session.txt")"
     fi
-else
-    not_ok "session: two server backends seen at once" "$(cat "$dir/session.txt")"
-fi
+}
+session_check "the relay"
 
 # ---------------------------------------------------------------- python
 # The same role as the application's load, so that it shares its pool.
@@ -252,6 +256,7 @@ as_pg env PYTHONPATH="$IDEM_ROOT/clients/python/src" $python "$here/python_clien
 python_status=$?
 report_lines "$dir/python.out"
 [ "$python_status" -eq 0 ] || not_ok "python: the client's run exits 0 (exit $python_status)" "$(tail -n 15 "$dir/python.err")"
+session_check "the Python client"
 
 # ---------------------------------------------------------------- node
 # A copy of the client with its locked dependencies (pg), run from there.
