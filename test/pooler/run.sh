@@ -33,7 +33,8 @@
 #   wait      idem_claim(wait => ...) holds a server connection while it
 #             waits: as many waiters as the pool's connections keep the
 #             holder's complete out until one gives up (in_progress);
-#             fewer leave it room, and it wakes them (completed)
+#             fewer leave it room, and it wakes them (completed); Python's
+#             claim(wait=) polls instead: 3 waiters, all completed
 #   go        Run over 40 keys, each three times at once, with each driver
 #             setting docs/clients-go.md gives for a pooler (lib/pq with
 #             binary_parameters=yes, pgx with statement_cache_mode=describe
@@ -328,6 +329,27 @@ check "wait: 2 waiters on a pool of 2 hold both connections; the holder's comple
 outcomes=$(crowd crowd-room 1)
 check "wait: 1 waiter on a pool of 2 leaves room for the complete, which wakes it ($outcomes)" \
     test "$outcomes" = "completed"
+
+# The Python client's claim(conn, ..., wait=...) on a connection through the
+# pooler waits off it instead (docs/clients-python.md): three duplicates,
+# more than the pool's connections, each try a claim without wait. Once each
+# has answered in_progress at least twice (the extension's counter: they
+# all poll), the holder's complete finds a connection and they take its
+# result: completed, without running the work.
+in_progress_answers() { sql -c "SELECT in_progress FROM idempotency.idem_metrics"; }
+polled_since() { [ "$(in_progress_answers)" -ge $(($1 + 6)) ]; }
+before=$(in_progress_answers)
+token=$(pooled -c "SELECT token FROM idempotency.idem_claim('python-crowd', lease => '1 minute')")
+for mode in sync sync async; do
+    as_pg env PYTHONPATH="$IDEM_ROOT/clients/python/src" $python "$here/python_wait.py" "$pooled_dsn" \
+        python-crowd "$mode" 20 >>"$dir/python_wait.out" 2>&1 &
+done
+wait_until 30 polled_since "$before" || echo "the Python waiters did not poll" >>"$dir/python_wait.out"
+pooled -c "SELECT idempotency.idem_complete('python-crowd', '$token', '{}')" >/dev/null
+wait
+outcomes=$(sort "$dir/python_wait.out" | paste -sd ' ')
+check "wait: Python's claim(wait=) and aclaim(wait=), 3 on a pool of 2, poll off the pool and take the result ($outcomes)" \
+    test "$outcomes" = "completed completed completed"
 
 # ---------------------------------------------------------------- direct
 once direct 30 --dsn "host=$dir port=$port dbname=$db user=relay_app" --sink stdout --topics burst

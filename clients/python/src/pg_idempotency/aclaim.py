@@ -13,6 +13,8 @@ from ._state import JobState, dict_cursor, exit_action
 from ._steps import AsyncStep, StepHolder, arun_step
 from .errors import NotClaimed, is_stale_token
 from .hooks import Hooks
+from .pooler import abehind_pooler
+from .waiting import apoll
 
 # How long stop_beat waits for a heartbeat task after its stop flag is set.
 STOP_WAIT = 5.0
@@ -164,9 +166,7 @@ class aclaim:
 
     async def __aenter__(self):
         job = self.job
-        async with job.conn.transaction():
-            cur = await dict_cursor(job.conn).execute(_sql.CLAIM, job.claim_params(self.wait))
-            job.answered(await cur.fetchone())
+        job.answered(await self._claim())
         if not job.claimed:
             self.hooks.answered(job)
             raise NotClaimed(job)
@@ -174,6 +174,19 @@ class aclaim:
             self.stopping = asyncio.Event()
             self.beat = asyncio.create_task(heartbeat(job, self.connect, self.stopping))
         return job
+
+    async def _claim(self):
+        """The claim's answer: as ``claim._claim``."""
+        job = self.job
+
+        async def attempt(wait=None):
+            async with job.conn.transaction():
+                cur = await dict_cursor(job.conn).execute(_sql.CLAIM, job.claim_params(wait))
+                return await cur.fetchone()
+
+        if (self.wait or 0) > 0 and not self.in_transaction and await abehind_pooler(job.conn):
+            return await apoll(attempt, self.wait)
+        return await attempt(self.wait)
 
     async def __aexit__(self, exc_type, exc, tb):
         job = self.job

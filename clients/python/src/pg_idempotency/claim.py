@@ -36,6 +36,8 @@ from ._state import JobState, dict_cursor, exit_action
 from ._steps import StepHolder, SyncStep, run_step
 from .errors import NotClaimed, is_stale_token
 from .hooks import Hooks
+from .pooler import behind_pooler
+from .waiting import poll
 
 # How long stopping waits for the heartbeat (it stops by itself at its next
 # beat whatever happens to this wait).
@@ -162,8 +164,7 @@ class claim:
 
     def __enter__(self):
         job = self.job
-        with job.conn.transaction():
-            job.answered(dict_cursor(job.conn).execute(_sql.CLAIM, job.claim_params(self.wait)).fetchone())
+        job.answered(self._claim())
         if not job.claimed:
             self.hooks.answered(job)
             raise NotClaimed(job)
@@ -171,6 +172,21 @@ class claim:
             self.beat = Heartbeat(job, self.connect)
             self.beat.start()
         return job
+
+    def _claim(self):
+        """The claim's answer. Its wait is the server's, except on a
+        connection through a pooler outside a transaction of the caller:
+        there it polls (waiting.poll), so that no server connection of the
+        pool is held while the key's holder needs one to complete."""
+        job = self.job
+
+        def attempt(wait=None):
+            with job.conn.transaction():
+                return dict_cursor(job.conn).execute(_sql.CLAIM, job.claim_params(wait)).fetchone()
+
+        if (self.wait or 0) > 0 and not self.in_transaction and behind_pooler(job.conn):
+            return poll(attempt, self.wait)
+        return attempt(self.wait)
 
     def __exit__(self, exc_type, exc, tb):
         job = self.job

@@ -6,40 +6,60 @@ clients, so a statement psycopg prepares on one (it does after
 there for the next client: "prepared statement ... does not exist" or
 "... already exists". A pooler gives its client a backend key of its own,
 not the server backend's pid; where the two differ, the connections this
-package opens prepare nothing, and the outbox consumers do not LISTEN (a
-notification would reach whichever client holds that backend; they poll).
+package opens prepare nothing, the outbox consumers do not LISTEN (a
+notification would reach whichever client holds that backend; they poll),
+and a claim's ``wait`` polls instead of waiting in the server (where it
+would hold one of the pool's server connections).
 A pool the application passes in is its own to configure
 (``prepare_threshold=None`` in its connections' kwargs).
 """
 
+import weakref
+
 import psycopg
 
 _BACKEND_PID = "SELECT pg_catalog.pg_backend_pid()"
+_seen = weakref.WeakKeyDictionary()     # connection -> behind a pooler
 
 
-def _unprepared_if(conn, server_pid):
-    pooled = server_pid != conn.info.backend_pid
-    if pooled:
-        conn.prepare_threshold = None
+def behind_pooler(conn):
+    """Whether ``conn`` reaches the server through a pooler; asked of the
+    server once per connection, which is left idle as it was found."""
+    pooled = _seen.get(conn)
+    if pooled is None:
+        server_pid = conn.execute(_BACKEND_PID).fetchone()[0]
+        if not conn.autocommit:
+            conn.rollback()
+        pooled = _seen[conn] = server_pid != conn.info.backend_pid
+    return pooled
+
+
+async def abehind_pooler(conn):
+    """The same for an ``AsyncConnection``."""
+    pooled = _seen.get(conn)
+    if pooled is None:
+        server_pid = (await (await conn.execute(_BACKEND_PID)).fetchone())[0]
+        if not conn.autocommit:
+            await conn.rollback()
+        pooled = _seen[conn] = server_pid != conn.info.backend_pid
     return pooled
 
 
 def unprepared_behind_pooler(conn):
     """Turns off psycopg's prepared statements on ``conn`` when it reaches
-    the server through a pooler, and says whether it does; leaves it idle as
-    it found it."""
-    server_pid = conn.execute(_BACKEND_PID).fetchone()[0]
-    if not conn.autocommit:
-        conn.rollback()
-    return _unprepared_if(conn, server_pid)
+    the server through a pooler, and says whether it does."""
+    pooled = behind_pooler(conn)
+    if pooled:
+        conn.prepare_threshold = None
+    return pooled
 
 
 async def aunprepared_behind_pooler(conn):
     """The same for an ``AsyncConnection``."""
-    server_pid = (await (await conn.execute(_BACKEND_PID)).fetchone())[0]
-    if not conn.autocommit:
-        await conn.rollback()
-    return _unprepared_if(conn, server_pid)
+    pooled = await abehind_pooler(conn)
+    if pooled:
+        conn.prepare_threshold = None
+    return pooled
 
 
 def connect(conninfo, **kwargs):

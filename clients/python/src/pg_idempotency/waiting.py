@@ -45,6 +45,36 @@ def _give_up(row, left):
     return row["outcome"] == "retry_later" and (row["retry_after"] or 0.0) > left
 
 
+def poll(attempt, wait):
+    """Calls attempt() (one claim without ``wait``, in a transaction of its
+    own) until it answers anything but in_progress / retry_later or ``wait``
+    seconds passed, holding no server connection between tries: the wait of
+    a claim on a connection through a pooler."""
+    deadline = time.monotonic() + wait
+    pause = FIRST_PAUSE
+    while True:
+        row = attempt()
+        left = deadline - time.monotonic()
+        if _give_up(row, left):
+            return row
+        time.sleep(_nap(row, left, pause, False))
+        pause = min(pause * 2, MAX_PAUSE)
+
+
+async def apoll(attempt, wait):
+    """``poll`` for asyncio: ``attempt`` is a coroutine function."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    pause = FIRST_PAUSE
+    while True:
+        row = await attempt()
+        left = deadline - loop.time()
+        if _give_up(row, left):
+            return row
+        await asyncio.sleep(_nap(row, left, pause, False))
+        pause = min(pause * 2, MAX_PAUSE)
+
+
 def answered_row(job, outcome, result=None, error=None):
     """The answer a claim of the key would give once its holder in this
     process recorded ``outcome`` ('completed' or 'failed' for good): handed to
