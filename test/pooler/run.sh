@@ -26,10 +26,11 @@
 #             no server backend holding what the client left
 #             (psycopg prepares a query after 5 runs unless told not to)
 #   node      the outbox's Consumer on a pg.Pool (30 events consumed once
-#             each, no server backend of the pool listening for it), and
-#             the Express middleware: duplicates at once in claim mode,
-#             whose handler outlasts its lease, and in transaction mode,
-#             each key handled once
+#             each, no server backend of the pool listening for it); the
+#             Express middleware, the Fastify plugin and the web-standard
+#             wrapper: duplicates at once in claim mode, whose handler
+#             outlasts its lease, and in transaction mode, each key handled
+#             once; claim() with duplicates waiting for its holder
 #   wait      idem_claim(wait => ...) holds a server connection while it
 #             waits: as many waiters as the pool's connections keep the
 #             holder's complete out until one gives up (in_progress);
@@ -251,7 +252,8 @@ session_check "the relay"
 sql -c "SELECT idempotency.grant_application('relay_app'), idempotency.grant_admin('relay_app')" >/dev/null
 # The tables the middlewares' handlers write to in transaction mode.
 sql -c "CREATE TABLE asgi_effects (key text); CREATE TABLE express_effects (key text);
-        GRANT SELECT, INSERT ON asgi_effects, express_effects TO relay_app" >/dev/null
+        CREATE TABLE fastify_effects (key text); CREATE TABLE web_effects (key text);
+        GRANT SELECT, INSERT ON asgi_effects, express_effects, fastify_effects, web_effects TO relay_app" >/dev/null
 as_pg env PYTHONPATH="$IDEM_ROOT/clients/python/src" $python "$here/python_client.py" "$pooled_dsn" \
     >"$dir/python.out" 2>"$dir/python.err"
 python_status=$?
