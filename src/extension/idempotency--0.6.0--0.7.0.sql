@@ -6,6 +6,7 @@
 -- outbox_counts() and the views tells which: 'commits' (kept in shared
 -- memory as transactions commit), 'scan' (counted from the table by this
 -- read) or 'unknown' (the figures are NULL: not counted yet, or a standby).
+-- A TRUNCATE of idempotency_keys or outbox has the counts recounted.
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '0.7.0'" to load this file. \quit
 
 -- ---------------------------------------------------------------- counts
@@ -64,6 +65,20 @@ AS 'MODULE_PATHNAME', 'idem_outbox_counts_with_source';
 
 REVOKE ALL ON FUNCTION idempotency.key_counts(), idempotency.outbox_counts() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency.key_counts(), idempotency.outbox_counts() TO pg_monitor;
+
+-- A TRUNCATE of the tables the counts are kept for (a DBA emptying a
+-- backlog) removes rows without a change the counts could follow: at its
+-- commit the database's counts become unknown and are recounted from the
+-- tables, as after idempotency.request_sweep().
+CREATE FUNCTION idempotency.counts_truncated()
+RETURNS trigger
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_counts_truncated';
+CREATE TRIGGER counts_truncated AFTER TRUNCATE ON idempotency.idempotency_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.counts_truncated();
+CREATE TRIGGER counts_truncated AFTER TRUNCATE ON idempotency.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.counts_truncated();
+REVOKE ALL ON FUNCTION idempotency.counts_truncated() FROM PUBLIC;
 
 -- ---------------------------------------------------------------- views
 

@@ -548,6 +548,19 @@ RETURNS SETOF record
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'idem_outbox_counts_with_source';
 
+-- A TRUNCATE of the tables the counts are kept for (a DBA emptying a
+-- backlog) removes rows without a change the counts could follow: at its
+-- commit the database's counts become unknown and are recounted from the
+-- tables, as after idempotency.request_sweep().
+CREATE FUNCTION idempotency.counts_truncated()
+RETURNS trigger
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'idem_counts_truncated';
+CREATE TRIGGER counts_truncated AFTER TRUNCATE ON idempotency.idempotency_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.counts_truncated();
+CREATE TRIGGER counts_truncated AFTER TRUNCATE ON idempotency.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.counts_truncated();
+
 -- Cumulative counters kept in shared memory (needs shared_preload_libraries).
 CREATE FUNCTION idempotency.idem_metrics_row(
     OUT claims pg_catalog.int8,

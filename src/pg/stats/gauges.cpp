@@ -120,6 +120,8 @@ HTAB* pending = nullptr;
 bool pending_any = false;
 Oid pending_tables[2] = {InvalidOid, InvalidOid};
 TransactionId committing_xid = InvalidTransactionId;
+// The transaction truncated a counted table: its commit makes the counts unknown.
+bool truncated = false;
 // The entry the last adjustment went to: a claim or an ack adjusts one
 // topic's counts once per event, and comparing a key of 268 bytes costs
 // less than hashing it for a lookup. Forgotten whenever entries are removed.
@@ -173,6 +175,7 @@ void forget_pending() {
     }
     pending_any = false;
     committing_xid = InvalidTransactionId;
+    truncated = false;
 }
 
 void add_to(GaugeEntry* entry, const std::int64_t values[kGaugeValues], Micros latest) {
@@ -275,8 +278,10 @@ void park_pending(TransactionId xid) {
     int free_count = 0;
     for (int i = 0; i < parked->capacity; ++i)
         if (!TransactionIdIsValid(parked->entries[i].xid)) ++free_count;
-    if (free_count < 1 + changes) {
-        if (changes > 0) make_unknown(MyDatabaseId);
+    // A TRUNCATE cannot be applied as adjustments: parked without it, the
+    // transaction would seem accounted for.
+    if (free_count < 1 + changes || truncated) {
+        if (changes > 0 || truncated) make_unknown(MyDatabaseId);
         LWLockRelease(lock);
         return;
     }
@@ -420,6 +425,9 @@ void on_transaction_end(XactEvent event, void*) {
         case XACT_EVENT_COMMIT:
         case XACT_EVENT_PARALLEL_COMMIT:
             apply_pending();
+            // Its commit is visible and the table still locked: a recount
+            // from now on counts what the TRUNCATE left.
+            if (truncated) forget_gauges(MyDatabaseId);
             break;
         case XACT_EVENT_PREPARE:
             park_pending(committing_xid);
@@ -440,6 +448,8 @@ void gauge_add_on_commit(GaugeFamily family, const text* name, int index, std::i
     if (lock == nullptr || name == nullptr || delta == 0) return;
     pending_entry(family, name)->values[index] += delta;
 }
+
+void gauges_truncated_on_commit() { truncated = true; }
 
 void gauge_latest_on_commit(GaugeFamily family, const text* name, Micros at) {
     if (lock == nullptr || name == nullptr) return;

@@ -15,7 +15,8 @@
 // transactions leave them alone. A recount reads the tables with one
 // snapshot and keeps the adjustments of the transactions that snapshot does
 // not see, so it misses and repeats none. Rows written other than through
-// the extension's functions are not counted until the next recount.
+// the extension's functions are not counted until the next recount; a
+// TRUNCATE of their tables has them recounted at its commit.
 //
 // The table holds idempotency.max_gauges scopes and topics over all
 // databases. When it is full, the database with the most of them there
@@ -40,6 +41,11 @@ inline constexpr int kGaugeValues = 3;
 void gauge_add_on_commit(GaugeFamily family, const text* name, int index, std::int64_t delta);
 // Raises the name's latest time (the last delivery) to `at` when it commits.
 void gauge_latest_on_commit(GaugeFamily family, const text* name, Micros at);
+// The transaction truncated a counted table (pg/stats/truncate_trigger.cpp):
+// at its commit the database's counts become unknown, so that they are
+// recounted; a prepared one leaves them unknown until it has ended. A
+// TRUNCATE in a savepoint rolled back since still has them recounted.
+void gauges_truncated_on_commit();
 
 // --- readers --------------------------------------------------------------------------
 // Where this database's counts come from: not known (being recounted, or
