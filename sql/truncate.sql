@@ -53,6 +53,14 @@ SELECT * FROM counts;
 SELECT pg_temp.finish('trunc-1');
 SELECT * FROM counts;
 
+-- In a session that skips ordinary triggers (session_replication_role =
+-- replica, as a restore with --disable-triggers sets it): the same.
+SELECT pg_temp.enqueue(2);
+SET session_replication_role = replica;
+TRUNCATE idempotency.outbox;
+RESET session_replication_role;
+SELECT * FROM counts;
+
 -- In a savepoint rolled back: the rows stay, and so do the figures.
 SELECT pg_temp.enqueue(3);
 BEGIN;

@@ -69,7 +69,8 @@ GRANT EXECUTE ON FUNCTION idempotency.key_counts(), idempotency.outbox_counts() 
 -- A TRUNCATE of the tables the counts are kept for (a DBA emptying a
 -- backlog) removes rows without a change the counts could follow: at its
 -- commit the database's counts become unknown and are recounted from the
--- tables, as after idempotency.request_sweep().
+-- tables, as after idempotency.request_sweep(). It fires also in sessions
+-- with session_replication_role = replica, which ordinary triggers skip.
 CREATE FUNCTION idempotency.counts_truncated()
 RETURNS trigger
 LANGUAGE c VOLATILE
@@ -78,6 +79,8 @@ CREATE TRIGGER counts_truncated AFTER TRUNCATE ON idempotency.idempotency_keys
     FOR EACH STATEMENT EXECUTE FUNCTION idempotency.counts_truncated();
 CREATE TRIGGER counts_truncated AFTER TRUNCATE ON idempotency.outbox
     FOR EACH STATEMENT EXECUTE FUNCTION idempotency.counts_truncated();
+ALTER TABLE idempotency.idempotency_keys ENABLE ALWAYS TRIGGER counts_truncated;
+ALTER TABLE idempotency.outbox ENABLE ALWAYS TRIGGER counts_truncated;
 REVOKE ALL ON FUNCTION idempotency.counts_truncated() FROM PUBLIC;
 
 -- ---------------------------------------------------------------- views
