@@ -13,7 +13,8 @@
 #   (crash restart): no commit after it goes unannounced;
 # - PREPARE TRANSACTION is refused while outbox_notify is on;
 # - idempotency.worker_enabled = off: notified in the caller's commit;
-# - DROP DATABASE succeeds while a notifier is connected;
+# - DROP DATABASE, CREATE DATABASE ... TEMPLATE and ALTER DATABASE ...
+#   RENAME succeed while a notifier is connected;
 # - without preload: notified in the caller's commit, as before.
 #
 # "Not announced" is checked against a barrier: a later committed enqueue
@@ -222,8 +223,19 @@ $node->safe_psql('postgres', 'CREATE DATABASE dropme');
 $node->safe_psql('dropme', 'CREATE EXTENSION idempotency');
 $node->safe_psql('dropme', enqueue_sql('d1'));
 isnt(notifier_pid($node, 'dropme'), '', 'a notifier is connected to dropme');
-($rc, $out, $err) = $node->psql('postgres', 'DROP DATABASE dropme');
+# The other commands that need a database without sessions: a copy of it
+# (CREATE DATABASE ... TEMPLATE, as a staging copy is made) and a rename.
+($rc, $out, $err) = $node->psql('postgres', 'CREATE DATABASE dropme_copy TEMPLATE dropme');
+is($rc, 0, 'CREATE DATABASE ... TEMPLATE succeeds while a notifier is connected') or diag($err);
+$node->safe_psql('dropme', enqueue_sql('d2'));
+isnt(notifier_pid($node, 'dropme'), '', 'a notifier is connected to dropme again');
+($rc, $out, $err) = $node->psql('postgres', 'ALTER DATABASE dropme RENAME TO dropme_renamed');
+is($rc, 0, 'ALTER DATABASE ... RENAME succeeds while a notifier is connected') or diag($err);
+$node->safe_psql('dropme_renamed', enqueue_sql('d3'));
+isnt(notifier_pid($node, 'dropme_renamed'), '', 'a notifier is connected to the renamed database');
+($rc, $out, $err) = $node->psql('postgres', 'DROP DATABASE dropme_renamed');
 is($rc, 0, 'DROP DATABASE succeeds while a notifier is connected') or diag($err);
+$node->safe_psql('postgres', 'DROP DATABASE dropme_copy');
 
 $l->{session}->quit;
 my $log = slurp_file($node->logfile);
