@@ -1,8 +1,10 @@
 // The outcomes of deliveries written one call each, outside a claim's round
-// trip (pg: outbox_ack, outbox_nack, outbox_release): those of events whose
+// trip (outbox_ack, outbox_nack, outbox_release): those of events whose
 // claim committed before they were delivered, and those the round trip
-// left out. Each call that fails for the database's absence is tried again
+// left out. A call that fails for the database's absence is tried again
 // after reconnecting; an event whose lease ran out meanwhile is left to it.
+// Also what follows a written ack or nack (acked, nacked) and what a nack
+// asks for (nack_request), which the round trip (relay.cpp) shares.
 #include <sys/time.h>
 
 #include "relay/db/retry_delay.hpp"
