@@ -46,9 +46,23 @@ my $last = sprintf('many_%03d', $databases);
 $node->safe_psql($last, 'CREATE EXTENSION idempotency');
 my $delay = expiry_delay($last, 'last');
 ok(defined $delay, "$last, the last database created: the lease was expired");
+# The bound is on time, and a machine busy with other work may hold the
+# worker's start back once: a try that misses it is made again (up to three
+# tries), each in a database created just before, as the first one was.
+# An expiry slow for a reason of the extension's misses it every time.
+my @delays = ($delay // 99);
+for my $try (2 .. 3)
+{
+	last if $delays[-1] < $naptime + 1;
+	my $again = sprintf('many_try_%d', $try);
+	$node->safe_psql('postgres', "CREATE DATABASE $again STRATEGY FILE_COPY");
+	$node->safe_psql($again, 'CREATE EXTENSION idempotency');
+	push @delays, expiry_delay($again, 'last') // 99;
+	$node->safe_psql('postgres', "DROP DATABASE $again");
+}
 diag(sprintf('lease end -> expiry in the last of %d databases: %s (naptime 200ms)',
-		$databases, fmt_ms($delay // 99)));
-cmp_ok($delay // 99, '<', $naptime + 1, 'within about a naptime of its end');
+		$databases, join(', ', map { fmt_ms($_) } @delays)));
+cmp_ok($delays[-1], '<', $naptime + 1, 'within about a naptime of its end (one of three tries)');
 
 my $log = slurp_file($node->logfile);
 unlike($log, qr/do not fit in idempotency\.max_databases/,
