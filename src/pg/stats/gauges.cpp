@@ -486,13 +486,7 @@ GaugeSource gauge_source() {
 void forget_gauges(Oid database) {
     if (lock == nullptr) return;
     LWLockAcquire(lock, LW_EXCLUSIVE);
-    GaugeEntry* entry = database_entry(database, false);
-    if (entry != nullptr && state_of(entry) == CountState::Known)
-        set_state(entry, CountState::Unknown);
-    // A recount running now may have read before those rows: it must not
-    // end as known.
-    if (entry != nullptr && state_of(entry) == CountState::Counting)
-        set_state(entry, CountState::Stale);
+    make_unknown(database);
     LWLockRelease(lock);
 }
 
