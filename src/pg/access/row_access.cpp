@@ -338,6 +338,34 @@ bool find_row(OpenTable* table, const Datum* values, RowLock lock, bool new_step
     return found;
 }
 
+namespace {
+
+// The version of the row keyed by table->keys that `snapshot` sees.
+bool visible_version(OpenTable* table, Snapshot snapshot, ItemPointerData* tid) {
+    IndexScanDesc scan = begin_index_scan(table->heap, table->index, snapshot, table->key_count);
+    index_rescan(scan, table->keys, table->key_count, nullptr, 0);
+    const bool found = index_getnext_slot(scan, ForwardScanDirection, table->found);
+    if (found) *tid = table->found->tts_tid;
+    index_endscan(scan);
+    ExecClearTuple(table->found);
+    return found;
+}
+
+}  // namespace
+
+bool row_changed_since_snapshot(OpenTable* table, const Datum* values) {
+    begin_step(table);
+    table->found_locked = false;
+    table->key_count = equality_keys(table->index, values, table->keys);
+    ItemPointerData seen;
+    ItemPointerData newest;
+    const bool in_snapshot = visible_version(table, GetActiveSnapshot(), &seen);
+    Snapshot latest = RegisterSnapshot(GetLatestSnapshot());
+    const bool in_latest = visible_version(table, latest, &newest);
+    UnregisterSnapshot(latest);
+    return in_snapshot != in_latest || (in_snapshot && !ItemPointerEquals(&seen, &newest));
+}
+
 bool find_row_version(OpenTable* table, const ItemPointerData* tid, RowLock lock, bool new_step) {
     if (new_step || !table->step_open) begin_step(table);
     table->found_locked = false;

@@ -91,6 +91,13 @@ enum class RowLock {
 // With `new_step` false, a later find of the same statement: it reads with
 // the step's snapshot (as one UPDATE of many rows does) instead of a new one.
 bool find_row(OpenTable* table, const Datum* values, RowLock lock, bool new_step = true);
+// Under a transaction snapshot (REPEATABLE READ, SERIALIZABLE): whether a
+// transaction that committed after the snapshot inserted, changed or
+// deleted the row whose index columns equal `values`, that is whether the
+// version the snapshot sees (or its seeing none) is no longer the newest
+// committed one. Reads in a new step, locks nothing, leaves table->found
+// empty.
+bool row_changed_since_snapshot(OpenTable* table, const Datum* values);
 // Finds the row version `tid` as a TID scan does (when the step's snapshot
 // sees it), into table->found, and locks it as find_row does; there is no
 // index key to check a newer version against: the caller checks the row.

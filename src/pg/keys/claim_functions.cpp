@@ -252,6 +252,9 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
         }
     }
     for (int round = 0; round < kMaxRaceRounds; ++round) {
+        // A round after a race: under a transaction snapshot, a key another
+        // transaction committed since cannot be read again, only retried.
+        if (round > 0) refuse_if_key_changed_since_snapshot(args.id);
         StoredKey stored;
         const bool found = read_key(args.id, &stored);
         last_claim_created_key = !found;
@@ -360,6 +363,10 @@ Datum claim_body(FunctionCallInfo fcinfo) {
         const Micros lease_end = now + out.retry_after.value_or(0) + kMillisecond;
         wait_for_wakeup(std::min(args.deadline, lease_end), round);
         CHECK_FOR_INTERRUPTS();
+        // Under a transaction snapshot the holder's answer is never seen:
+        // the change that woke the claim fails it at once, as it would an
+        // UPDATE of the key, instead of leaving it asleep to its bound.
+        refuse_if_key_changed_since_snapshot(args.id);
     }
     if (wait) stop_waiting();
     estimate_retry_after(args.id.scope, &out);
@@ -375,6 +382,7 @@ Datum register_body(FunctionCallInfo fcinfo) {
     OutcomeFields out;
     for (int round = 0;; ++round) {
         if (round == kMaxRaceRounds) raise_race_lost();
+        if (round > 0) refuse_if_key_changed_since_snapshot(id);
         const Micros now = GetCurrentTimestamp();
         StoredKey stored;
         if (read_key(id, &stored)) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/error.hpp"
 #include "pg/access/extension_objects.hpp"
 #include "pg/access/spi.hpp"
 #include "pg/access/status_enum.hpp"
@@ -12,6 +13,7 @@
 #include "pg/stats/metrics.hpp"
 
 extern "C" {
+#include "access/xact.h"
 #include "commands/sequence.h"
 }
 
@@ -51,6 +53,20 @@ bool read_key(const KeyId& id, StoredKey* out) {
     if (found) read_stored_key(table.found, key_columns(table.heap), objects.status_type, out);
     close_table(&table);
     return found;
+}
+
+void refuse_if_key_changed_since_snapshot(const KeyId& id) {
+    if (!IsolationUsesXactSnapshot()) return;
+    OpenTable table = open_to_read(extension_objects().keys);
+    const KeyIdValues key = key_id_values(id);
+    const bool changed = row_changed_since_snapshot(&table, key.values);
+    close_table(&table);
+    if (!changed) return;
+    throw_error("40001",
+                "could not serialize access to key \"%s\" in scope \"%s\": another "
+                "transaction changed it after this transaction's snapshot; retry the "
+                "transaction, or claim under READ COMMITTED",
+                text_to_cstring(id.key), text_to_cstring(id.scope));
 }
 
 bool key_row(const KeyId& id, Datum* row) {

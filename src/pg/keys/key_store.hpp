@@ -39,6 +39,13 @@ struct StoredKey {
 // snapshot. Works in a read-only transaction and on a standby.
 bool read_key(const KeyId& id, StoredKey* out);
 
+// Under REPEATABLE READ or SERIALIZABLE, raises 40001 (could not serialize
+// access) when a transaction that committed after this transaction's
+// snapshot created, changed or removed the key: the snapshot cannot see
+// what the key is now, so reading it again answers nothing new. Does
+// nothing under READ COMMITTED.
+void refuse_if_key_changed_since_snapshot(const KeyId& id);
+
 // The key's row as a composite datum of the table's row type, or false.
 bool key_row(const KeyId& id, Datum* row);
 

@@ -51,7 +51,10 @@ std::optional<std::int64_t> try_take(const text* resource, const text* owner, Mi
     *holder_until = now + 10 * kMillisecond;  // a concurrent taker: look again soon
     Params probe;
     probe.add_text(resource);
-    if (execute(kHolder, probe, 1) > 0 && *column_timestamp(1) > now) {
+    // The newest committed holder, whatever the isolation level: under a
+    // transaction snapshot, a waiter would otherwise see an unlocked holder
+    // alive until its wait's end. The take below follows SQL's rules.
+    if (execute_latest(kHolder, probe) > 0 && *column_timestamp(1) > now) {
         *holder_until = *column_timestamp(1);
         return std::nullopt;
     }

@@ -32,6 +32,31 @@ $$;
 -- resource (class 1229212466, 'IDK2'), tried without waiting: a caller
 -- without `wait` never waits for another transaction taking the lock.
 
+-- Under REPEATABLE READ or SERIALIZABLE: whether a transaction that
+-- committed after this transaction's snapshot changed or removed the
+-- lock's row (an unlock, a renewal, another taker), which the snapshot
+-- cannot see. A locking read of the version it sees fails so then; one
+-- another transaction is changing now is not waited for, and no lock stays.
+CREATE FUNCTION idempotency.lock_changed_since_snapshot(p_resource pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        PERFORM FROM idempotency.locks l WHERE l.resource = p_resource FOR SHARE NOWAIT;
+        RAISE SQLSTATE 'IKW00';
+    EXCEPTION
+        WHEN SQLSTATE 'IKW00' OR lock_not_available THEN
+            RETURN false;
+        WHEN serialization_failure THEN
+            RETURN true;
+    END;
+END
+$$;
+
 -- One try: a new token when the lock is free or expired, else NULL.
 CREATE FUNCTION idempotency.try_lock(p_resource pg_catalog.text, p_owner pg_catalog.text,
                                      ttl pg_catalog.interval, deadline pg_catalog.timestamptz,
@@ -41,12 +66,18 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     now timestamptz := clock_timestamp();
+    changed bool := false;
 BEGIN
     holder_until := now + interval '10 ms';  -- a concurrent taker: look again soon
     SELECT l.expires_at INTO holder_until FROM idempotency.locks l
      WHERE l.resource = p_resource AND l.expires_at > now;
     IF FOUND THEN
-        RETURN;
+        -- Under a transaction snapshot, a holder that unlocked since still
+        -- looks alive: a lock changed since is looked at by trying to take it.
+        changed := idempotency.lock_changed_since_snapshot(p_resource);
+        IF NOT changed THEN
+            RETURN;
+        END IF;
     END IF;
     holder_until := now + interval '10 ms';
     IF NOT pg_try_advisory_xact_lock(1229212466, hashtext(p_resource)) THEN
@@ -74,11 +105,23 @@ BEGIN
            expires_at = now + ttl
      WHERE l.resource = p_resource AND l.expires_at <= now
     RETURNING l.token INTO token;
-    IF token IS NULL THEN
+    IF token IS NULL AND NOT changed THEN
         INSERT INTO idempotency.locks AS l (resource, token, owner, acquired_at, expires_at)
         VALUES (p_resource, nextval('idempotency.token_seq'), p_owner, now, now + ttl)
         ON CONFLICT (resource) DO NOTHING
         RETURNING l.token INTO token;
+    ELSIF token IS NULL THEN
+        -- The row the snapshot cannot see is still there (renewed, or taken
+        -- by another): held, as the newest data would say.
+        BEGIN
+            INSERT INTO idempotency.locks AS l (resource, token, owner, acquired_at, expires_at)
+            VALUES (p_resource, nextval('idempotency.token_seq'), p_owner, now, now + ttl)
+            ON CONFLICT (resource) DO NOTHING
+            RETURNING l.token INTO token;
+        EXCEPTION
+            WHEN serialization_failure THEN
+                token := NULL;
+        END;
     END IF;
 END
 $$;

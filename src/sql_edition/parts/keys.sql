@@ -100,6 +100,34 @@ BEGIN
 END
 $$;
 
+-- Under REPEATABLE READ or SERIALIZABLE: raises 40001 when a transaction
+-- that committed after this transaction's snapshot changed or removed the
+-- key, which the snapshot cannot see, so that reading it again answers
+-- nothing new. A locking read of the version the snapshot sees fails so
+-- then; a row another transaction is changing now is not waited for, and
+-- the subtransaction is rolled back, so that no lock stays.
+CREATE FUNCTION idempotency.refuse_if_key_changed(p_scope pg_catalog.text, p_key pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+        RETURN;
+    END IF;
+    BEGIN
+        PERFORM FROM idempotency.idempotency_keys i
+         WHERE i.scope = p_scope AND i.key = p_key FOR SHARE NOWAIT;
+        RAISE SQLSTATE 'IKW00';
+    EXCEPTION
+        WHEN SQLSTATE 'IKW00' OR lock_not_available THEN
+            RETURN;
+        WHEN serialization_failure THEN
+            RAISE EXCEPTION 'could not serialize access to key "%" in scope "%": another transaction changed it after this transaction''s snapshot; retry the transaction, or claim under READ COMMITTED',
+                p_key, p_scope USING ERRCODE = 'serialization_failure';
+    END;
+END
+$$;
+
 -- One round of a claim: an answer, or NULL when the key was created or
 -- deleted meanwhile (read it again).
 CREATE FUNCTION idempotency.claim_round(p_scope pg_catalog.text, p_key pg_catalog.text,
@@ -251,6 +279,11 @@ BEGIN
     wait := idempotency.wait_arg(wait);
     deadline := clock_timestamp() + COALESCE(wait, interval '0');
     FOR round IN 1 .. 1000000 LOOP
+        IF round > 1 THEN
+            -- Under a transaction snapshot, a change that ended a wait or
+            -- a race is never seen: it fails the claim at once.
+            PERFORM idempotency.refuse_if_key_changed(p_scope, p_key);
+        END IF;
         answer := idempotency.claim_round(p_scope, p_key, request, fp, lease, deadline);
         IF answer IS NULL THEN
             IF round % 100 = 0 AND clock_timestamp() >= deadline THEN
