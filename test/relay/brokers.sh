@@ -458,10 +458,29 @@ misconfigured() {
         [ "$status" = running ] && stop_relay "$relay_pid" 20
     fi
 }
-setsid runuser -u nats -- nats-server -a 127.0.0.1 -p "$nats_auth_port" --user relay --pass right \
-    -l "$dir/nats/auth.log" >/dev/null 2>&1 </dev/null &
-broker_groups+=("$!")
-wait_until 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$nats_auth_port" 2>/dev/null
+# start_nats NAME PORT ARGS...: a NATS server of its own on PORT, logging
+# to $dir/nats/NAME.log, until it answers: its JetStream when ARGS has -js
+# (IDEM_NATS_TLS set for one that wants TLS), else its port. One that does
+# not answer within 60 s is started once more (its port may have been
+# taken for a moment by another connection), then the run gives up with
+# its log.
+tcp_open() { bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+start_nats() {
+    local name=$1 port=$2 try answers=tcp_open
+    shift 2
+    case " $* " in *" -js "*) answers="$brokers nats-up" ;; esac
+    for try in 1 2; do
+        setsid runuser -u nats -- nats-server -a 127.0.0.1 -p "$port" -l "$dir/nats/$name.log" "$@" \
+            >/dev/null 2>&1 </dev/null &
+        broker_groups+=("$!")
+        wait_until 60 $answers "$port" && return 0
+        log "the $name NATS server did not answer on port $port within 60 s; its log:"
+        tail -n 20 "$dir/nats/$name.log" >&2
+        stop_group "${broker_groups[-1]}"
+    done
+    give_up "the $name NATS server did not start"
+}
+start_nats auth "$nats_auth_port" --user relay --pass right
 misconfigured "NATS credentials" "nats://relay:wrong@127.0.0.1:$nats_auth_port/outbox" n_badauth \
     "NATS refused the relay's credentials"
 misconfigured "NATS stream" "$nats_sink" n_nostream "no JetStream stream takes subject outbox.n_nostream"
@@ -488,11 +507,9 @@ check "window: once, not per event" test "$(grep -c "duplicate_window" "$dir/n_w
 # ---------------------------------------------------------------- tls
 log "TLS with a private CA: NATS (client certificate) and RabbitMQ (amqps://)"
 mkdir -p "$dir/nats/tls-store" && chown nats "$dir/nats/tls-store"
-setsid runuser -u nats -- nats-server -js -a 127.0.0.1 -p "$nats_tls_port" -sd "$dir/nats/tls-store" \
+IDEM_NATS_TLS="$dir/tls" start_nats tls "$nats_tls_port" -js -sd "$dir/nats/tls-store" \
     --tls --tlscert "$dir/tls/server.pem" --tlskey "$dir/tls/server.key" \
-    --tlsverify --tlscacert "$dir/tls/ca.pem" -l "$dir/nats/tls.log" >/dev/null 2>&1 </dev/null &
-broker_groups+=("$!")
-wait_until 60 env IDEM_NATS_TLS="$dir/tls" $brokers nats-up "$nats_tls_port"
+    --tlsverify --tlscacert "$dir/tls/ca.pem"
 IDEM_NATS_TLS="$dir/tls" $brokers nats-stream "$nats_tls_port" N_TLS outbox.n_tls || give_up "cannot create stream N_TLS over TLS"
 tls_options=(--ca-file "$dir/tls/ca.pem" --client-cert "$dir/tls/client.pem" --client-key "$dir/tls/client.key")
 misconfigured "NATS untrusted certificate" "nats://127.0.0.1:$nats_tls_port/outbox" n_tls "NATS TLS: "
