@@ -14,6 +14,7 @@
 #include "pg/boundary/settings.hpp"
 #include "pg/outbox/notifier_table.hpp"
 #include "pg/outbox/notify.hpp"
+#include "pg/runtime/background_session.hpp"
 #include "pg/runtime/database_yield.hpp"
 
 extern "C" {
@@ -119,6 +120,7 @@ extern "C" void idem_notifier_main(Datum main_arg) {
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
     BackgroundWorkerUnblockSignals();
     BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg), InvalidOid, 0);
+    idem::pg::use_background_session_settings();
     idem::pg::guarded_main("idempotency notifier", idem::pg::notifier_loop);
     proc_exit(0);
 }

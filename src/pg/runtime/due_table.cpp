@@ -28,6 +28,7 @@ struct DueEntry {
     DatabaseState state;
     bool sweep_wanted;
     bool sweep_finished;
+    bool fenced;  // its last worker found it read-only (said once, until it is not)
     std::uint64_t changed;
     std::uint64_t changes_at_start;
     Oid watched[kWatchedTables];
@@ -77,6 +78,7 @@ void init_entry(DueEntry* entry, Oid database) {
     entry->state = DatabaseState::Unknown;
     entry->sweep_wanted = true;
     entry->sweep_finished = true;
+    entry->fenced = false;
     entry->changed = 0;
     entry->changes_at_start = 0;
     std::fill(std::begin(entry->watched), std::end(entry->watched), InvalidOid);
@@ -242,6 +244,16 @@ void mark_worker_failed(int slot, Oid database, Micros retry_at) {
     entry->sweep_finished = true;
     SpinLockRelease(&entry->mutex);
     (void)lower(&entry->lease, retry_at);
+}
+
+bool note_fenced(int slot, Oid database, bool fenced) {
+    DueEntry* entry = entry_of(slot, database);
+    if (entry == nullptr) return false;
+    SpinLockAcquire(&entry->mutex);
+    const bool changed = entry->fenced != fenced;
+    entry->fenced = fenced;
+    SpinLockRelease(&entry->mutex);
+    return changed;
 }
 
 void want_sweep(int slot, Oid database) {

@@ -13,6 +13,7 @@
 #include "pg/boundary/guard.hpp"
 #include "pg/boundary/owner_scope.hpp"
 #include "pg/boundary/settings.hpp"
+#include "pg/runtime/background_session.hpp"
 #include "pg/runtime/database_yield.hpp"
 #include "pg/runtime/due_table.hpp"
 #include "pg/runtime/tasks.hpp"
@@ -189,6 +190,24 @@ void sweep() {
         put_next_due(sweep.slot, sweep.database, kNever, kNever, 0);
         return;
     }
+    // A fenced database is left as it is: its due work comes back a
+    // launcher naptime later, until the fence is lifted.
+    const bool fenced = database_fenced();
+    if (note_fenced(sweep.slot, sweep.database, fenced)) {
+        StartTransactionCommand();  // for the database's name
+        ereport(LOG, (errmsg(fenced ? "idempotency worker: database \"%s\" is read-only "
+                                      "(default_transaction_read_only): no lease is expired and "
+                                      "nothing purged there until it is writable again"
+                                    : "idempotency worker: database \"%s\" is writable again: "
+                                      "its sweeps resume",
+                             get_database_name(MyDatabaseId))));
+        CommitTransactionCommand();
+    }
+    if (fenced) {
+        mark_worker_failed(sweep.slot, sweep.database,
+                           start + settings::ms(settings::launcher_naptime_ms));
+        return;
+    }
     // Every statement of the sweep finds its rows through an index.
     for (const char* scan : kFullScans) SetConfigOption(scan, "off", PGC_SUSET, PGC_S_OVERRIDE);
     if (!run_lease_tasks(&sweep)) return;
@@ -213,6 +232,7 @@ extern "C" void idem_worker_main(Datum main_arg) {
     pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
     BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg), InvalidOid, 0);
+    idem::pg::use_background_session_settings();
     idem::pg::guarded_main("idempotency worker", idem::pg::sweep);
     proc_exit(0);
 }

@@ -1,0 +1,28 @@
+// The settings a background worker of the extension (a sweep, an outbox
+// notifier) runs under. A database's and a role's defaults (ALTER DATABASE
+// ... SET, ALTER ROLE ... SET) are meant for the applications' sessions, yet
+// apply to a background worker's connection too. As PostgreSQL's autovacuum
+// does for its own workers, the ones the extension's work is not written
+// for are put back:
+// - default_transaction_isolation: READ COMMITTED. The sweeps decide on each
+//   row's newest version; under REPEATABLE READ a row that a holder changed
+//   after a sweep's snapshot fails the sweep with 40001 (also behind SKIP
+//   LOCKED), and under SERIALIZABLE the sweeps' reads would take part in the
+//   applications' serialization checks.
+// - lock_timeout: none. A lock the work waits for is one it needs; with a
+//   timeout, the worker would fail and be started again, without end, for
+//   as long as a transaction holds it.
+// default_transaction_read_only is kept: it fences a database (as at a
+// switchover, on the old primary), and the fence holds for the extension's
+// writes too; a sweep of a fenced database waits (database_fenced).
+#pragma once
+
+namespace idem::pg {
+
+void use_background_session_settings();
+
+// Whether the worker's database is fenced: default_transaction_read_only is
+// on for its connection.
+bool database_fenced();
+
+}  // namespace idem::pg
