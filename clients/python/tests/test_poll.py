@@ -6,9 +6,13 @@ import asyncio
 import threading
 import time
 
+import psycopg
+import pytest
+
 import pg_idempotency as idem
 from pg_idempotency import pooler
 from pg_idempotency.waiting import apoll, poll
+from conftest import SETTINGS
 
 BUSY = {"outcome": "in_progress", "retry_after": 0.5}
 
@@ -79,13 +83,60 @@ def test_a_direct_connection_is_not_taken_for_a_pooler_and_is_asked_once(conn):
     assert asked == []
 
 
-def test_a_claim_that_waits_on_a_direct_connection_is_woken_by_the_complete(conn, other, new_key):
-    key = new_key()
+def _complete_soon(holder, result):
+    timer = threading.Timer(0.5, lambda: holder.complete(result))
+    timer.start()
+    return timer
+
+
+def _waited_for_holder(conn, other, key, result, wait_for_it):
+    """What wait_for_it() answers while `other` holds `key` and completes it
+    with `result` 0.5 s in; and how long it took."""
     with idem.claim(other, key, heartbeat=False) as holder:
-        done = threading.Timer(0.5, lambda: holder.complete({"n": 1}))
-        done.start()
+        done = _complete_soon(holder, result)
         started = time.monotonic()
-        job = idem.run_once(conn, key, lambda job: "never", wait=10)
-        done.join()
+        try:
+            job = wait_for_it()
+        finally:
+            done.join()
+    return job, time.monotonic() - started
+
+
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
+def test_a_claim_that_waits_on_a_direct_connection_is_woken_by_the_complete(conn, other, new_key, isolation):
+    """Also where transactions default to REPEATABLE READ: there the holder's
+    commit fails the server's wait with 40001 (test below), and claim() asks
+    again in a new transaction, which replays the result."""
+    conn.execute(f"SET default_transaction_isolation = '{isolation}'")
+    conn.commit()
+    key = new_key()
+    job, took = _waited_for_holder(conn, other, key, {"n": 1},
+                                   lambda: idem.run_once(conn, key, lambda job: "never", wait=10))
     assert (job.outcome, job.result) == ("completed", {"n": 1})
-    assert time.monotonic() - started < 5
+    assert took < 5
+
+
+def test_under_repeatable_read_the_servers_wait_fails_when_the_holder_commits(conn, other, new_key):
+    conn.execute("SET default_transaction_isolation = 'repeatable read'")
+    conn.commit()
+    key = new_key()
+    with pytest.raises(psycopg.errors.SerializationFailure):
+        _waited_for_holder(conn, other, key, {"n": 0},
+                           lambda: conn.execute("SELECT idempotency.idem_claim(%s, wait => '10 s')", (key,)))
+    conn.rollback()
+
+
+def test_under_repeatable_read_a_waiting_aclaim_is_asked_again(conn, other, new_key):
+    key = new_key()
+
+    async def scenario():
+        async with await psycopg.AsyncConnection.connect(options=SETTINGS) as aconn:
+            await aconn.execute("SET default_transaction_isolation = 'repeatable read'")
+            await aconn.commit()
+
+            async def never(job):
+                raise AssertionError("work ran for a duplicate")
+            return await idem.arun_once(aconn, key, never, wait=10)
+    job, took = _waited_for_holder(conn, other, key, {"n": 2}, lambda: asyncio.run(scenario()))
+    assert (job.outcome, job.result) == ("completed", {"n": 2})
+    assert took < 5

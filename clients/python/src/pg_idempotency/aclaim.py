@@ -14,7 +14,7 @@ from ._steps import AsyncStep, StepHolder, arun_step
 from .errors import NotClaimed, is_stale_token
 from .hooks import Hooks
 from .pooler import abehind_pooler
-from .waiting import apoll
+from .waiting import aasked_again, apoll
 
 # How long stop_beat waits for a heartbeat task after its stop flag is set.
 STOP_WAIT = 5.0
@@ -186,6 +186,8 @@ class aclaim:
 
         if (self.wait or 0) > 0 and not self.in_transaction and await abehind_pooler(job.conn):
             return await apoll(attempt, self.wait)
+        if (self.wait or 0) > 0 and not self.in_transaction:
+            return await aasked_again(attempt, self.wait)
         return await attempt(self.wait)
 
     async def __aexit__(self, exc_type, exc, tb):

@@ -37,7 +37,7 @@ from ._steps import StepHolder, SyncStep, run_step
 from .errors import NotClaimed, is_stale_token
 from .hooks import Hooks
 from .pooler import behind_pooler
-from .waiting import poll
+from .waiting import asked_again, poll
 
 # How long stopping waits for the heartbeat (it stops by itself at its next
 # beat whatever happens to this wait).
@@ -177,7 +177,9 @@ class claim:
         """The claim's answer. Its wait is the server's, except on a
         connection through a pooler outside a transaction of the caller:
         there it polls (waiting.poll), so that no server connection of the
-        pool is held while the key's holder needs one to complete."""
+        pool is held while the key's holder needs one to complete. Outside
+        a transaction of the caller, a wait that the holder's commit fails
+        under REPEATABLE READ is asked again (waiting.asked_again)."""
         job = self.job
 
         def attempt(wait=None):
@@ -186,6 +188,8 @@ class claim:
 
         if (self.wait or 0) > 0 and not self.in_transaction and behind_pooler(job.conn):
             return poll(attempt, self.wait)
+        if (self.wait or 0) > 0 and not self.in_transaction:
+            return asked_again(attempt, self.wait)
         return attempt(self.wait)
 
     def __exit__(self, exc_type, exc, tb):

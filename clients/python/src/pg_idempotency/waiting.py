@@ -27,6 +27,8 @@ import asyncio
 import threading
 import time
 
+import psycopg
+
 FIRST_PAUSE = 0.02
 MAX_PAUSE = 0.25
 SHARE_FOR = 0.1       # how long one in_progress answer serves a holder's other duplicates
@@ -73,6 +75,36 @@ async def apoll(attempt, wait):
             return row
         await asyncio.sleep(_nap(row, left, pause, False))
         pause = min(pause * 2, MAX_PAUSE)
+
+
+def asked_again(attempt, wait):
+    """Calls attempt(wait) (one claim that waits in the server, in a
+    transaction of the client's own). Where transactions default to
+    REPEATABLE READ or SERIALIZABLE, the holder's commit fails such a claim
+    with 40001: its snapshot cannot see the answer. It is then asked again,
+    in a new transaction that can, with what is left of the wait (none:
+    one claim that does not wait, whose failure is raised)."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return attempt(left if left > 0 else None)
+        except psycopg.errors.SerializationFailure:
+            if left <= 0:
+                raise
+
+
+async def aasked_again(attempt, wait):
+    """``asked_again`` for asyncio: ``attempt`` is a coroutine function."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        left = deadline - loop.time()
+        try:
+            return await attempt(left if left > 0 else None)
+        except psycopg.errors.SerializationFailure:
+            if left <= 0:
+                raise
 
 
 def answered_row(job, outcome, result=None, error=None):
