@@ -12,6 +12,10 @@
 // - lock_timeout: none. A lock the work waits for is one it needs; with a
 //   timeout, the worker would fail and be started again, without end, for
 //   as long as a transaction holds it.
+// They are set at the override level, as autovacuum sets its own: a local
+// setting of either in these processes would be ignored (as would the lock
+// timeout of execute_in_subtransaction and wait_within, pg/access/spi.hpp),
+// and none of their work asks for one.
 // default_transaction_read_only is kept: it fences a database (as at a
 // switchover, on the old primary), and the fence holds for the extension's
 // writes too; a sweep of a fenced database waits (database_fenced).
