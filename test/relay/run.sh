@@ -777,6 +777,29 @@ check "restart: every committed event delivered, no rolled-back one" \
     $python "$here/check.py" complete "$dir/receiver.jsonl" "$dir/outbox.dump" s_restart
 check "restart: per-key order at the receiver" $python "$here/check.py" order "$dir/receiver.jsonl" s_restart
 
+# ---------------------------------------------------------------- read-only
+log "a database fenced read-only: the reconnections back off until a claim succeeds"
+sql -c "SELECT idempotency.outbox_enqueue('s_fenced', jsonb_build_object('seq', g), 'f' || g) FROM generate_series(1, 5) g" >/dev/null
+sql -c "ALTER DATABASE $db SET default_transaction_read_only = on"
+start_relay fenced --dsn "$dsn" --sink "$sink" --topics s_fenced --progress-interval 0
+fenced_pid=$relay_pid
+# Every claim fails with 25006 and each reconnection succeeds: the delay
+# before the next one grows (100 ms doubling) instead of starting again.
+grown() { grep -qE "connection lost: .*25006.*reconnecting in ([2-9][0-9]{3}|[1-9][0-9]{4,}) ms" "$dir/fenced.err"; }
+if wait_until 60 grown; then
+    ok "fenced: the delay between reconnections grows past 2 s ($(grep -c 'connection lost' "$dir/fenced.err") losses)"
+else
+    not_ok "fenced: the delay between reconnections grows past 2 s" \
+        "$(grep -c 'connection lost' "$dir/fenced.err") losses: $(grep 'connection lost' "$dir/fenced.err" | tail -n 2)"
+fi
+check "fenced: nothing was delivered behind the fence" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_fenced' AND state = 'pending' AND attempts = 0" 5
+sql -c "SET default_transaction_read_only = off" -c "ALTER DATABASE $db RESET default_transaction_read_only"
+expect_delivered "fenced: once the fence is lifted, every event is delivered" 60 s_fenced 5 fenced
+stop_relay "$fenced_pid" 15
+status=$?
+check "fenced: the relay stops with exit 0 (exit $status)" test "$status" -eq 0
+
 # ---------------------------------------------------------------- drain
 log "SIGTERM drains"
 sql -c "SELECT idempotency.outbox_enqueue('s_drain', jsonb_build_object('seq', g, 'script', '[\"delay:0.3\"]'::jsonb), 'd' || g)

@@ -244,15 +244,20 @@ bool Relay::database_unavailable(DbStatus status, const std::string& error,
     return true;
 }
 
+// The backoff goes on from the last loss until a claim succeeds: a server
+// that takes connections but refuses every claim (read-only: a standby, or
+// a primary fenced at a switchover) is not reconnected to ten times a
+// second.
 void Relay::connection_lost(const std::string& error, Clock::time_point now) {
-    log_warning("database connection lost: %s; reconnecting", error.c_str());
+    const Millis delay = backoff_.next();
+    log_warning("database connection lost: %s; reconnecting in %lld ms", error.c_str(),
+                static_cast<long long>(delay.count()));
     if (open_.is_open()) void_open_claim("the connection was lost");
     if (!counted_down_) ++stats_.lanes_down;
     counted_down_ = true;
     lost_since_ = now;
-    backoff_.reset();
     reconnect_attempts_ = 0;
-    reconnect_at_ = now + backoff_.next();
+    reconnect_at_ = now + delay;
 }
 
 void Relay::reconnect(Clock::time_point now) {
@@ -265,7 +270,6 @@ void Relay::reconnect(Clock::time_point now) {
         ++stats_.reconnects;
         if (counted_down_) --stats_.lanes_down;
         counted_down_ = false;
-        backoff_.reset();
         due_ = true;
         return;
     }
@@ -318,6 +322,8 @@ void Relay::claim(Clock::time_point now) {
         fail(error);
         return;
     }
+    // The connection works: the next loss starts the backoff afresh.
+    backoff_.reset();
     take_claimed(std::move(events), want, budget, all_resolved, now);
 }
 
