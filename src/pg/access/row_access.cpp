@@ -324,34 +324,37 @@ void close_table(OpenTable* table) {
     if (wrote) CommandCounterIncrement();
 }
 
-bool find_row(OpenTable* table, const Datum* values, RowLock lock, bool new_step) {
-    if (new_step || !table->step_open) begin_step(table);
-    table->found_locked = false;
-    table->key_count = equality_keys(table->index, values, table->keys);
-    IndexScanDesc scan =
-        begin_index_scan(table->heap, table->index, GetActiveSnapshot(), table->key_count);
-    index_rescan(scan, table->keys, table->key_count, nullptr, 0);
-    bool found = index_getnext_slot(scan, ForwardScanDirection, table->found);
-    index_endscan(scan);
-    if (found && lock != RowLock::None) found = lock_found(table, lock);
-    if (!found) ExecClearTuple(table->found);
-    return found;
-}
-
 namespace {
 
-// The version of the row keyed by table->keys that `snapshot` sees.
-bool visible_version(OpenTable* table, Snapshot snapshot, ItemPointerData* tid) {
+// Fetches into table->found the row keyed by table->keys that `snapshot`
+// sees, through the unique index (one version at most).
+bool fetch_by_key(OpenTable* table, Snapshot snapshot) {
     IndexScanDesc scan = begin_index_scan(table->heap, table->index, snapshot, table->key_count);
     index_rescan(scan, table->keys, table->key_count, nullptr, 0);
     const bool found = index_getnext_slot(scan, ForwardScanDirection, table->found);
-    if (found) *tid = table->found->tts_tid;
     index_endscan(scan);
+    return found;
+}
+
+// The version of the row keyed by table->keys that `snapshot` sees.
+bool visible_version(OpenTable* table, Snapshot snapshot, ItemPointerData* tid) {
+    const bool found = fetch_by_key(table, snapshot);
+    if (found) *tid = table->found->tts_tid;
     ExecClearTuple(table->found);
     return found;
 }
 
 }  // namespace
+
+bool find_row(OpenTable* table, const Datum* values, RowLock lock, bool new_step) {
+    if (new_step || !table->step_open) begin_step(table);
+    table->found_locked = false;
+    table->key_count = equality_keys(table->index, values, table->keys);
+    bool found = fetch_by_key(table, GetActiveSnapshot());
+    if (found && lock != RowLock::None) found = lock_found(table, lock);
+    if (!found) ExecClearTuple(table->found);
+    return found;
+}
 
 bool row_changed_since_snapshot(OpenTable* table, const Datum* values) {
     begin_step(table);
