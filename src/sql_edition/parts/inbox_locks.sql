@@ -57,6 +57,39 @@ BEGIN
 END
 $$;
 
+-- The take of a free or expired lock under REPEATABLE READ or SERIALIZABLE.
+-- A lock taken or renewed by a transaction that committed after the
+-- snapshot fails the upsert with 40001: held, as the newest data would say
+-- (one unlocked or purged since is taken). The upsert locks the row even
+-- when its WHERE refuses; the subtransaction, rolled back then, gives that
+-- lock back.
+CREATE FUNCTION idempotency.take_lock_in_snapshot(p_resource pg_catalog.text,
+                                                  p_owner pg_catalog.text,
+                                                  now pg_catalog.timestamptz,
+                                                  ttl pg_catalog.interval)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    token int8;
+BEGIN
+    INSERT INTO idempotency.locks AS l (resource, token, owner, acquired_at, expires_at)
+    VALUES (p_resource, nextval('idempotency.token_seq'), p_owner, now, now + ttl)
+    ON CONFLICT (resource) DO UPDATE
+       SET token = excluded.token, owner = excluded.owner,
+           acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+     WHERE l.expires_at <= now
+    RETURNING l.token INTO token;
+    IF token IS NULL THEN
+        RAISE SQLSTATE 'IKW00';
+    END IF;
+    RETURN token;
+EXCEPTION
+    WHEN SQLSTATE 'IKW00' OR serialization_failure THEN
+        RETURN NULL;
+END
+$$;
+
 -- One try: a new token when the lock is free or expired, else NULL.
 CREATE FUNCTION idempotency.try_lock(p_resource pg_catalog.text, p_owner pg_catalog.text,
                                      ttl pg_catalog.interval, deadline pg_catalog.timestamptz,
@@ -66,18 +99,14 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     now timestamptz := clock_timestamp();
-    changed bool := false;
 BEGIN
     holder_until := now + interval '10 ms';  -- a concurrent taker: look again soon
     SELECT l.expires_at INTO holder_until FROM idempotency.locks l
      WHERE l.resource = p_resource AND l.expires_at > now;
-    IF FOUND THEN
-        -- Under a transaction snapshot, a holder that unlocked since still
-        -- looks alive: a lock changed since is looked at by trying to take it.
-        changed := idempotency.lock_changed_since_snapshot(p_resource);
-        IF NOT changed THEN
-            RETURN;
-        END IF;
+    -- Under a transaction snapshot, a holder that unlocked since still
+    -- looks alive: a lock changed since is looked at by trying to take it.
+    IF FOUND AND NOT idempotency.lock_changed_since_snapshot(p_resource) THEN
+        RETURN;
     END IF;
     holder_until := now + interval '10 ms';
     IF NOT pg_try_advisory_xact_lock(1229212466, hashtext(p_resource)) THEN
@@ -98,6 +127,10 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        token := idempotency.take_lock_in_snapshot(p_resource, p_owner, now, ttl);
+        RETURN;
+    END IF;
     -- An expired lock is taken by an update that only touches a row it
     -- takes (no lock is kept on a resource the caller did not get).
     UPDATE idempotency.locks l
@@ -105,23 +138,11 @@ BEGIN
            expires_at = now + ttl
      WHERE l.resource = p_resource AND l.expires_at <= now
     RETURNING l.token INTO token;
-    IF token IS NULL AND NOT changed THEN
+    IF token IS NULL THEN
         INSERT INTO idempotency.locks AS l (resource, token, owner, acquired_at, expires_at)
         VALUES (p_resource, nextval('idempotency.token_seq'), p_owner, now, now + ttl)
         ON CONFLICT (resource) DO NOTHING
         RETURNING l.token INTO token;
-    ELSIF token IS NULL THEN
-        -- The row the snapshot cannot see is still there (renewed, or taken
-        -- by another): held, as the newest data would say.
-        BEGIN
-            INSERT INTO idempotency.locks AS l (resource, token, owner, acquired_at, expires_at)
-            VALUES (p_resource, nextval('idempotency.token_seq'), p_owner, now, now + ttl)
-            ON CONFLICT (resource) DO NOTHING
-            RETURNING l.token INTO token;
-        EXCEPTION
-            WHEN serialization_failure THEN
-                token := NULL;
-        END;
     END IF;
 END
 $$;
