@@ -27,6 +27,7 @@
 #include "pg/stats/gauges.hpp"
 #include "pg/stats/metrics.hpp"
 #include "pg/stats/recount.hpp"
+#include "pg/waiting/prepared_wakeups.hpp"
 #include "pg/waiting/waiter_table.hpp"
 #include "pg/waiting/wakeup.hpp"
 
@@ -56,6 +57,8 @@ namespace idem::pg {
 //   the waiter table    the sessions waiting for a key or a lock, by hash:
 //                       a spinlock per bucket; each session's wake-up an
 //                       atomic (waiting/waiter_table.hpp).
+//   prepared wake-ups   what prepared transactions' commits are to wake:
+//                       their LWLock (waiting/prepared_wakeups.hpp).
 const SharedMemoryPart kSharedMemoryParts[] = {
     {counters_size, nullptr, init_counters},
     {due_table_size, request_due_table_lock, init_due_table},
@@ -65,6 +68,7 @@ const SharedMemoryPart kSharedMemoryParts[] = {
     {gauges_size, request_gauges_lock, init_gauges},
     {durations_size, request_durations_lock, init_durations},
     {waiter_table_size, nullptr, init_waiter_table},
+    {prepared_wakeups_size, request_prepared_wakeups_lock, init_prepared_wakeups},
 };
 const int kSharedMemoryPartCount = static_cast<int>(std::size(kSharedMemoryParts));
 
@@ -115,5 +119,6 @@ extern "C" void _PG_init(void) {
     // Shared memory and the workers need the library to be preloaded.
     if (!process_shared_preload_libraries_in_progress) return;
     idem::pg::install_shared_memory_hooks();
+    idem::pg::install_prepared_wakeups_hook();
     idem::pg::register_launcher();
 }

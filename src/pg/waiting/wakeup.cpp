@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "pg/boundary/guard.hpp"
+#include "pg/waiting/prepared_wakeups.hpp"
 #include "pg/waiting/waiter_table.hpp"
 
 extern "C" {
@@ -40,6 +41,9 @@ int pending_capacity = 0;
 
 void forget_pending() { pending_count = 0; }
 
+// The transaction being prepared (read before PREPARE ends it).
+TransactionId preparing_xid = InvalidTransactionId;
+
 void on_transaction_end(XactEvent event, void*) {
     if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT) {
         if (pending_count == 0) return;
@@ -55,7 +59,11 @@ void on_transaction_end(XactEvent event, void*) {
         // An error while waiting leaves the table (handing on a wake-up).
         unregister_waiter();
         forget_pending();
+    } else if (event == XACT_EVENT_PRE_PREPARE) {
+        preparing_xid = GetTopTransactionIdIfAny();
     } else if (event == XACT_EVENT_PREPARE) {
+        // Given by the session that runs COMMIT PREPARED.
+        park_wakeups(preparing_xid, pending, pending_count);
         forget_pending();
     }
 }
