@@ -36,31 +36,55 @@ ProcessUtility_hook_type previous_hook = nullptr;
 
 int capacity() { return max_prepared_xacts * kParkedPerPrepared; }
 
+// The distinct transactions with parked wake-ups (at most one per entry).
+int parked_transactions(TransactionId* xids) {
+    int count = 0;
+    LWLockAcquire(lock, LW_SHARED);
+    for (int i = 0; i < parked->capacity; ++i) {
+        const TransactionId xid = parked->entries[i].xid;
+        if (!TransactionIdIsValid(xid)) continue;
+        bool listed = false;
+        for (int x = 0; x < count && !listed; ++x) listed = xids[x] == xid;
+        if (!listed) xids[count++] = xid;
+    }
+    LWLockRelease(lock);
+    return count;
+}
+
+// Frees the entries of `xid`; returns the channels of those it frees, up
+// to `most` of them (the rest stay, for the next call).
+int take_entries(TransactionId xid, std::uint64_t* channels, int most) {
+    int count = 0;
+    LWLockAcquire(lock, LW_EXCLUSIVE);
+    for (int i = 0; i < parked->capacity && count < most; ++i) {
+        ParkedWakeup& entry = parked->entries[i];
+        if (entry.xid != xid) continue;
+        channels[count++] = entry.channel;
+        entry.xid = InvalidTransactionId;
+        pg_atomic_fetch_sub_u32(&parked->used, 1);
+    }
+    LWLockRelease(lock);
+    return count;
+}
+
 // The wake-ups of prepared transactions that have ended: a committed one's
-// are given, a rolled-back one's dropped. Any session may give any's.
+// are given, a rolled-back one's dropped. Any session may give any's. Whether
+// a transaction ended is asked outside the lock, once per transaction.
 void give_ended() {
     if (parked == nullptr || pg_atomic_read_u32(&parked->used) == 0) return;
-    constexpr int kBatch = 64;
-    std::uint64_t channels[kBatch];
-    for (bool more = true; more;) {
-        int count = 0;
-        more = false;
-        LWLockAcquire(lock, LW_EXCLUSIVE);
-        for (int i = 0; i < parked->capacity; ++i) {
-            ParkedWakeup& entry = parked->entries[i];
-            if (!TransactionIdIsValid(entry.xid) || TransactionIdIsInProgress(entry.xid)) continue;
-            if (count == kBatch) {
-                more = true;
-                break;
-            }
-            if (TransactionIdDidCommit(entry.xid)) channels[count++] = entry.channel;
-            entry.xid = InvalidTransactionId;
-            pg_atomic_fetch_sub_u32(&parked->used, 1);
-        }
-        LWLockRelease(lock);
+    auto* xids = static_cast<TransactionId*>(palloc(sizeof(TransactionId) * parked->capacity));
+    std::uint64_t channels[kParkedPerPrepared];
+    const int count = parked_transactions(xids);
+    for (int x = 0; x < count; ++x) {
+        if (TransactionIdIsInProgress(xids[x])) continue;
+        const bool committed = TransactionIdDidCommit(xids[x]);
+        // A transaction parks at most kParkedPerPrepared: one take frees all.
+        const int taken = take_entries(xids[x], channels, kParkedPerPrepared);
         // Outside the lock: a signal takes the waiter table's own locks.
-        for (int i = 0; i < count; ++i) (void)signal_waiters(channels[i]);
+        if (committed)
+            for (int i = 0; i < taken; ++i) (void)signal_waiters(channels[i]);
     }
+    pfree(xids);
 }
 
 bool ends_prepared(const Node* statement) {
