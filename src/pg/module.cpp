@@ -15,6 +15,7 @@
 #include "pg/outbox/held.hpp"
 #include "pg/outbox/notifier_table.hpp"
 #include "pg/outbox/notify.hpp"
+#include "pg/outbox/prepared_topics.hpp"
 #include "pg/outbox/producer_turn.hpp"
 #include "pg/outbox/ready_floor.hpp"
 #include "pg/outbox/tasks.hpp"
@@ -59,6 +60,8 @@ namespace idem::pg {
 //                       atomic (waiting/waiter_table.hpp).
 //   prepared wake-ups   what prepared transactions' commits are to wake:
 //                       their LWLock (waiting/prepared_wakeups.hpp).
+//   prepared topics     what prepared transactions' commits are to notify:
+//                       their LWLock (outbox/prepared_topics.hpp).
 const SharedMemoryPart kSharedMemoryParts[] = {
     {counters_size, nullptr, init_counters},
     {due_table_size, request_due_table_lock, init_due_table},
@@ -69,6 +72,7 @@ const SharedMemoryPart kSharedMemoryParts[] = {
     {durations_size, request_durations_lock, init_durations},
     {waiter_table_size, nullptr, init_waiter_table},
     {prepared_wakeups_size, request_prepared_wakeups_lock, init_prepared_wakeups},
+    {prepared_topics_size, request_prepared_topics_lock, init_prepared_topics},
 };
 const int kSharedMemoryPartCount = static_cast<int>(std::size(kSharedMemoryParts));
 
@@ -119,6 +123,7 @@ extern "C" void _PG_init(void) {
     // Shared memory and the workers need the library to be preloaded.
     if (!process_shared_preload_libraries_in_progress) return;
     idem::pg::install_shared_memory_hooks();
-    idem::pg::install_prepared_wakeups_hook();
+    idem::pg::install_prepared_wakeups();
+    idem::pg::install_prepared_topics();
     idem::pg::register_launcher();
 }

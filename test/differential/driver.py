@@ -624,6 +624,11 @@ def create_databases(args, features):
         admin.execute(f"ALTER DATABASE {name} SET idempotency.default_lease = '1h'")
         admin.execute(f"ALTER DATABASE {name} SET idempotency.retry_base_delay = 0")
         admin.execute(f"ALTER DATABASE {name} SET idempotency.retry_max_delay = 0")
+        # The SQL edition's enqueue sends its NOTIFY itself, after which
+        # PostgreSQL refuses PREPARE TRANSACTION; the C++ extension's topics
+        # wait for COMMIT PREPARED. Without notifications both prepare.
+        if name == SQL_EDITION:
+            admin.execute(f"ALTER DATABASE {name} SET idempotency.outbox_notify = off")
         conn = psycopg.connect(f"host={args.host} port={args.port} dbname={name} user=postgres",
                                autocommit=True, options="-c synchronous_commit=local")
         conn.execute("CREATE EXTENSION idempotency_sql" if name == SQL_EDITION

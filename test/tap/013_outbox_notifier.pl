@@ -11,7 +11,9 @@
 #   from concurrent producers: the others announced as "*" by the notifier;
 # - the notifier leaving after idling, on SIGTERM, and killed with kill -9
 #   (crash restart): no commit after it goes unannounced;
-# - PREPARE TRANSACTION is refused while outbox_notify is on;
+# - a prepared transaction: announced by COMMIT PREPARED, from its session,
+#   never at PREPARE, never for ROLLBACK PREPARED; "*" past eight topics;
+# - a savepoint rolled back takes its topics back;
 # - idempotency.worker_enabled = off: notified in the caller's commit;
 # - DROP DATABASE, CREATE DATABASE ... TEMPLATE and ALTER DATABASE ...
 #   RENAME succeed while a notifier is connected;
@@ -114,6 +116,7 @@ $producer->query_safe('COMMIT');
 ok(hear($l, 'kept-1') ne '', 'a transaction with a rolled-back savepoint announces its committed topic');
 ok(barrier($node, $l), 'barrier heard after the rollback');
 ok(!exists $l->{heard}{'rolled-back-1'}, 'a rolled-back enqueue is never announced');
+ok(!exists $l->{heard}{'kept-2'}, 'nor the enqueue of a rolled-back savepoint');
 is($node->safe_psql('postgres', "SELECT count(*) FROM idempotency.outbox WHERE topic = 'rolled-back-1'"),
 	'0', 'and left no event');
 
@@ -194,16 +197,51 @@ $node->safe_psql('postgres', enqueue_sql('after-kill-last'));
 is(hear($l, 'after-kill-last'), $notifier, 'and announces commits');
 
 # --- PREPARE TRANSACTION ------------------------------------------------------
-my ($rc, $out, $err) = $node->psql('postgres',
-	"BEGIN; " . enqueue_sql('prepared-1') . "; PREPARE TRANSACTION 'p1';");
-like($err, qr/cannot PREPARE a transaction that has enqueued outbox events/,
-	'PREPARE after an enqueue is refused while outbox_notify is on');
-is($node->safe_psql('postgres', "SELECT count(*) FROM pg_prepared_xacts"), '0', 'nothing was prepared');
+# A prepared transaction's topics are announced by the session that runs
+# COMMIT PREPARED, in its own commit; ROLLBACK PREPARED announces nothing.
+my $committer = $node->background_psql('postgres');
+my $committer_pid = $committer->query_safe('SELECT pg_backend_pid()');
+$node->safe_psql('postgres', "BEGIN; " . enqueue_sql('prepared-1') . "; PREPARE TRANSACTION 'p1';");
+ok(barrier($node, $l), 'a commit after PREPARE TRANSACTION is heard');
+ok(!exists $l->{heard}{'prepared-1'}, 'nothing is announced at PREPARE');
+$committer->query_safe("COMMIT PREPARED 'p1'");
+is(hear($l, 'prepared-1'), $committer_pid, 'COMMIT PREPARED announces the topic, from its session');
+
+$node->safe_psql('postgres', "BEGIN; " . enqueue_sql('prepared-2') . "; PREPARE TRANSACTION 'p2';");
+$node->safe_psql('postgres', "ROLLBACK PREPARED 'p2'");
+ok(barrier($node, $l), 'a commit after ROLLBACK PREPARED is heard');
+ok(!exists $l->{heard}{'prepared-2'}, 'ROLLBACK PREPARED announces nothing');
+
+# A savepoint rolled back takes its topic back.
+$node->safe_psql('postgres', "BEGIN; SAVEPOINT a; " . enqueue_sql('prepared-kept') . "; RELEASE SAVEPOINT a; "
+	  . "SAVEPOINT b; " . enqueue_sql('prepared-dropped') . "; ROLLBACK TO SAVEPOINT b; PREPARE TRANSACTION 'p0';");
+$node->safe_psql('postgres', "COMMIT PREPARED 'p0'");
+ok(hear($l, 'prepared-kept') ne '' && barrier($node, $l) && !exists $l->{heard}{'prepared-dropped'},
+	'prepared: a released savepoint\'s topic is announced, a rolled-back one\'s is not');
+
+# Two prepared at once: each is announced when it commits, not before.
+$node->safe_psql('postgres', "BEGIN; " . enqueue_sql('prepared-3') . "; PREPARE TRANSACTION 'p3';");
+$node->safe_psql('postgres', "BEGIN; " . enqueue_sql('prepared-4') . "; PREPARE TRANSACTION 'p4';");
+$committer->query_safe("COMMIT PREPARED 'p4'");
+is(hear($l, 'prepared-4'), $committer_pid, 'the second prepared, committed first, is announced');
+ok(barrier($node, $l) && !exists $l->{heard}{'prepared-3'}, 'the first, still prepared, is not');
+$committer->query_safe("COMMIT PREPARED 'p3'");
+is(hear($l, 'prepared-3'), $committer_pid, 'and is announced once committed');
+
+# More topics than a prepared transaction keeps: "*" stands for the rest.
+delete $l->{heard}{'*'};
+$node->safe_psql('postgres', "BEGIN; " . join('; ', map { enqueue_sql("prepared-many-$_") } 1 .. 10)
+	  . "; PREPARE TRANSACTION 'p5';");
+$committer->query_safe("COMMIT PREPARED 'p5'");
+ok(hear_all($l, (map { "prepared-many-$_" } 1 .. 8), '*'), 'past eight topics, one "*" for the rest');
+$committer->quit;
+
 $node->safe_psql('postgres', "BEGIN; SET LOCAL idempotency.outbox_notify = off; "
-	  . enqueue_sql('prepared-2') . "; PREPARE TRANSACTION 'p2';");
-$node->safe_psql('postgres', "COMMIT PREPARED 'p2'");
-is($node->safe_psql('postgres', "SELECT count(*) FROM idempotency.outbox WHERE topic = 'prepared-2'"),
+	  . enqueue_sql('prepared-quiet') . "; PREPARE TRANSACTION 'p6';");
+$node->safe_psql('postgres', "COMMIT PREPARED 'p6'");
+is($node->safe_psql('postgres', "SELECT count(*) FROM idempotency.outbox WHERE topic = 'prepared-quiet'"),
 	'1', 'with SET LOCAL idempotency.outbox_notify = off it prepares and commits');
+ok(barrier($node, $l) && !exists $l->{heard}{'prepared-quiet'}, 'and announces nothing');
 
 # --- worker_enabled = off -----------------------------------------------------
 $node->safe_psql('postgres', 'ALTER SYSTEM SET idempotency.worker_enabled = off');
@@ -214,6 +252,9 @@ my $session = $node->background_psql('postgres');
 my $session_pid = $session->query_safe('SELECT pg_backend_pid()');
 $session->query_safe(enqueue_sql('disabled-1'));
 is(hear($l, 'disabled-1'), $session_pid, 'worker_enabled = off: announced by the committing session');
+$node->safe_psql('postgres', "BEGIN; " . enqueue_sql('disabled-prepared') . "; PREPARE TRANSACTION 'p7';");
+$session->query_safe("COMMIT PREPARED 'p7'");
+is(hear($l, 'disabled-prepared'), $session_pid, 'worker_enabled = off: a prepared one by COMMIT PREPARED');
 $session->quit;
 $node->safe_psql('postgres', 'ALTER SYSTEM RESET idempotency.worker_enabled');
 $node->reload;
@@ -225,7 +266,7 @@ $node->safe_psql('dropme', enqueue_sql('d1'));
 isnt(notifier_pid($node, 'dropme'), '', 'a notifier is connected to dropme');
 # The other commands that need a database without sessions: a copy of it
 # (CREATE DATABASE ... TEMPLATE, as a staging copy is made) and a rename.
-($rc, $out, $err) = $node->psql('postgres', 'CREATE DATABASE dropme_copy TEMPLATE dropme');
+my ($rc, $out, $err) = $node->psql('postgres', 'CREATE DATABASE dropme_copy TEMPLATE dropme');
 is($rc, 0, 'CREATE DATABASE ... TEMPLATE succeeds while a notifier is connected') or diag($err);
 $node->safe_psql('dropme', enqueue_sql('d2'));
 isnt(notifier_pid($node, 'dropme'), '', 'a notifier is connected to dropme again');

@@ -7,8 +7,9 @@
 // (pg/outbox/notifier.cpp), which sends them in a transaction of its own. Topics
 // that do not fit in the notifier's slot become one notification with the
 // payload "*" (any topic). When no notifier can take them (none running
-// yet, leaving) the transaction notifies in its own commit, as without
-// preload.
+// yet, leaving, the workers disabled) the transaction notifies in its own
+// commit, as without preload. A prepared transaction's topics wait for
+// COMMIT PREPARED (pg/outbox/prepared_topics.hpp).
 #pragma once
 
 #include "pg/boundary/postgres.hpp"

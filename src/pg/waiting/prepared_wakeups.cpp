@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "pg/boundary/prepared_end.hpp"
 #include "pg/waiting/waiter_table.hpp"
 
 extern "C" {
@@ -10,7 +11,6 @@ extern "C" {
 #include "storage/lwlock.h"
 #include "storage/procarray.h"
 #include "storage/shmem.h"
-#include "tcop/utility.h"
 }
 
 namespace idem::pg {
@@ -32,7 +32,6 @@ struct ParkedWakeups {
 
 ParkedWakeups* parked = nullptr;
 LWLock* lock = nullptr;
-ProcessUtility_hook_type previous_hook = nullptr;
 
 int capacity() { return max_prepared_xacts * kParkedPerPrepared; }
 
@@ -87,25 +86,6 @@ void give_ended() {
     pfree(xids);
 }
 
-bool ends_prepared(const Node* statement) {
-    if (!IsA(statement, TransactionStmt)) return false;
-    const auto kind = reinterpret_cast<const TransactionStmt*>(statement)->kind;
-    return kind == TRANS_STMT_COMMIT_PREPARED || kind == TRANS_STMT_ROLLBACK_PREPARED;
-}
-
-void process_utility(PlannedStmt* statement, const char* query, bool read_only_tree,
-                     ProcessUtilityContext context, ParamListInfo params, QueryEnvironment* env,
-                     DestReceiver* dest, QueryCompletion* completion) {
-    if (previous_hook != nullptr)
-        previous_hook(statement, query, read_only_tree, context, params, env, dest, completion);
-    else
-        standard_ProcessUtility(statement, query, read_only_tree, context, params, env, dest,
-                                completion);
-    // The prepared transaction's commit is visible now (an error would not
-    // reach here): its waiters look again.
-    if (ends_prepared(statement->utilityStmt)) give_ended();
-}
-
 }  // namespace
 
 Size prepared_wakeups_size() {
@@ -142,9 +122,6 @@ void park_wakeups(TransactionId xid, const std::uint64_t* channels, int count) {
     LWLockRelease(lock);
 }
 
-void install_prepared_wakeups_hook() {
-    previous_hook = ProcessUtility_hook;
-    ProcessUtility_hook = process_utility;
-}
+void install_prepared_wakeups() { after_prepared_ends(give_ended); }
 
 }  // namespace idem::pg

@@ -3,8 +3,8 @@
 // transaction commits later, at COMMIT PREPARED, in whichever session. Its
 // wake-ups are parked at PREPARE TRANSACTION under its xid, in shared
 // memory (library preloaded), and given by the session that runs COMMIT
-// PREPARED (a ProcessUtility hook), once the commit is visible; ROLLBACK
-// PREPARED drops them. Room: kParkedPerPrepared wake-ups for each of
+// PREPARED (pg/boundary/prepared_end.hpp), once the commit is visible;
+// ROLLBACK PREPARED drops them. Room: kParkedPerPrepared wake-ups for each of
 // max_prepared_transactions. Those beyond it, and those of a transaction
 // prepared before a restart, are not given: their waiters look again at
 // the lease's end or their wait's.
@@ -27,7 +27,7 @@ void init_prepared_wakeups();
 // of `xid`, as many as there is room for.
 void park_wakeups(TransactionId xid, const std::uint64_t* channels, int count);
 
-// From _PG_init: the hook that gives them after COMMIT PREPARED.
-void install_prepared_wakeups_hook();
+// From _PG_init while preloading: gives them after COMMIT PREPARED.
+void install_prepared_wakeups();
 
 }  // namespace idem::pg
