@@ -110,13 +110,21 @@ void init_prepared_wakeups() {
 
 void park_wakeups(TransactionId xid, const std::uint64_t* channels, int count) {
     if (parked == nullptr || count == 0 || !TransactionIdIsValid(xid)) return;
-    const int limit = count < kParkedPerPrepared ? count : kParkedPerPrepared;
+    // The first distinct channels (a key freed twice is woken once), before
+    // the lock is taken.
+    std::uint64_t distinct[kParkedPerPrepared];
+    int limit = 0;
+    for (int c = 0; c < count && limit < kParkedPerPrepared; ++c) {
+        bool seen = false;
+        for (int d = 0; d < limit && !seen; ++d) seen = distinct[d] == channels[c];
+        if (!seen) distinct[limit++] = channels[c];
+    }
     LWLockAcquire(lock, LW_EXCLUSIVE);
     for (int i = 0, next = 0; i < parked->capacity && next < limit; ++i) {
         ParkedWakeup& entry = parked->entries[i];
         if (TransactionIdIsValid(entry.xid)) continue;
         entry.xid = xid;
-        entry.channel = channels[next++];
+        entry.channel = distinct[next++];
         pg_atomic_fetch_add_u32(&parked->used, 1);
     }
     LWLockRelease(lock);

@@ -23,8 +23,8 @@ Size prepared_wakeups_size();
 void request_prepared_wakeups_lock();
 void init_prepared_wakeups();
 
-// At PREPARE TRANSACTION (nothing here raises an error): parks the wake-ups
-// of `xid`, as many as there is room for.
+// At PREPARE TRANSACTION (nothing here raises an error): parks the first
+// kParkedPerPrepared distinct wake-ups of `xid`, as many as there is room for.
 void park_wakeups(TransactionId xid, const std::uint64_t* channels, int count);
 
 // From _PG_init while preloading: gives them after COMMIT PREPARED.
