@@ -53,7 +53,8 @@
 #              the bare user name, passwords and ?token= values not logged
 #   once       --once delivers what is due and exits
 #   notify     wakes on LISTEN (poll interval 60 s), progress lines on stderr,
-#              Prometheus metrics and /healthz on --metrics-addr 0.0.0.0:0;
+#              Prometheus metrics and /healthz on --metrics-addr 0.0.0.0:0,
+#              delays right under extra_float_digits = -15;
 #              slow clients (a byte every 1.5 s) delay no /healthz probe
 #   final      over the whole run: every committed event delivered (or dead as
 #              scripted), never a rolled-back one, per-key order of first
@@ -938,8 +939,10 @@ check "once: the receiver got each due event once" test "$(received s_once)" = 5
 
 # ---------------------------------------------------------------- notify, progress, metrics
 log "LISTEN wake-up, progress and metrics"
-start_relay notify --dsn "host=$dir port=$port dbname=$db user=relay_monitor" --sink "$sink" \
-    --topics s_notify --poll-interval 60s --progress-interval 1s --metrics-addr 0.0.0.0:0
+# A session setting a DBA may have set for the role or database: float8
+# written with one significant digit ("2e+09" for a time since the epoch).
+start_relay notify --dsn "host=$dir port=$port dbname=$db user=relay_monitor options='-c extra_float_digits=-15'" \
+    --sink "$sink" --topics s_notify --poll-interval 60s --progress-interval 1s --metrics-addr 0.0.0.0:0
 notify_pid=$relay_pid
 # Any address: here every IPv4 address, reached through loopback.
 wait_until 15 grep -q "metrics on http://0.0.0.0:" "$dir/notify.err"
@@ -968,6 +971,12 @@ check "metrics: in flight, connection, outbox lag and delivery histograms" \
     bash -c 'for m in idem_relay_in_flight idem_relay_db_connected idem_relay_outbox_lag_seconds \
         idem_relay_delivery_seconds_bucket idem_relay_delivery_delay_seconds_count; do
         grep -q "^$m{" <<<"$1" || exit 1; done' _ "$metrics"
+# The one event's time from enqueue to ack, from its enqueued_at: a sum
+# above zero (a delay below it counts as 0) and not years off, under
+# extra_float_digits = -15.
+delay_sum=$(sed -nE 's/^idem_relay_delivery_delay_seconds_sum\{relay="notify"\} (.*)$/\1/p' <<<"$metrics")
+check "metrics: the delivery delay read from enqueued_at is above 0 and below 600 s (${delay_sum:-none})" \
+    $python -c "import sys; sys.exit(0 if 0 < float('${delay_sum:-nan}') < 600 else 1)"
 health=$($python -c "
 import urllib.request
 print(urllib.request.urlopen('http://127.0.0.1:${metrics_port:-1}/healthz', timeout=5).read().decode().strip())" 2>&1)

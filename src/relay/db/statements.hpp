@@ -54,7 +54,7 @@ inline constexpr const char* kClaimSql =
     "            FROM (SELECT o.ordinality AS n, o.id, o.topic, o.key, "
     "                         o.payload::pg_catalog.text AS p, "
     "                         o.headers::pg_catalog.text AS h, o.dedup_key, o.attempt, "
-    "                         pg_catalog.date_part('epoch', o.enqueued_at) AS enqueued "
+    "                         pg_catalog.extract('epoch', o.enqueued_at) AS enqueued "
     "                  FROM idempotency.outbox_claim($1::pg_catalog.text, $2::pg_catalog.int4, "
     "                       $3::pg_catalog.interval, $4::pg_catalog.text[]) WITH ORDINALITY o "
     "                  OFFSET 0) d) c) s "
@@ -82,7 +82,7 @@ inline constexpr const char* kRetrySettingsSql =
     "SELECT s.name, s.setting FROM pg_catalog.pg_settings s WHERE s.name OPERATOR(pg_catalog.=) "
     "ANY ('{idempotency.retry_base_delay,idempotency.retry_max_delay}'::pg_catalog.text[])";
 inline constexpr const char* kLagSql =
-    "SELECT COALESCE(pg_catalog.max(pg_catalog.date_part('epoch', l.lag)), 0) "
+    "SELECT COALESCE(pg_catalog.max(pg_catalog.extract('epoch', l.lag)), 0) "
     "FROM idempotency.outbox_lag l "
     "WHERE $1::pg_catalog.text[] IS NULL OR l.topic OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[])";
 
