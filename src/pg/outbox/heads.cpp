@@ -464,20 +464,21 @@ void on_transaction_event(XactEvent event, void*) {
 }
 
 // A rolled-back subtransaction takes its records back; a committed one
-// hands them to its parent.
+// hands them to its parent. Its records are the last ones: each was added
+// since it began, and its own subtransactions' records were handed to it
+// or taken back as they ended. So a loop of savepoints that each enqueue
+// costs each end its own records, not every record before it.
 void on_subtransaction_event(SubXactEvent event, SubTransactionId mine, SubTransactionId parent,
                              void*) {
     if (records == nullptr) return;
     if (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB) return;
-    int kept = 0;
-    for (int i = 0; i < record_count; ++i) {
-        if (records[i].made_in == mine) {
-            if (event == SUBXACT_EVENT_ABORT_SUB) continue;
-            records[i].made_in = parent;
-        }
-        records[kept++] = records[i];
+    int first = record_count;
+    while (first > 0 && records[first - 1].made_in == mine) --first;
+    if (event == SUBXACT_EVENT_ABORT_SUB) {
+        record_count = first;
+        return;
     }
-    record_count = kept;
+    for (int i = first; i < record_count; ++i) records[i].made_in = parent;
 }
 
 }  // namespace

@@ -126,6 +126,25 @@ bool truncated = false;
 // topic's counts once per event, and comparing a key of 268 bytes costs
 // less than hashing it for a lookup. Forgotten whenever entries are removed.
 Pending* last_pending = nullptr;
+// The entries of subtransactions (level 2 and deeper), in the order they
+// were made: a subtransaction's are the last ones when it ends (its own
+// subtransactions' were handed to it or dropped before), so its end takes
+// them from the tail instead of scanning every entry of the transaction.
+// In TopMemoryContext, reused.
+PendingKey* nested = nullptr;
+int nested_count = 0;
+int nested_capacity = 0;
+
+void push_nested(const PendingKey& id) {
+    if (nested_count == nested_capacity) {
+        nested_capacity = nested_capacity == 0 ? 16 : nested_capacity * 2;
+        nested = static_cast<PendingKey*>(
+            nested == nullptr
+                ? MemoryContextAlloc(TopMemoryContext, sizeof(PendingKey) * nested_capacity)
+                : repalloc(nested, sizeof(PendingKey) * nested_capacity));
+    }
+    nested[nested_count++] = id;
+}
 
 Pending* enter_pending(const PendingKey& id) {
     bool found = false;
@@ -134,6 +153,7 @@ Pending* enter_pending(const PendingKey& id) {
         std::memset(entry->values, 0, sizeof entry->values);
         entry->latest = 0;
         entry->applied = false;
+        if (id.level > 1) push_nested(id);
     }
     return entry;
 }
@@ -174,6 +194,7 @@ void forget_pending() {
             hash_search(pending, &entry->id, HASH_REMOVE, nullptr);  // allowed during a scan
     }
     pending_any = false;
+    nested_count = 0;
     committing_xid = InvalidTransactionId;
     truncated = false;
 }
@@ -366,17 +387,18 @@ bool recount_settles_parked(const TransactionId* prepared, int prepared_count) {
     return true;
 }
 
-// The adjustments of subtransaction level `level` and deeper, copied out.
+// The adjustments of subtransaction level `level` and deeper, taken out.
 Pending* take_level(int level, int* count) {
-    *count = 0;
     last_pending = nullptr;
-    const long total = hash_get_num_entries(pending);
-    auto* taken = static_cast<Pending*>(palloc(sizeof(Pending) * (total + 1)));
-    HASH_SEQ_STATUS scan;
-    hash_seq_init(&scan, pending);
-    while (auto* entry = static_cast<Pending*>(hash_seq_search(&scan)))
-        if (entry->id.level >= level) taken[(*count)++] = *entry;
-    for (int i = 0; i < *count; ++i) hash_search(pending, &taken[i].id, HASH_REMOVE, nullptr);
+    int first = nested_count;
+    while (first > 0 && nested[first - 1].level >= level) --first;
+    *count = 0;
+    auto* taken = static_cast<Pending*>(palloc(sizeof(Pending) * (nested_count - first + 1)));
+    for (int i = first; i < nested_count; ++i) {
+        void* entry = hash_search(pending, &nested[i], HASH_REMOVE, nullptr);
+        if (entry != nullptr) taken[(*count)++] = *static_cast<Pending*>(entry);
+    }
+    nested_count = first;
     return taken;
 }
 
@@ -384,6 +406,7 @@ void on_subtransaction_end(SubXactEvent event, SubTransactionId, SubTransactionI
     if (!pending_any) return;
     if (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB) return;
     const int level = GetCurrentTransactionNestLevel();
+    if (nested_count == 0 || nested[nested_count - 1].level < level) return;
     int count = 0;
     Pending* taken = take_level(level, &count);
     // A committed subtransaction hands its adjustments to its parent.
