@@ -96,3 +96,29 @@ SELECT count(*) AS completed, count(*) FILTER (WHERE key = 'sl-inner') AS inner_
 SELECT (SELECT sum(completed) FROM idempotency.idem_stats WHERE scope LIKE 'sl-s%') AS in_view,
        (SELECT count(*) FROM idempotency.idem_stats WHERE scope LIKE 'sl-s%' AND completed = 1)
            AS scopes_with_one;
+
+-- Memory: PostgreSQL keeps a committed subtransaction's memory context
+-- until the top transaction ends when anything was allocated in it. A
+-- loop of 2,000 savepoints that enqueue and complete must not keep one
+-- per savepoint (8 kB each: gigabytes for a batch of a million).
+-- Notifications off: a NOTIFY (the SQL edition's enqueue sends one) is
+-- kept in that context by PostgreSQL itself.
+BEGIN;
+SET LOCAL idempotency.outbox_notify = off;
+DO $$
+DECLARE
+  t bigint;
+BEGIN
+  FOR i IN 1..2000 LOOP
+    BEGIN
+      PERFORM idempotency.outbox_enqueue('sl.m', '{}', 'm' || (i % 10));
+      PERFORM idempotency.outbox_enqueue('sl.m' || (i % 10), '{}');
+      SELECT token INTO t FROM idempotency.idem_claim('sl-m' || i, scope => 'sl-m' || (i % 10));
+      PERFORM idempotency.idem_complete('sl-m' || i, t, '{}', scope => 'sl-m' || (i % 10));
+    EXCEPTION WHEN raise_exception THEN NULL;
+    END;
+  END LOOP;
+END $$;
+SELECT count(*) < 20 AS few_subtransaction_contexts_kept
+  FROM pg_backend_memory_contexts WHERE name = 'CurTransactionContext';
+ROLLBACK;
