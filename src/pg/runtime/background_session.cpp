@@ -1,5 +1,6 @@
 #include "pg/runtime/background_session.hpp"
 
+#include "pg/access/subscription_target.hpp"
 #include "pg/boundary/postgres.hpp"
 
 extern "C" {
@@ -15,6 +16,12 @@ void use_background_session_settings() {
     SetConfigOption("lock_timeout", "0", PGC_SUSET, PGC_S_OVERRIDE);
 }
 
-bool database_fenced() { return DefaultXactReadOnly; }
+Fence database_fence() {
+    if (DefaultXactReadOnly) return Fence::ReadOnly;
+    StartTransactionCommand();
+    const bool subscribed = feeding_subscription() != nullptr;
+    CommitTransactionCommand();
+    return subscribed ? Fence::Subscribed : Fence::None;
+}
 
 }  // namespace idem::pg

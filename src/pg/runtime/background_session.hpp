@@ -18,15 +18,19 @@
 // and none of their work asks for one.
 // default_transaction_read_only is kept: it fences a database (as at a
 // switchover, on the old primary), and the fence holds for the extension's
-// writes too; a sweep of a fenced database waits (database_fenced).
+// writes too; a sweep of a fenced database waits (database_fence).
 #pragma once
 
 namespace idem::pg {
 
 void use_background_session_settings();
 
-// Whether the worker's database is fenced: default_transaction_read_only is
-// on for its connection.
-bool database_fenced();
+// Why a sweep leaves the worker's database as it is: not at all; its
+// connection's default_transaction_read_only is on; or a logical
+// replication subscription writes into the extension's tables there
+// (pg/access/subscription_target.hpp), whose publisher's workers do the
+// work. Looks in a transaction of its own.
+enum class Fence : char { None, ReadOnly, Subscribed };
+Fence database_fence();
 
 }  // namespace idem::pg

@@ -28,7 +28,7 @@ struct DueEntry {
     DatabaseState state;
     bool sweep_wanted;
     bool sweep_finished;
-    bool fenced;  // its last worker found it read-only (said once, until it is not)
+    Fence fence;  // what its last worker found it behind (said once, until it changes)
     std::uint64_t changed;
     std::uint64_t changes_at_start;
     Oid watched[kWatchedTables];
@@ -78,7 +78,7 @@ void init_entry(DueEntry* entry, Oid database) {
     entry->state = DatabaseState::Unknown;
     entry->sweep_wanted = true;
     entry->sweep_finished = true;
-    entry->fenced = false;
+    entry->fence = Fence::None;
     entry->changed = 0;
     entry->changes_at_start = 0;
     std::fill(std::begin(entry->watched), std::end(entry->watched), InvalidOid);
@@ -246,14 +246,14 @@ void mark_worker_failed(int slot, Oid database, Micros retry_at) {
     (void)lower(&entry->lease, retry_at);
 }
 
-bool note_fenced(int slot, Oid database, bool fenced) {
+Fence note_fence(int slot, Oid database, Fence fence) {
     DueEntry* entry = entry_of(slot, database);
-    if (entry == nullptr) return false;
+    if (entry == nullptr) return fence;
     SpinLockAcquire(&entry->mutex);
-    const bool changed = entry->fenced != fenced;
-    entry->fenced = fenced;
+    const Fence before = entry->fence;
+    entry->fence = fence;
     SpinLockRelease(&entry->mutex);
-    return changed;
+    return before;
 }
 
 void want_sweep(int slot, Oid database) {

@@ -22,6 +22,7 @@
 
 #include "core/time.hpp"
 #include "pg/boundary/postgres.hpp"
+#include "pg/runtime/background_session.hpp"
 
 namespace idem::pg {
 
@@ -94,9 +95,9 @@ void mark_worker_started(int slot, Oid database);
 void mark_worker_failed(int slot, Oid database, Micros retry_at);
 // Asks for a full sweep of the database.
 void want_sweep(int slot, Oid database);
-// Records whether a worker found the database fenced (read-only); true
-// when that differs from what the last one found, so that it is said once.
-bool note_fenced(int slot, Oid database, bool fenced);
+// Records the fence a worker found the database behind; returns the one
+// the last worker found, so that a change is said once.
+Fence note_fence(int slot, Oid database, Fence fence);
 // The same for a session (idempotency.request_sweep()), waking the
 // launcher; false when there is no due table (not preloaded) or no room.
 bool request_sweep(Oid database);

@@ -3,6 +3,7 @@
 // asks a worker to come (runtime/tasks.hpp).
 #include "core/error.hpp"
 #include "pg/access/spi.hpp"
+#include "pg/access/subscription_target.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/boundary/settings.hpp"
 #include "pg/runtime/due_table.hpp"
@@ -25,6 +26,14 @@ Datum maintenance_body(FunctionCallInfo fcinfo) {
     InitMaterializedSRF(fcinfo, 0);
     ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
     const int batch = settings::purge_batch;
+    // The publisher's workers do this work for the subscription's tables.
+    if (const char* subscription = feeding_subscription())
+        ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                        errmsg("idem_maintenance(): the extension's tables in this database are "
+                               "written by subscription \"%s\"",
+                               subscription),
+                        errhint("Run it where the subscription's publisher is; here it changes "
+                                "nothing until the subscription is dropped.")));
 
     connect_spi();
     // As in the worker, the sweeps find rows through their indexes; the

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "pg/access/extension_objects.hpp"
+#include "pg/access/subscription_target.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/boundary/owner_scope.hpp"
 #include "pg/boundary/settings.hpp"
@@ -179,6 +180,36 @@ bool run_retention_tasks(Sweep* sweep) {
     return true;
 }
 
+// Says once that the database went behind a fence (database_fence), or
+// came out of one.
+void say_fence(Fence before, Fence now) {
+    StartTransactionCommand();  // for the names
+    const char* database = get_database_name(MyDatabaseId);
+    if (now == Fence::ReadOnly) {
+        ereport(LOG, (errmsg("idempotency worker: database \"%s\" is read-only "
+                             "(default_transaction_read_only): no lease is expired and nothing "
+                             "purged there until it is writable again",
+                             database)));
+    } else if (now == Fence::Subscribed) {
+        const char* subscription = feeding_subscription();
+        ereport(LOG, (errmsg("idempotency worker: database \"%s\" receives the extension's tables "
+                             "from subscription \"%s\": no lease is expired and nothing purged "
+                             "there (its publisher's workers do that), and its counts are read "
+                             "from the tables, until the subscription is dropped",
+                             database, subscription != nullptr ? subscription : "?")));
+    } else if (before == Fence::ReadOnly) {
+        ereport(LOG, (errmsg("idempotency worker: database \"%s\" is writable again: its sweeps "
+                             "resume",
+                             database)));
+    } else {
+        ereport(LOG, (errmsg("idempotency worker: database \"%s\" no longer receives the "
+                             "extension's tables from a subscription: its sweeps resume and its "
+                             "counts are recounted",
+                             database)));
+    }
+    CommitTransactionCommand();
+}
+
 void sweep() {
     Sweep sweep{-1, MyDatabaseId, InvalidOid, 0};
     std::memcpy(&sweep.slot, MyBgworkerEntry->bgw_extra, sizeof sweep.slot);
@@ -191,19 +222,13 @@ void sweep() {
         return;
     }
     // A fenced database is left as it is: its due work comes back a
-    // launcher naptime later, until the fence is lifted.
-    const bool fenced = database_fenced();
-    if (note_fenced(sweep.slot, sweep.database, fenced)) {
-        StartTransactionCommand();  // for the database's name
-        ereport(LOG, (errmsg(fenced ? "idempotency worker: database \"%s\" is read-only "
-                                      "(default_transaction_read_only): no lease is expired and "
-                                      "nothing purged there until it is writable again"
-                                    : "idempotency worker: database \"%s\" is writable again: "
-                                      "its sweeps resume",
-                             get_database_name(MyDatabaseId))));
-        CommitTransactionCommand();
-    }
-    if (fenced) {
+    // launcher naptime later, until the fence is lifted. Behind a
+    // subscription its counts stay unknown, to be recounted once it is gone.
+    const Fence fence = database_fence();
+    const Fence before = note_fence(sweep.slot, sweep.database, fence);
+    if (fence != before) say_fence(before, fence);
+    if (fence == Fence::Subscribed) kBackgroundWork.forget_counts(sweep.database);
+    if (fence != Fence::None) {
         mark_worker_failed(sweep.slot, sweep.database,
                            start + settings::ms(settings::launcher_naptime_ms));
         return;

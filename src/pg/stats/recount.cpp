@@ -5,6 +5,7 @@
 
 #include "pg/access/extension_objects.hpp"
 #include "pg/access/spi.hpp"
+#include "pg/access/subscription_target.hpp"
 #include "pg/boundary/settings.hpp"
 #include "pg/runtime/due_table.hpp"
 #include "pg/runtime/shared_memory.hpp"
@@ -55,7 +56,7 @@ bool gauges_apply() {
 }
 
 bool recount_if_unknown(bool repair) {
-    if (!gauges_apply() || RecoveryInProgress()) return false;
+    if (!gauges_apply() || RecoveryInProgress() || feeding_subscription() != nullptr) return false;
     if (gauge_source() != GaugeSource::Unknown) return true;
     // A count reads every row: with the scans the sweeps turn off.
     const int nest_level = NewGUCNestLevel();
@@ -105,6 +106,12 @@ bool tables_are_small() {
 
 GaugeSource counts_for_view() {
     if (RecoveryInProgress()) return GaugeSource::Unknown;
+    // A subscription writes the tables behind the functions: each read
+    // counts them, and the kept counts are recounted once it is gone.
+    if (gauges_apply() && feeding_subscription() != nullptr) {
+        forget_gauges(MyDatabaseId);
+        return GaugeSource::Tables;
+    }
     const GaugeSource source = gauge_source();
     if (source != GaugeSource::Unknown || !gauges_apply()) return source;
     // A worker recounts soon when one will come; otherwise this read does.

@@ -117,7 +117,27 @@ DECLARE
     now timestamptz;
     changed int8;
     total int8;
+    subscription name;
 BEGIN
+    -- Tables a logical replication subscription writes (the new side of an
+    -- upgrade by logical replication) are kept by its publisher's
+    -- maintenance: a purge here would insert the tombstone that the
+    -- publisher's purge sends next, and stop the subscription.
+    SELECT s.subname INTO subscription
+      FROM pg_catalog.pg_subscription_rel r
+      JOIN pg_catalog.pg_subscription s ON s.oid = r.srsubid
+     WHERE r.srrelid IN ('idempotency.idempotency_keys'::pg_catalog.regclass,
+                         'idempotency.key_tombstones'::pg_catalog.regclass,
+                         'idempotency.outbox'::pg_catalog.regclass,
+                         'idempotency.inbox'::pg_catalog.regclass,
+                         'idempotency.locks'::pg_catalog.regclass)
+     LIMIT 1;
+    IF subscription IS NOT NULL THEN
+        RAISE EXCEPTION 'idem_maintenance(): the extension''s tables in this database are written by subscription "%"', subscription
+              USING ERRCODE = '55000',
+                    HINT = 'Run it where the subscription''s publisher is; here it changes nothing until the subscription is dropped.';
+    END IF;
+
     -- Leases that ran out: FAILED_RETRYABLE, or FAILED_FINAL when the
     -- attempts its claim allowed are used up.
     task := 'expire_leases'; total := 0;
