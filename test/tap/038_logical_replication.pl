@@ -35,9 +35,12 @@ my $oid = $green->safe_psql('postgres', "SELECT oid FROM pg_database WHERE datna
 my $keys = 40;
 
 # What blue holds before green subscribes: a key that stays (its result is
-# replayed after the switchover), events queued.
+# replayed after the switchover), events queued, a relay's grant (its role
+# exists on both sides, as pg_dumpall --globals-only makes it).
+$_->safe_psql('postgres', 'CREATE ROLE orders_relay LOGIN') for ($blue, $green);
 $blue->safe_psql(
 	'app', q{
+SELECT idempotency.grant_relay('orders_relay', ARRAY['orders']);
 SELECT idempotency.idem_complete('kept', (idempotency.idem_claim('kept', '{"order": 1}')).token,
                                  '{"charge": "ch-1"}');
 SELECT idempotency.outbox_enqueue('orders', jsonb_build_object('order', i)) FROM generate_series(1, 5) i;
@@ -53,6 +56,9 @@ $green->safe_psql('app', "CREATE SUBSCRIPTION green CONNECTION '$blue_conn' PUBL
 ok( $green->poll_query_until(
 		'app', "SELECT count(*) > 0 AND bool_and(srsubstate = 'r') FROM pg_subscription_rel"),
 	'every table of the subscription is copied and ready');
+
+is($green->safe_psql('app', q{SELECT role::text || ' ' || array_to_string(topics, ',') FROM idempotency.relay_grants}),
+	'orders_relay orders', "blue's relay grant is on green");
 
 sub log_since { return slurp_file($green->logfile, $offset); }
 sub count_of { my ($re) = @_; my $n = () = log_since() =~ /$re/g; return $n; }
