@@ -130,20 +130,21 @@ Pending* last_pending = nullptr;
 // were made: a subtransaction's are the last ones when it ends (its own
 // subtransactions' were handed to it or dropped before), so its end takes
 // them from the tail instead of scanning every entry of the transaction.
-// In TopMemoryContext, reused.
-PendingKey* nested = nullptr;
+// Each points into `pending`, whose entries stay where they are until
+// removed. In TopMemoryContext, reused.
+Pending** nested = nullptr;
 int nested_count = 0;
 int nested_capacity = 0;
 
-void push_nested(const PendingKey& id) {
+void push_nested(Pending* entry) {
     if (nested_count == nested_capacity) {
         nested_capacity = nested_capacity == 0 ? 16 : nested_capacity * 2;
-        nested = static_cast<PendingKey*>(
+        nested = static_cast<Pending**>(
             nested == nullptr
-                ? MemoryContextAlloc(TopMemoryContext, sizeof(PendingKey) * nested_capacity)
-                : repalloc(nested, sizeof(PendingKey) * nested_capacity));
+                ? MemoryContextAlloc(TopMemoryContext, sizeof(Pending*) * nested_capacity)
+                : repalloc(nested, sizeof(Pending*) * nested_capacity));
     }
-    nested[nested_count++] = id;
+    nested[nested_count++] = entry;
 }
 
 Pending* enter_pending(const PendingKey& id) {
@@ -153,7 +154,7 @@ Pending* enter_pending(const PendingKey& id) {
         std::memset(entry->values, 0, sizeof entry->values);
         entry->latest = 0;
         entry->applied = false;
-        if (id.level > 1) push_nested(id);
+        if (id.level > 1) push_nested(entry);
     }
     return entry;
 }
@@ -387,41 +388,35 @@ bool recount_settles_parked(const TransactionId* prepared, int prepared_count) {
     return true;
 }
 
-// The adjustments of subtransaction level `level` and deeper, taken out.
-Pending* take_level(int level, int* count) {
-    last_pending = nullptr;
-    int first = nested_count;
-    while (first > 0 && nested[first - 1].level >= level) --first;
-    *count = 0;
-    // Not in the ending subtransaction's CurTransactionContext (current
-    // here): any allocation in it keeps that context, 8 kB, until the top
-    // transaction ends, for each of a loop's thousands of savepoints.
-    auto* taken = static_cast<Pending*>(MemoryContextAlloc(
-        TopTransactionContext, sizeof(Pending) * (nested_count - first + 1)));
-    for (int i = first; i < nested_count; ++i) {
-        void* entry = hash_search(pending, &nested[i], HASH_REMOVE, nullptr);
-        if (entry != nullptr) taken[(*count)++] = *static_cast<Pending*>(entry);
-    }
-    nested_count = first;
-    return taken;
-}
-
+// At a subtransaction's end its adjustments (the tail of `nested`) leave
+// `pending`; a committed one's go to its parent. Each entry makes at most
+// one parent entry, pushed at or before its own slot, which was read by
+// then: the tail is walked in place, with no copy of it.
 void on_subtransaction_end(SubXactEvent event, SubTransactionId, SubTransactionId, void*) {
     if (!pending_any) return;
     if (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB) return;
     const int level = GetCurrentTransactionNestLevel();
-    if (nested_count == 0 || nested[nested_count - 1].level < level) return;
-    int count = 0;
-    Pending* taken = take_level(level, &count);
-    // A committed subtransaction hands its adjustments to its parent.
-    for (int i = 0; event == SUBXACT_EVENT_COMMIT_SUB && i < count; ++i) {
-        PendingKey id = taken[i].id;
+    if (nested_count == 0 || nested[nested_count - 1]->id.level < level) return;
+    last_pending = nullptr;
+    const int end = nested_count;
+    while (nested_count > 0 && nested[nested_count - 1]->id.level >= level) --nested_count;
+    for (int i = nested_count; i < end; ++i) {
+        Pending* child = nested[i];
+        if (event != SUBXACT_EVENT_COMMIT_SUB) {
+            hash_search(pending, &child->id, HASH_REMOVE, nullptr);
+            continue;
+        }
+        // What the parent needs, read before the child's entry is freed.
+        PendingKey id = child->id;
+        std::int64_t values[kGaugeValues];
+        std::memcpy(values, child->values, sizeof values);
+        const Micros latest = child->latest;
+        hash_search(pending, &id, HASH_REMOVE, nullptr);
         id.level = level - 1;
         Pending* parent = enter_pending(id);
-        for (int v = 0; v < kGaugeValues; ++v) parent->values[v] += taken[i].values[v];
-        parent->latest = std::max(parent->latest, taken[i].latest);
+        for (int v = 0; v < kGaugeValues; ++v) parent->values[v] += values[v];
+        parent->latest = std::max(parent->latest, latest);
     }
-    pfree(taken);
 }
 
 // This backend runs a recount: an abort before its end leaves the counts unknown.
