@@ -18,10 +18,7 @@ void use_background_session_settings() {
 
 Fence database_fence() {
     if (DefaultXactReadOnly) return Fence::ReadOnly;
-    StartTransactionCommand();
-    const bool subscribed = feeding_subscription() != nullptr;
-    CommitTransactionCommand();
-    return subscribed ? Fence::Subscribed : Fence::None;
+    return feeding_subscription() != nullptr ? Fence::Subscribed : Fence::None;
 }
 
 }  // namespace idem::pg

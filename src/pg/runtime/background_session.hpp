@@ -29,7 +29,7 @@ void use_background_session_settings();
 // connection's default_transaction_read_only is on; or a logical
 // replication subscription writes into the extension's tables there
 // (pg/access/subscription_target.hpp), whose publisher's workers do the
-// work. Looks in a transaction of its own.
+// work. Needs a transaction.
 enum class Fence : char { None, ReadOnly, Subscribed };
 Fence database_fence();
 

@@ -38,8 +38,9 @@ namespace {
 // The owner of the extension when it is installed in a schema of that
 // owner's; InvalidOid otherwise (a schema that another role owns is not
 // served: that role could have replaced what it holds). Reported to the
-// launcher with the extension's tables, in the same transaction.
-Oid served_by(int slot) {
+// launcher with the extension's tables, in the same transaction, which
+// also reads the fence the database is behind (database_fence).
+Oid served_by(int slot, Fence* fence) {
     StartTransactionCommand();
     const ExtensionObjects* objects = find_extension_objects();
     Oid owner = InvalidOid;
@@ -56,6 +57,7 @@ Oid served_by(int slot) {
                         get_database_name(MyDatabaseId), get_namespace_name(objects->schema))));
     }
     report_state(slot, MyDatabaseId, OidIsValid(owner), tables);
+    *fence = OidIsValid(owner) ? database_fence() : Fence::None;
     // A schema that another role owns is a matter for a human: look again
     // (and say so again) every launcher_naptime until it is put right.
     if (objects != nullptr && !OidIsValid(owner))
@@ -216,7 +218,8 @@ void sweep() {
     const Micros start = GetCurrentTimestamp();
     // Taken before anything is read: what commits from now on is noted again.
     const DueTaken taken = take_due(sweep.slot, sweep.database, start);
-    sweep.owner = served_by(sweep.slot);
+    Fence fence = Fence::None;
+    sweep.owner = served_by(sweep.slot, &fence);
     if (!OidIsValid(sweep.owner)) {
         put_next_due(sweep.slot, sweep.database, kNever, kNever, 0);
         return;
@@ -224,7 +227,6 @@ void sweep() {
     // A fenced database is left as it is: its due work comes back a
     // launcher naptime later, until the fence is lifted. Behind a
     // subscription its counts stay unknown, to be recounted once it is gone.
-    const Fence fence = database_fence();
     const Fence before = note_fence(sweep.slot, sweep.database, fence);
     if (fence != before) say_fence(before, fence);
     if (fence == Fence::Subscribed) kBackgroundWork.forget_counts(sweep.database);

@@ -108,7 +108,7 @@ GaugeSource counts_for_view() {
     if (RecoveryInProgress()) return GaugeSource::Unknown;
     // A subscription writes the tables behind the functions: each read
     // counts them, and the kept counts are recounted once it is gone.
-    if (gauges_apply() && feeding_subscription() != nullptr) {
+    if (feeding_subscription() != nullptr && gauges_apply()) {
         forget_gauges(MyDatabaseId);
         return GaugeSource::Tables;
     }
