@@ -104,7 +104,8 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--seconds", type=float, default=20, help="how long producers submit")
     p.add_argument("--restarts", type=int, default=1, help="PostgreSQL restarts during the load")
-    p.add_argument("--drain-seconds", type=float, default=30)
+    p.add_argument("--drain-seconds", type=float, default=30,
+                   help="how long the drain may go without an event delivered or a key completed")
     p.add_argument("--producers", type=int, default=3)
     p.add_argument("--workers", type=int, default=5)
     p.add_argument("--step-workers", type=int, default=2, help="workers of the 3-step jobs")
@@ -130,7 +131,7 @@ def main():
     os.makedirs(cfg.logdir, exist_ok=True)
     print(f"chaos: seed {a.seed}, {a.seconds:.0f}s of load, {a.producers} producers, "
           f"{a.workers} workers, {a.step_workers} step workers, {a.restarts} restart(s), "
-          f"drain up to {a.drain_seconds:.0f}s", flush=True)
+          f"drain stalls up to {a.drain_seconds:.0f}s", flush=True)
 
     conn = psycopg2.connect(cfg.admin_dsn)
     conn.autocommit = True
@@ -147,7 +148,10 @@ def main():
     # One restart at 40% of the load, or several spread from 15% to 85%.
     spread = [0.4] if a.restarts == 1 else [0.15 + 0.7 * i / (a.restarts - 1) for i in range(a.restarts)]
     restart_at = [started + a.seconds * f for f in spread]
-    drained, drain_deadline = False, None
+    # The drain fails when drain_seconds pass with no event delivered and no
+    # key completed (on a busy machine the retries' timeouts and backoffs
+    # stretch it, but it keeps moving), or after five times that in all.
+    drained, drain_deadline, drain_bound, last_left = False, None, None, None
     next_watch = next_progress = started
     try:
         while True:
@@ -166,6 +170,7 @@ def main():
                 if fleet.producers_done() and not restart_at:
                     fleet.check_producers()
                     drain_deadline = now + a.drain_seconds
+                    drain_bound = now + 5 * a.drain_seconds
                     print(f"chaos: t={now - started:.0f}s producers done; draining", flush=True)
             if now >= next_watch:
                 next_watch = now + 0.25
@@ -179,8 +184,13 @@ def main():
                     if left == (0, 0):
                         drained = True
                         break
-                    if now > drain_deadline:
-                        print(f"chaos: drain deadline passed with {left[0]} events undelivered, "
+                    if left != last_left:
+                        last_left, drain_deadline = left, now + a.drain_seconds
+                    stalled = now > drain_deadline
+                    if stalled or now > drain_bound:
+                        why = (f"no progress for {a.drain_seconds:.0f}s" if stalled
+                               else f"{5 * a.drain_seconds:.0f}s in all")
+                        print(f"chaos: the drain stopped ({why}) with {left[0]} events undelivered, "
                               f"{left[1]} keys not completed", flush=True)
                         break
             if now >= next_progress:

@@ -154,7 +154,7 @@ def prove(cfg, injector, fleet, data, drained):
     p.check(f"every replayed answer ({len(answers)}) carried the stored result", not bad, sample(bad))
 
     # ---------------------------------------------------------------- delivery and state
-    p.check("the drain finished before its deadline (every committed job done)", drained)
+    p.check("the drain finished (every committed job done) without stalling", drained)
     not_one = [k for k in jobs if len(outbox.get(k, [])) != 1]
     not_one += [k for k in jobs if any(t != ("jobs" if k in plain else "steps") for _, _, t in outbox.get(k, []))]
     p.check("exactly one outbox event per job, on its topic (duplicate submissions enqueued nothing)",
