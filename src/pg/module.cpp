@@ -84,7 +84,8 @@ constexpr MaintenanceTask kTasks[] = {
     {"expire_disconnected", "idempotency_keys", nullptr, TaskKind::Lease, expire_disconnected_keys},
     {"settle_leases", "idempotency_keys", "purge_at", TaskKind::Lease, settle_key_leases},
     {"expire_outbox_leases", "outbox", nullptr, TaskKind::Lease, expire_outbox_leases},
-    {"purge_keys", "idempotency_keys", nullptr, TaskKind::Retention, purge_keys},
+    // A purged key leaves its tombstone.
+    {"purge_keys", "idempotency_keys", nullptr, TaskKind::Retention, purge_keys, "key_tombstones"},
     {"purge_tombstones", "key_tombstones", nullptr, TaskKind::Retention, purge_tombstones},
     {"purge_outbox", "outbox", nullptr, TaskKind::Retention, purge_outbox},
     {"purge_inbox", "inbox", nullptr, TaskKind::Retention, purge_inbox},

@@ -81,26 +81,51 @@ TaskTable table_of(const MaintenanceTask& task) {
     return {InvalidOid, nullptr};
 }
 
+// The extension's table of that name (InvalidOid: the installed version
+// has none).
+Oid table_named(const ExtensionObjects* objects, const char* name) {
+    const char* names[] = {"idempotency_keys", "outbox", "inbox", "locks", "key_tombstones"};
+    const Oid tables[] = {objects->keys, objects->outbox, objects->inbox, objects->locks,
+                          objects->tombstones};
+    for (int i = 0; i < 5; ++i)
+        if (std::strcmp(name, names[i]) == 0) return tables[i];
+    return InvalidOid;
+}
+
 }  // namespace
 
 Oid task_table(const MaintenanceTask& task) {
     const ExtensionObjects* objects = installed_extension_objects();
     if (objects == nullptr) return InvalidOid;
-    const char* names[] = {"idempotency_keys", "outbox", "inbox", "locks", "key_tombstones"};
-    const Oid tables[] = {objects->keys, objects->outbox, objects->inbox, objects->locks,
-                          objects->tombstones};
-    for (int i = 0; i < 5; ++i) {
-        if (std::strcmp(task.table, names[i]) != 0) continue;
-        const bool has_column =
-            task.column == nullptr || get_attnum(tables[i], task.column) != InvalidAttrNumber;
-        return OidIsValid(tables[i]) && has_column ? tables[i] : InvalidOid;
+    const Oid table = table_named(objects, task.table);
+    const bool has_column =
+        task.column == nullptr || get_attnum(table, task.column) != InvalidAttrNumber;
+    return OidIsValid(table) && has_column ? table : InvalidOid;
+}
+
+bool lock_task_tables_now(const MaintenanceTask& task) {
+    const ExtensionObjects* objects = installed_extension_objects();
+    if (objects == nullptr) return false;
+    for (const char* name : {task.table, task.also_writes}) {
+        const Oid table = name != nullptr ? table_named(objects, name) : InvalidOid;
+        if (OidIsValid(table) && !ConditionalLockRelationOid(table, RowExclusiveLock)) return false;
     }
-    return InvalidOid;
+    return true;
 }
 
 bool task_applies(const MaintenanceTask& task) { return OidIsValid(task_table(task)); }
 
-void read_next_due(Micros* lease, Micros* retention) {
+bool lock_extension_tables_now(LOCKMODE mode) {
+    const ExtensionObjects* objects = installed_extension_objects();
+    if (objects == nullptr) return false;
+    for (const Oid table : {objects->keys, objects->outbox, objects->inbox, objects->locks,
+                            objects->tombstones})
+        if (OidIsValid(table) && !ConditionalLockRelationOid(table, mode)) return false;
+    return true;
+}
+
+bool read_next_due(Micros* lease, Micros* retention) {
+    if (!lock_extension_tables_now(AccessShareLock)) return false;
     Params params;
     params.add_interval(settings::seconds(settings::outbox_retention_s));
     params.add_interval(settings::seconds(settings::inbox_retention_s));
@@ -108,6 +133,7 @@ void read_next_due(Micros* lease, Micros* retention) {
     *lease = earliest({column_timestamp(1), column_timestamp(2)});
     *retention = earliest({column_timestamp(3), column_timestamp(4), column_timestamp(5),
                            column_timestamp(6)});
+    return true;
 }
 
 bool analyze_after_purge(const MaintenanceTask& task, std::uint64_t purged) {

@@ -25,6 +25,8 @@ struct MaintenanceTask {
     TaskKind kind;
     // Changes at most `batch` rows; returns how many it changed. Needs SPI.
     std::uint64_t (*run_batch)(int batch);
+    // Another table of the extension it writes (nullptr: none).
+    const char* also_writes = nullptr;
 };
 
 // What the module gives the housekeeping: the tasks, and the views' counts
@@ -57,11 +59,24 @@ const MaintenanceTask* maintenance_tasks(int* count);
 // which read a whole table or index range however few rows are due.
 inline constexpr const char* kFullScans[] = {"enable_seqscan", "enable_bitmapscan"};
 
+// Takes `mode` on every table of the extension without waiting. A worker's
+// transaction that reads or writes several of them does this first, so
+// that it never holds one while it waits for another: a command that
+// changes them (ALTER EXTENSION ... UPDATE, a DBA's ALTER TABLE) takes them
+// in its own order, and a worker that waited on it could deadlock with it.
+// False when a command holds one of them or waits for it; the worker then
+// comes back later. Needs a transaction.
+bool lock_extension_tables_now(LOCKMODE mode);
+// The same for the tables a task writes (its own, and also_writes), so that
+// a command holding another table holds up no other task.
+bool lock_task_tables_now(const MaintenanceTask& task);
+
 // The next times something is due, read from the tables' indexes: the
 // earliest lease end (keys and outbox events) and the earliest retention
 // deadline (keys, delivered events, inbox rows, locks); kNever for none.
-// Needs SPI.
-void read_next_due(Micros* lease, Micros* retention);
+// False, with nothing read, when a command holds one of the tables
+// (lock_extension_tables_now). Needs SPI.
+bool read_next_due(Micros* lease, Micros* retention);
 
 // A purge that removed at least this share of the rows the table's
 // statistics counted leaves them calling every row due: analyze it.

@@ -7,6 +7,7 @@
 // after each batch, and between two batches runs the lease tasks again when
 // a lease has ended meanwhile, so no expiry waits behind a long purge.
 // An error ends the worker; the launcher starts the next one a naptime later.
+#include <algorithm>
 #include <cstring>
 
 #include "pg/access/extension_objects.hpp"
@@ -102,25 +103,28 @@ bool in_owner_transaction(Oid owner, const char* activity, Work work) {
     return true;
 }
 
-// One batch of one task. False when the worker must leave.
-bool run_batch(const MaintenanceTask& task, Oid owner, int batch, std::uint64_t* changed_out) {
-    *changed_out = 0;
-    return in_owner_transaction(owner, task.name, [&] {
-        // A table that a command is changing (ALTER EXTENSION ... UPDATE
-        // holds it exclusively) is left for a later sweep: a worker that
-        // waited for it could deadlock with that command.
-        const Oid table = task_table(task);
-        if (OidIsValid(table) && ConditionalLockRelationOid(table, RowExclusiveLock))
-            *changed_out = task.run_batch(batch);
-    });
-}
-
 struct Sweep {
     int slot;
     Oid database;
     Oid owner;
     std::uint64_t changed;  // rows changed, for the launcher
+    bool held;  // a command held a table: the sweep comes back a naptime later
 };
+
+// One batch of one task. False when the worker must leave.
+bool run_batch(Sweep* sweep, const MaintenanceTask& task, int batch, std::uint64_t* changed_out) {
+    *changed_out = 0;
+    return in_owner_transaction(sweep->owner, task.name, [&] {
+        // Tables that a command is changing (ALTER EXTENSION ... UPDATE
+        // holds them exclusively) are left for a later sweep: a worker that
+        // waited for one could deadlock with that command.
+        if (!OidIsValid(task_table(task))) return;
+        if (lock_task_tables_now(task))
+            *changed_out = task.run_batch(batch);
+        else
+            sweep->held = true;
+    });
+}
 
 // One task until a batch comes back short; `between` runs after each full
 // batch. False when the worker must leave.
@@ -130,7 +134,7 @@ bool run_task(Sweep* sweep, const MaintenanceTask& task, std::uint64_t* total, B
     std::uint64_t changed = 0;
     do {
         CHECK_FOR_INTERRUPTS();
-        if (!run_batch(task, sweep->owner, batch, &changed)) return false;
+        if (!run_batch(sweep, task, batch, &changed)) return false;
         sweep->changed += changed;
         *total += changed;
         if (changed >= static_cast<std::uint64_t>(batch) && !between()) return false;
@@ -213,7 +217,7 @@ void say_fence(Fence before, Fence now) {
 }
 
 void sweep() {
-    Sweep sweep{-1, MyDatabaseId, InvalidOid, 0};
+    Sweep sweep{-1, MyDatabaseId, InvalidOid, 0, false};
     std::memcpy(&sweep.slot, MyBgworkerEntry->bgw_extra, sizeof sweep.slot);
     const Micros start = GetCurrentTimestamp();
     // Taken before anything is read: what commits from now on is noted again.
@@ -239,15 +243,27 @@ void sweep() {
     for (const char* scan : kFullScans) SetConfigOption(scan, "off", PGC_SUSET, PGC_S_OVERRIDE);
     if (!run_lease_tasks(&sweep)) return;
     // The views' counts, when unknown (after a start, an update, a request).
-    if (!in_owner_transaction(sweep.owner, "idempotency: recount",
-                              [] { (void)kBackgroundWork.recount_if_unknown(true); }))
+    // This and the next due read several tables: they take them all first,
+    // without waiting (lock_extension_tables_now).
+    if (!in_owner_transaction(sweep.owner, "idempotency: recount", [&] {
+            if (lock_extension_tables_now(RowExclusiveLock))
+                (void)kBackgroundWork.recount_if_unknown(true);
+            else
+                sweep.held = true;
+        }))
         return;
     if ((taken.full || taken.retention <= start) && !run_retention_tasks(&sweep)) return;
     Micros lease = kNever;
     Micros retention = kNever;
     if (!in_owner_transaction(sweep.owner, "idempotency: next due",
-                              [&] { read_next_due(&lease, &retention); }))
+                              [&] { sweep.held |= !read_next_due(&lease, &retention); }))
         return;
+    if (sweep.held) {
+        // What was left waits for the command to end, and not longer.
+        const Micros soon = GetCurrentTimestamp() + settings::ms(settings::naptime_ms);
+        lease = std::min(lease, soon);
+        retention = std::min(retention, soon);
+    }
     put_next_due(sweep.slot, sweep.database, lease, retention, sweep.changed);
 }
 
