@@ -147,19 +147,26 @@ finish_pooled() {  # finish_pooled ITEM NAME [HEADER]: waits for ITEM, prints HE
 # runs those of test/tap/major_upgrade/ where two majors are installed).
 # IDEM_TAP_JOBS: how many files run at once (2: most of a file's time is
 # spent waiting on its cluster's workers and clocks, and each file has its
-# own cluster and ports). Outputs are printed in file order.
-run_tap() {
-    local file files=()
+# own cluster and ports). The files run in the background, beside the
+# suites that follow (their clusters listen on sockets in folders of their
+# own); finish_tap prints their outputs, in file order, once those are done.
+tap_files=()
+start_tap() {
+    local file
     for file in $(cd "$stage" && printf '%s\n' ${IDEM_TAP_FILES:-test/tap/*.pl}); do
-        [ -f "$stage/$file" ] && files+=("$file")
+        [ -f "$stage/$file" ] && tap_files+=("$file")
     done
-    [ ${#files[@]} -gt 0 ] || return 0
-    log "TAP tests (PostgreSQL::Test::Cluster), ${IDEM_TAP_JOBS:-2} at a time"
+    [ ${#tap_files[@]} -gt 0 ] || return 0
+    log "TAP tests (PostgreSQL::Test::Cluster), ${IDEM_TAP_JOBS:-2} at a time, in the background"
     tap_third_party=
     idem_third_party_required && tap_third_party=1
-    run_pooled "${IDEM_TAP_JOBS:-2}" run_tap_file "${files[@]}" &
-    for file in "${files[@]}"; do finish_pooled "$file" "${file#test/}"; done
-    wait
+    (run_pooled "${IDEM_TAP_JOBS:-2}" run_tap_file "${tap_files[@]}"; echo "$SECONDS" >"$stage/tap.end") &
+}
+finish_tap() {
+    local file
+    [ ${#tap_files[@]} -gt 0 ] && log "TAP tests (ran in the background)"
+    for file in "${tap_files[@]}"; do finish_pooled "$file" "${file#test/}"; done
+    tap_files=()
 }
 
 run_tap_file() {  # run_tap_file FILE (relative to the stage)
@@ -170,42 +177,51 @@ run_tap_file() {  # run_tap_file FILE (relative to the stage)
 
 # Harnesses that run real processes: each script is one test.
 # IDEM_HARNESSES: the harnesses to run, relative to the tree (default all).
-# IDEM_BESIDE: those of them that run in the background, one after the
-# other, beside the others, from the suite's start, their output printed
-# when the others are done (empty: every harness in the foreground). The
-# default is the differential tests, which keep a core busy for minutes
-# where most of the others wait on processes and clocks, then the relay's
-# and the pooler's harnesses, which share no folder, port or service with
-# the others, so
-# that both lanes take about as long.
-run_harnesses() {
+# IDEM_BESIDE: those of them that run in a background lane, one after the
+# other, from the start of the first suite, beside the unit, regression,
+# race and TAP tests and the other harnesses; their output is printed when
+# the foreground harnesses are done (empty: every harness in the
+# foreground). The default is the differential tests, which keep a core
+# busy for minutes where most of the others wait on processes and clocks,
+# then the relay's, the pooler's, the stress and the chaos harnesses: none
+# shares a folder, a TCP port or a service with another suite or harness,
+# and both lanes end about together.
+harness_foreground=()
+harness_background=()
+start_beside() {
     local script beside=" ${IDEM_BESIDE-test/differential/run.sh test/differential/sql_edition.sh \
-        test/relay/run.sh test/relay/maintenance.sh test/relay/brokers.sh test/pooler/run.sh} "
-    local foreground=() background=()
+        test/relay/run.sh test/relay/maintenance.sh test/relay/brokers.sh test/pooler/run.sh \
+        test/stress/run.sh test/stress/outbox.sh test/chaos/run.sh} "
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
         test/relay/maintenance.sh test/relay/brokers.sh test/pooler/run.sh test/chaos/run.sh test/differential/run.sh \
         test/differential/sql_edition.sh test/sql_edition/install.sh test/clients/*.sh \
         test/monitoring/*.sh examples/run-all.sh}); do
         [ -x "$stage/$script" ] || continue
-        if [[ $beside == *" $script "* ]]; then background+=("$script"); else foreground+=("$script"); fi
+        if [[ $beside == *" $script "* ]]; then
+            harness_background+=("$script")
+        else
+            harness_foreground+=("$script")
+        fi
     done
     # One Go build cache for the harnesses that build Go (the client's
     # tests on both editions, the go-worker example): the standard library
     # is then compiled once, not in each. Removed with the stage.
     export GOCACHE=${GOCACHE:-$stage/gocache}
-    if [ ${#background[@]} -gt 0 ]; then
-        log "harnesses in the background: ${background[*]}"
-        run_pooled 1 run_harness_script "${background[@]}" &
-    fi
-    for script in "${foreground[@]}"; do
+    [ ${#harness_background[@]} -gt 0 ] || return 0
+    log "harnesses in the background: ${harness_background[*]}"
+    run_pooled 1 run_harness_script "${harness_background[@]}" &
+}
+
+run_harnesses() {
+    local script
+    for script in "${harness_foreground[@]}"; do
         log "harness $script"
         run_harness "$script"
     done
-    for script in "${background[@]}"; do
+    for script in "${harness_background[@]}"; do
         finish_pooled "$script" "$script" "harness $script (ran in the background)"
     done
-    wait
 }
 
 # From the staged copy: the OS user may not enter the checkout.
@@ -218,18 +234,25 @@ run_harness() {  # run_harness SCRIPT
 run_harness_script() { cd "$stage" && "./$1"; }
 
 suite_seconds=()
+[[ " $IDEM_SUITES " == *" harnesses "* ]] && start_beside
+tap_started=
 for suite in $IDEM_SUITES; do
     suite_started=$SECONDS
     case $suite in
         unit) run_unit ;;
         regress) run_regress ;;
         isolation) run_isolation ;;
-        tap) run_tap ;;
+        tap) start_tap; tap_started=$SECONDS; continue ;;
         harnesses) run_harnesses ;;
         *) echo "unknown suite $suite" >&2; count "$suite" 0 1 ;;
     esac
     suite_seconds+=("$suite $((SECONDS - suite_started))")
 done
+if [ -n "$tap_started" ]; then
+    finish_tap
+    [ -s "$stage/tap.end" ] && suite_seconds+=("tap $(($(cat "$stage/tap.end") - tap_started))")
+fi
+wait
 
 [ -n "$check_dir" ] && stop_cluster "$check_dir"
 check_dir=
