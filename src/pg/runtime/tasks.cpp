@@ -92,6 +92,14 @@ Oid table_named(const ExtensionObjects* objects, const char* name) {
     return InvalidOid;
 }
 
+// Takes `mode` on each valid table of `tables` without waiting; false at
+// the first one held (those taken stay taken until the transaction ends).
+bool lock_now(std::initializer_list<Oid> tables, LOCKMODE mode) {
+    for (const Oid table : tables)
+        if (OidIsValid(table) && !ConditionalLockRelationOid(table, mode)) return false;
+    return true;
+}
+
 }  // namespace
 
 Oid task_table(const MaintenanceTask& task) {
@@ -106,11 +114,8 @@ Oid task_table(const MaintenanceTask& task) {
 bool lock_task_tables_now(const MaintenanceTask& task) {
     const ExtensionObjects* objects = installed_extension_objects();
     if (objects == nullptr) return false;
-    for (const char* name : {task.table, task.also_writes}) {
-        const Oid table = name != nullptr ? table_named(objects, name) : InvalidOid;
-        if (OidIsValid(table) && !ConditionalLockRelationOid(table, RowExclusiveLock)) return false;
-    }
-    return true;
+    const Oid also = task.also_writes != nullptr ? table_named(objects, task.also_writes) : InvalidOid;
+    return lock_now({table_named(objects, task.table), also}, RowExclusiveLock);
 }
 
 bool task_applies(const MaintenanceTask& task) { return OidIsValid(task_table(task)); }
@@ -118,10 +123,9 @@ bool task_applies(const MaintenanceTask& task) { return OidIsValid(task_table(ta
 bool lock_extension_tables_now(LOCKMODE mode) {
     const ExtensionObjects* objects = installed_extension_objects();
     if (objects == nullptr) return false;
-    for (const Oid table : {objects->keys, objects->outbox, objects->inbox, objects->locks,
-                            objects->tombstones})
-        if (OidIsValid(table) && !ConditionalLockRelationOid(table, mode)) return false;
-    return true;
+    return lock_now({objects->keys, objects->outbox, objects->inbox, objects->locks,
+                     objects->tombstones},
+                    mode);
 }
 
 bool read_next_due(Micros* lease, Micros* retention) {
