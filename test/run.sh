@@ -183,7 +183,8 @@ run_tap_file() {  # run_tap_file FILE (relative to the stage)
 # the foreground harnesses are done (empty: every harness in the
 # foreground). The default is the differential tests, which keep a core
 # busy for minutes where most of the others wait on processes and clocks,
-# then the relay's, the pooler's, the stress and the chaos harnesses: none
+# then the relay's, the pooler's, the stress (one huge transaction among
+# them) and the chaos harnesses: none
 # shares a folder, a TCP port or a service with another suite or harness,
 # and both lanes end about together.
 harness_foreground=()
@@ -191,7 +192,7 @@ harness_background=()
 start_beside() {
     local script beside=" ${IDEM_BESIDE-test/differential/run.sh test/differential/sql_edition.sh \
         test/relay/run.sh test/relay/maintenance.sh test/relay/brokers.sh test/pooler/run.sh \
-        test/stress/run.sh test/stress/outbox.sh test/chaos/run.sh} "
+        test/stress/run.sh test/stress/outbox.sh test/stress/huge_transaction.sh test/chaos/run.sh} "
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
         test/relay/maintenance.sh test/relay/brokers.sh test/pooler/run.sh test/chaos/run.sh test/differential/run.sh \

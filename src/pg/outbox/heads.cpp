@@ -73,18 +73,18 @@ Statement kSetRedriven = {
 enum class Kind : std::uint8_t { Enqueued, Ended, Redriven };
 
 struct Record {
-    Kind kind;
-    bool head;           // Enqueued: made its key's head at once
-    bool tried;          // Ended: the next head was looked for before the commit step
     std::int64_t id;     // Enqueued, Redriven: the event; Ended: the head made at once, or 0
     std::int64_t place;  // Ended: the ended head's place; Redriven: the event's, when redriven
     std::int64_t made_place;  // Ended: the place of the head made at once
     std::int64_t ended_id;    // Ended: the event that ended (0: not known)
     const text* topic;
     const text* key;
-    std::uint32_t turn;
     std::uint64_t seen;  // Enqueued: the turn's commit count before the key was looked at
+    std::uint32_t turn;
     SubTransactionId made_in;
+    Kind kind;
+    bool head;   // Enqueued: made its key's head at once
+    bool tried;  // Ended: the next head was looked for before the commit step
 };
 
 // All in TopTransactionContext, gone with the transaction.
@@ -102,23 +102,47 @@ const text* copy_text(const text* value) {
         DatumGetPointer(datumCopy(PointerGetDatum(value), false, -1)));
 }
 
+// An array of `count` T (and one more, so that none is empty) in the
+// current memory context. The arrays a transaction's records size may pass
+// the 1 GB that palloc allows at once (the records' own array does past
+// about 10 million records: a backfill that enqueues
+// millions of keyed events in one transaction): they are allocated as huge
+// ones, bounded by memory alone.
+template <typename T>
+T* array_of(std::size_t count, int flags = 0) {
+    return static_cast<T*>(palloc_extended(sizeof(T) * (count + 1), MCXT_ALLOC_HUGE | flags));
+}
+
 void add(Kind kind, const text* topic, const text* key, std::int64_t id, std::int64_t place,
          bool head, std::uint64_t seen = kNoCount) {
     MemoryContext const old = MemoryContextSwitchTo(TopTransactionContext);
     if (record_count == record_capacity) {
-        record_capacity = record_capacity == 0 ? 16 : record_capacity * 2;
-        records = static_cast<Record*>(
-            records == nullptr ? palloc(sizeof(Record) * record_capacity)
-                               : repalloc(records, sizeof(Record) * record_capacity));
+        // By half again, not double: a huge transaction's array is then at
+        // most a third larger than its records.
+        record_capacity = record_capacity == 0 ? 16 : record_capacity + record_capacity / 2;
+        records = records == nullptr
+                      ? array_of<Record>(record_capacity)
+                      : static_cast<Record*>(repalloc_huge(
+                            records, sizeof(Record) * (std::size_t(record_capacity) + 1)));
     }
-    // Consecutive records of one key (a bulk enqueue) share the copies.
+    // Consecutive records of one topic, or one key (a bulk enqueue), share
+    // the copies.
     const Record* last = record_count > 0 ? &records[record_count - 1] : nullptr;
-    const bool same = last != nullptr && compare_text_bytes(last->topic, topic) == 0 &&
-                      compare_text_bytes(last->key, key) == 0;
+    const bool same_topic = last != nullptr && compare_text_bytes(last->topic, topic) == 0;
+    const bool same = same_topic && compare_text_bytes(last->key, key) == 0;
     records[record_count++] =
-        Record{kind, head, false, id, place, 0, 0, same ? last->topic : copy_text(topic),
-               same ? last->key : copy_text(key), same ? last->turn : producer_turn_of(topic, key),
-               seen, GetCurrentSubTransactionId()};
+        Record{id,
+               place,
+               0,
+               0,
+               same_topic ? last->topic : copy_text(topic),
+               same ? last->key : copy_text(key),
+               seen,
+               same ? last->turn : producer_turn_of(topic, key),
+               GetCurrentSubTransactionId(),
+               kind,
+               head,
+               false};
     MemoryContextSwitchTo(old);
     writer = GetUserId();
 }
@@ -146,8 +170,9 @@ bool record_before(const Record& a, const Record& b) {
 }
 
 void take_turns() {
-    taken = static_cast<std::uint32_t*>(
-        MemoryContextAlloc(TopTransactionContext, sizeof(std::uint32_t) * (record_count + 1)));
+    MemoryContext const old = MemoryContextSwitchTo(TopTransactionContext);
+    taken = array_of<std::uint32_t>(record_count);
+    MemoryContextSwitchTo(old);
     taken_count = 0;
     std::uint32_t last = kProducerTurns;
     for (int i = 0; i < record_count; ++i) {
@@ -161,21 +186,33 @@ void take_turns() {
 // --- the checks ----------------------------------------------------------------
 
 Datum int8_array_of(const std::int64_t* values, int count) {
-    Datum* datums = static_cast<Datum*>(palloc(sizeof(Datum) * (count + 1)));
+    Datum* datums = array_of<Datum>(count);
     for (int i = 0; i < count; ++i) datums[i] = Int64GetDatum(values[i]);
     return int8_array(datums, count);
 }
 
-// Growing list of ids (and places) to write, in the current memory context.
+// A list of ids (and places) to write, in the current memory context.
 struct IdList {
     std::int64_t* ids;
     std::int64_t* places;
     int count;
+    int capacity;
 };
 
 IdList id_list(int capacity) {
-    return IdList{static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (capacity + 1))),
-                  static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (capacity + 1))), 0};
+    return IdList{array_of<std::int64_t>(capacity), array_of<std::int64_t>(capacity), 0, capacity};
+}
+
+// Adds to a list whose length is not known beforehand.
+void push(IdList* list, std::int64_t id, std::int64_t place) {
+    if (list->count == list->capacity) {
+        list->capacity = std::max(16, list->capacity * 2);
+        const std::size_t bytes = sizeof(std::int64_t) * (std::size_t(list->capacity) + 1);
+        list->ids = static_cast<std::int64_t*>(repalloc_huge(list->ids, bytes));
+        list->places = static_cast<std::int64_t*>(repalloc_huge(list->places, bytes));
+    }
+    list->ids[list->count] = id;
+    list->places[list->count++] = place;
 }
 
 // Makes the pending events of `list` heads; returns how many it made (their
@@ -216,12 +253,12 @@ void check_ended(const int* which, int count, Micros now) {
     constexpr int kLook = 16;
     KeyEvent events[kLook];
     IdList heads = id_list(count);
-    IdList moves = id_list(count * kLook);
+    IdList moves = id_list(0);
     KeyOrderReader reader = open_key_order();
     for (int i = 0; i < count; ++i) {
         const Record& r = records[which[i]];
         bool made_holds = false;
-        int gap = 0;
+        const int moves_before = moves.count;
         if (r.id != 0) {
             // The events from the ended head's place up to the head made.
             std::int64_t from = r.place;
@@ -240,20 +277,14 @@ void check_ended(const int* which, int count, Micros now) {
                         more = false;
                         break;
                     }
-                    if (events[e].place != r.made_place && moves.count + gap < count * kLook) {
-                        moves.ids[moves.count + gap] = events[e].id;
-                        moves.places[moves.count + gap] = r.made_place;
-                        ++gap;
-                    }
+                    if (events[e].place != r.made_place) push(&moves, events[e].id, r.made_place);
                     from = events[e].place;
                     after = events[e].id;
                 }
             }
         }
-        if (made_holds) {
-            moves.count += gap;
-            continue;
-        }
+        if (made_holds) continue;
+        moves.count = moves_before;
         const KeyEvent first = first_event_from(&reader, r.topic, r.key, r.place, &r.ended_id,
                                                 r.ended_id != 0 ? 1 : 0);
         if (first.found && !first.ready) heads.ids[heads.count++] = first.id;
@@ -329,12 +360,12 @@ struct KeyGroup {
 void check_enqueued(const KeyGroup* groups, int count, Micros now) {
     int events = 0;
     for (int g = 0; g < count; ++g) events += groups[g].to - groups[g].from;
-    auto* ids = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (events + 1)));
+    auto* ids = array_of<std::int64_t>(events);
     for (int i = 0, n = 0; i < count; ++i)
         for (int r = groups[i].from; r < groups[i].to; ++r) ids[n++] = records[r].id;
     IdList heads = id_list(count);
     IdList unmade = id_list(events);
-    auto* later = static_cast<bool*>(palloc0(sizeof(bool) * (count + 1)));
+    auto* later = array_of<bool>(count, MCXT_ALLOC_ZERO);
     int to_place = 0;
     // Opened for the first key that needs a look: none does when nothing
     // committed on their turns since the enqueues looked.
@@ -386,8 +417,8 @@ void check_all() {
     std::sort(records, records + record_count, record_before);
     take_turns();
     const Micros now = GetCurrentTimestamp();
-    int* ended = static_cast<int*>(palloc(sizeof(int) * (record_count + 1)));
-    KeyGroup* groups = static_cast<KeyGroup*>(palloc(sizeof(KeyGroup) * (record_count + 1)));
+    int* ended = array_of<int>(record_count);
+    auto* groups = array_of<KeyGroup>(record_count);
     int ended_count = 0;
     int group_count = 0;
     for (int i = 0; i < record_count; ++i) {
@@ -502,8 +533,8 @@ void promote_ended_heads(Micros now) {
     // The next live event of each key from the ended head's place (a
     // redriven event waiting in that place comes first) becomes its head.
     IdList next = id_list(record_count);
-    auto* next_place = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (record_count + 1)));
-    auto* of = static_cast<int*>(palloc(sizeof(int) * (record_count + 1)));
+    auto* next_place = array_of<std::int64_t>(record_count);
+    auto* of = array_of<int>(record_count);
     KeyOrderReader reader = open_key_order();
     for (int i = 0; i < record_count; ++i) {
         Record& r = records[i];
@@ -517,7 +548,7 @@ void promote_ended_heads(Micros now) {
         next.ids[next.count++] = event.id;
     }
     close_key_order(&reader);
-    auto* made = static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (next.count + 1)));
+    auto* made = array_of<std::int64_t>(next.count);
     const int made_count = make_heads(next, now, false, made);
     // Each head made is recorded with its ended head.
     for (int n = 0; n < next.count; ++n) {
@@ -542,10 +573,8 @@ void redriven_keyed(std::int64_t id, const text* topic, const text* key, std::in
 
 EndedHeads ended_heads_in_result(int first) {
     const std::uint64_t rows = SPI_processed;
-    EndedHeads out{static_cast<const text**>(palloc(sizeof(text*) * (rows + 1))),
-                   static_cast<const text**>(palloc(sizeof(text*) * (rows + 1))),
-                   static_cast<std::int64_t*>(palloc(sizeof(std::int64_t) * (rows + 1))),
-                   static_cast<std::int64_t*>(palloc0(sizeof(std::int64_t) * (rows + 1))), 0};
+    EndedHeads out{array_of<const text*>(rows), array_of<const text*>(rows),
+                   array_of<std::int64_t>(rows), array_of<std::int64_t>(rows, MCXT_ALLOC_ZERO), 0};
     for (std::uint64_t row = 0; row < rows; ++row) {
         bool no_key = false;
         const Datum key = column(first + 1, &no_key, row);
