@@ -41,7 +41,7 @@ void check_positive_interval(const char* name, Micros value, Micros max, const c
 
 void check_nonnegative_interval(const char* name, Micros value) {
     if (value < 0 || value > kHundredYears)
-        throw_error(sqlstate::invalid_parameter, "%s must be between 0 and 100 years", name);
+        throw_error(sqlstate::invalid_parameter, "%s must be between 0 and 100 years (36000 days)", name);
 }
 
 void check_batch(const char* name, std::int64_t value) {

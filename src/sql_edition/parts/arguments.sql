@@ -233,7 +233,7 @@ BEGIN
     END IF;
     m := idempotency.interval_arg(value, name);
     IF m < 0 OR m > 100::numeric * 12 * 30 * 86400000000 THEN
-        RAISE EXCEPTION '% must be between 0 and 100 years', name USING ERRCODE = 'invalid_parameter_value';
+        RAISE EXCEPTION '% must be between 0 and 100 years (36000 days)', name USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN make_interval(secs => m / 1000000);
 END
