@@ -161,7 +161,10 @@ bool answer_from_tombstone(const KeyId& id, const Request& request, OutcomeField
 // insert. The insert is taken back (its triggers have fired, as for an
 // INSERT and a DELETE) and the tombstone answers.
 bool inserted_over_tombstone(const KeyId& id, const Request& request, OutcomeFields* out) {
-    if (!answer_from_tombstone(id, request, out)) return false;
+    if (!answer_from_tombstone(id, request, out)) {
+        refuse_if_tombstone_made_since_snapshot(id);
+        return false;
+    }
     KeyRow row;
     StoredKey ours;
     if (!lock_key(id, false, &ours, &row) || !delete_key(&row))
@@ -243,7 +246,10 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
     // An insert that finds the key busy reads it below: a committed key that
     // another transaction is changing answers with its committed state, and
     // only a key no transaction has committed yet answers without one.
-    if (last_claim_created_key && !read_only) {
+    // Under a transaction snapshot the key is read first, as the SQL edition
+    // does: a finished key that a purge removed after the snapshot then
+    // answers from the snapshot instead of being inserted again.
+    if (last_claim_created_key && !read_only && !IsolationUsesXactSnapshot()) {
         const KeyInsertResult inserted = create_claimed(args, out);
         if (inserted.outcome == KeyInsert::Inserted) return;
         if (inserted.answered) {

@@ -6,10 +6,12 @@
 #include "pg/access/row_access.hpp"
 #include "pg/access/spi.hpp"
 #include "pg/access/status_enum.hpp"
+#include "core/error.hpp"
 #include "pg/keys/tombstone_digest.hpp"
 
 extern "C" {
 #include "access/table.h"
+#include "access/xact.h"
 #include "storage/bufmgr.h"
 #include "utils/rel.h"
 }
@@ -69,6 +71,22 @@ bool read_tombstone(const KeyId& id, Tombstone* out) {
     }
     close_table(&table);
     return found;
+}
+
+void refuse_if_tombstone_made_since_snapshot(const KeyId& id) {
+    if (!IsolationUsesXactSnapshot()) return;
+    const ExtensionObjects& objects = extension_objects();
+    if (!OidIsValid(objects.tombstones) || never_held_a_row(objects.tombstones)) return;
+    OpenTable table = open_to_read(objects.tombstones);
+    const Datum digest = tombstone_digest(id);
+    const bool made = row_changed_since_snapshot(&table, &digest);
+    close_table(&table);
+    if (!made) return;
+    throw_error("40001",
+                "could not serialize access to key \"%s\" in scope \"%s\": it was finished and "
+                "purged into its tombstone after this transaction's snapshot; retry the "
+                "transaction, or claim under READ COMMITTED",
+                text_to_cstring(id.key), text_to_cstring(id.scope));
 }
 
 std::uint64_t purge_tombstones(int batch) {

@@ -29,6 +29,14 @@ struct Tombstone {
 // table's size.
 bool read_tombstone(const KeyId& id, Tombstone* out);
 
+// Under REPEATABLE READ or SERIALIZABLE, for a claim or register that has
+// just inserted the key because neither it nor its tombstone was in the
+// transaction's snapshot: raises 40001 when the key has a tombstone that a
+// purge committed after that snapshot (the key was finished and purged
+// meanwhile, so the work must not run again). Nothing under READ COMMITTED,
+// whose statements see the purge.
+void refuse_if_tombstone_made_since_snapshot(const KeyId& id);
+
 // The sweep's batch: deletes at most `batch` tombstones past forget_at.
 std::uint64_t purge_tombstones(int batch);
 

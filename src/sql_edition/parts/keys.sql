@@ -183,6 +183,7 @@ BEGIN
             DELETE FROM idempotency.idempotency_keys i WHERE i.scope = p_scope AND i.key = p_key;
             RETURN answer;
         END IF;
+        PERFORM idempotency.refuse_if_tombstone_made(p_scope, p_key);
         RETURN ROW('claimed', 'PROCESSING', new_token, 1, NULL, NULL, NULL, NULL, false, NULL)::idempotency.idem_outcome;
     END IF;
 
@@ -374,6 +375,7 @@ BEGIN
                 DELETE FROM idempotency.idempotency_keys i WHERE i.scope = p_scope AND i.key = p_key;
                 RETURN answer;
             END IF;
+            PERFORM idempotency.refuse_if_tombstone_made(p_scope, p_key);
             RETURN ROW('registered', 'RECEIVED', NULL, 0, NULL, NULL, NULL, p_job_ref, false,
                        NULL)::idempotency.idem_outcome;
         END IF;

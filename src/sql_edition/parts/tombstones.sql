@@ -52,3 +52,34 @@ BEGIN
                t.status, NULL, NULL, NULL, NULL, NULL, NULL, true, NULL)::idempotency.idem_outcome;
 END
 $$;
+
+-- Under REPEATABLE READ or SERIALIZABLE, for a claim or register that has
+-- just inserted the key because neither it nor its tombstone was in the
+-- transaction's snapshot: raises 40001 when a purge committed the key's
+-- tombstone after that snapshot (the key was finished and purged
+-- meanwhile, so the work must not run again). The probe is an insert of
+-- the tombstone, which a conflict with a row the snapshot cannot see fails
+-- with 40001; its subtransaction is always rolled back. Nothing under READ
+-- COMMITTED, whose statements see the purge.
+CREATE FUNCTION idempotency.refuse_if_tombstone_made(p_scope pg_catalog.text, p_key pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+        RETURN;
+    END IF;
+    BEGIN
+        INSERT INTO idempotency.key_tombstones (key_digest, forget_at, status)
+        VALUES (idempotency.tombstone_digest(p_scope, p_key), '-infinity', 'COMPLETED')
+        ON CONFLICT DO NOTHING;
+        RAISE SQLSTATE 'IKW00';
+    EXCEPTION
+        WHEN SQLSTATE 'IKW00' THEN
+            RETURN;
+        WHEN serialization_failure THEN
+            RAISE EXCEPTION 'could not serialize access to key "%" in scope "%": it was finished and purged into its tombstone after this transaction''s snapshot; retry the transaction, or claim under READ COMMITTED',
+                p_key, p_scope USING ERRCODE = 'serialization_failure';
+    END;
+END
+$$;
