@@ -117,4 +117,36 @@ SELECT rows FROM idempotency.idem_maintenance() WHERE task = 'purge_tombstones';
 		'claimed', "$db: ... and the key may be used again");
 }
 
+# A SQL_ASCII database, in each edition: its text has no declared
+# encoding, so the digest is taken over the bytes as they are. A key with a
+# byte that is not valid UTF-8 is purged and answered as any other (a
+# conversion to UTF-8 would refuse it: the purge would fail, and with it
+# every purge of the database), and a key written in UTF-8 has the digest
+# it has in a UTF-8 database.
+my $utf8_digest = $node->safe_psql('postgres', q{SET client_encoding = 'UTF8';
+SELECT encode(substr(sha256(convert_to('default', 'UTF8') || '\x00'::bytea || convert_to('café', 'UTF8')), 1, 16), 'hex')::uuid});
+for my $edition (qw(idempotency idempotency_sql))
+{
+	my $db = "ascii_$edition";
+	$node->safe_psql('postgres',
+		"CREATE DATABASE $db ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
+	$node->safe_psql($db, "CREATE EXTENSION $edition");
+	is( $node->safe_psql(
+			$db, q{
+SELECT count(idempotency.idem_complete(k, (idempotency.idem_claim(k, '{"n": 1}')).token, '{"ok": 1}', retain => '0'))
+  FROM unnest(ARRAY[E'caf\xe9', 'plain', 'café']) k;
+SELECT rows FROM idempotency.idem_maintenance() WHERE task = 'purge_keys';}),
+		"3\n3", "$db: the purge moves a key with a byte that is not UTF-8 with the others");
+	is( $node->safe_psql(
+			$db, q{
+SELECT string_agg(concat_ws(' ', outcome, status, result_expired), ', ' ORDER BY k)
+  FROM unnest(ARRAY[E'caf\xe9', 'plain', 'café']) k, idempotency.idem_claim(k, '{"n": 1}')}),
+		join(', ', ('completed COMPLETED t') x 3), "$db: each answers from its tombstone");
+	is( $node->safe_psql(
+			$db, qq{SELECT count(*) FROM idempotency.key_tombstones WHERE key_digest = '$utf8_digest'}),
+		1, "$db: a key written in UTF-8 has its UTF-8 digest");
+	is($node->safe_psql($db, q{SELECT outcome FROM idempotency.idem_claim(E'new\xe9', '{"n": 1}')}),
+		'claimed', "$db: a new key with a byte that is not UTF-8 is claimed");
+}
+
 done_testing();

@@ -250,9 +250,12 @@ Statement kSettleLeases = {
 // is replaced by the newer. The digest and the fingerprint's prefix are
 // computed as pg/keys/tombstone_digest.hpp and pg/keys/fingerprint.hpp say.
 #define PURGED_COLUMNS "scope, key, status, token, attempts"
+#define TEXT_BYTES(column)                                                              \
+    "convert_to(" column ", CASE pg_catalog.getdatabaseencoding() WHEN 'SQL_ASCII' "    \
+    "THEN 'SQL_ASCII' ELSE 'UTF8' END)"
 #define TOMBSTONE_DIGEST                                                                \
-    "encode(substr(sha256(convert_to(scope, 'UTF8') || decode('00', 'hex') || "        \
-    "convert_to(key, 'UTF8')), 1, 16), 'hex')::uuid"
+    "encode(substr(sha256(" TEXT_BYTES("scope") " || decode('00', 'hex') || "           \
+    TEXT_BYTES("key") "), 1, 16), 'hex')::uuid"
 #define FINGERPRINT_PREFIX "('x' || encode(substr(fingerprint, 1, 4), 'hex'))::bit(32)::int4"
 Statement kPurgeKeys = {
     "@if tombstones.key_digest@"

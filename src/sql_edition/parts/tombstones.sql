@@ -8,13 +8,24 @@
 -- the C++ edition computes them, so that either edition reads the other's
 -- tombstones.
 
--- The first 16 bytes of the SHA-256 of the scope's UTF-8 bytes, a zero
--- byte and the key's UTF-8 bytes, as a uuid.
+-- A text's UTF-8 bytes; in a SQL_ASCII database, whose text has no
+-- declared encoding, its bytes as they are (a conversion would refuse a
+-- byte that is not valid UTF-8).
+CREATE FUNCTION idempotency.digest_bytes(value pg_catalog.text)
+RETURNS pg_catalog.bytea
+LANGUAGE sql IMMUTABLE
+AS $$
+SELECT convert_to(value, CASE pg_catalog.getdatabaseencoding() WHEN 'SQL_ASCII' THEN 'SQL_ASCII'
+                              ELSE 'UTF8' END)
+$$;
+
+-- The first 16 bytes of the SHA-256 of the scope's bytes (digest_bytes), a
+-- zero byte and the key's bytes, as a uuid.
 CREATE FUNCTION idempotency.tombstone_digest(scope pg_catalog.text, key pg_catalog.text)
 RETURNS pg_catalog.uuid
 LANGUAGE sql IMMUTABLE
 AS $$
-SELECT encode(substr(sha256(convert_to(scope, 'UTF8') || '\x00'::bytea || convert_to(key, 'UTF8')),
+SELECT encode(substr(sha256(idempotency.digest_bytes(scope) || '\x00'::bytea || idempotency.digest_bytes(key)),
                      1, 16), 'hex')::uuid
 $$;
 
