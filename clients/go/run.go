@@ -19,6 +19,7 @@ type Work func(ctx context.Context, job *Claimed) (any, error)
 //	the work returned an error       *Failed (ErrFailed): idem_fail, final when marked with Final
 //	the lease was lost meanwhile     ErrFenced: nothing recorded, the writes rolled back
 //	job.Release was called           ErrReleased
+//	the sweep failed the key first   ErrWrongState (the lease had run out)
 //	another worker holds the key     *InProgress (ErrInProgress), after opts.Wait
 //	the key waits for its retry      *RetryLater (ErrRetryLater)
 //	the key failed for good earlier  *Failed (ErrFailed), Replayed
@@ -37,8 +38,7 @@ func Run(ctx context.Context, db *sql.DB, key string, request any, opts *ClaimOp
 	if !o.NoHeartbeat {
 		workCtx, stop = job.KeepAlive(ctx)
 	}
-	value, workErr := work(workCtx, job)
-	stop()
+	value, workErr := runWork(workCtx, job, work, stop)
 
 	record, cancel := recordingContext(ctx)
 	defer cancel()
@@ -74,11 +74,38 @@ func settled(r Result) (*Completed, error) {
 	return nil, r.(error)
 }
 
-// recordingContext: the end of the work is recorded even when ctx was
-// cancelled meanwhile (a stopping worker), within a bound.
-func recordingContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Err() == nil {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(context.Background(), 10*time.Second)
+// runWork runs work, then stops its heartbeat. Work that panics stops it
+// too, and fails the key retryably (as the middleware does for a handler)
+// before the panic goes on: a heartbeat left running would hold the key
+// until ctx ends.
+func runWork(ctx context.Context, job *Claimed, work Work, stop func()) (value any, err error) {
+	finished := false
+	defer func() {
+		stop()
+		if finished {
+			return
+		}
+		record, cancel := recordingContext(ctx)
+		defer cancel()
+		job.Fail(record, errors.New("the work panicked")) //nolint:errcheck
+	}()
+	value, err = work(ctx, job)
+	finished = true
+	return value, err
 }
+
+// recordingContext: the end of the work is recorded even when ctx is
+// cancelled before or while it is (a stopping worker, a client that went
+// away), within a bound: a record cut short would leave the key held, and
+// its work run again once the lease ends. The values of ctx are kept.
+func recordingContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(withoutCancel{ctx}, 10*time.Second)
+}
+
+// withoutCancel has the values of its parent, not its deadline or end.
+type withoutCancel struct{ parent context.Context }
+
+func (withoutCancel) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (withoutCancel) Done() <-chan struct{}       { return nil }
+func (withoutCancel) Err() error                  { return nil }
+func (c withoutCancel) Value(key any) any         { return c.parent.Value(key) }

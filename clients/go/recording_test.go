@@ -1,0 +1,97 @@
+package idempotency_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	idempotency "github.com/idempotency/idempotency/clients/go"
+)
+
+// Work that panics stops its heartbeat and fails the key retryably before
+// the panic goes on: the key is not held until the caller's context ends.
+func TestRunWorkThatPanicsFailsTheKey(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	opts := &idempotency.ClaimOptions{Scope: "go.run-panic", Lease: time.Second}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic did not reach the caller")
+			}
+		}()
+		idempotency.Run(ctx, db, key, nil, opts, func(context.Context, *idempotency.Claimed) (any, error) { //nolint:errcheck
+			panic("the work broke")
+		})
+	}()
+	if status, _ := keyStatus(t, db, key, "go.run-panic"); status != "FAILED_RETRYABLE" {
+		t.Fatalf("after the panic the key is %s, not FAILED_RETRYABLE", status)
+	}
+}
+
+// A client that goes away while its response is being recorded does not
+// cut the record short: the key is completed once the record can go on,
+// instead of staying held until its lease ends and running again.
+func TestMiddlewareRecordsAfterTheClientLeft(t *testing.T) {
+	db := openDB(t)
+	admin := adminDB(t)
+	const scope = "go.record-leaves"
+	key := newKey(t)
+	running := make(chan struct{})
+	carryOn := make(chan struct{})
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(running)
+		<-carryOn
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"order":1}`)) //nolint:errcheck
+	})
+	server := httptest.NewServer(idempotency.Middleware(db, &idempotency.MiddlewareOptions{Scope: scope})(handler))
+	defer server.Close()
+
+	clientCtx, leave := context.WithCancel(context.Background())
+	defer leave()
+	req, _ := http.NewRequestWithContext(clientCtx, http.MethodPost, server.URL, strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	go func() {
+		if res, err := http.DefaultClient.Do(req); err == nil {
+			res.Body.Close()
+		}
+	}()
+	<-running
+	// The key's row is held, so that the record waits for it.
+	lock, err := admin.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback() //nolint:errcheck
+	if _, err := lock.Exec(`SELECT FROM idempotency.idempotency_keys WHERE scope = $1 AND key = $2 FOR UPDATE`,
+		scope, key); err != nil {
+		t.Fatal(err)
+	}
+	close(carryOn)
+	recording := func() bool {
+		var waiting bool
+		err := admin.QueryRow(`SELECT count(*) > 0 FROM pg_stat_activity
+		                        WHERE wait_event_type = 'Lock' AND query LIKE '%idem_complete%'`).Scan(&waiting)
+		return err == nil && waiting
+	}
+	eventually(t, 10*time.Second, "the record waits for the key's row", recording)
+	leave()
+	// A record that the client's leaving cancelled stops waiting at once;
+	// one that goes on keeps waiting for the row.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && recording(); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := lock.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the key is completed", func() bool {
+		status, _ := keyStatus(t, db, key, scope)
+		return status == "COMPLETED"
+	})
+}
