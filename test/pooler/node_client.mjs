@@ -61,9 +61,9 @@ await probe.end();
 const runs = new Map();
 const counted = (req) => runs.set(req.path + req.idempotency.key, (runs.get(req.path + req.idempotency.key) ?? 0) + 1);
 const app = express();
-app.post('/slow', idempotency({ pool, scope: 'pooler.express', wait: 30, lease: 1 }), async (req, res) => {
+app.post('/slow', idempotency({ pool, scope: 'pooler.express', wait: 30, lease: 2 }), async (req, res) => {
   counted(req);
-  await new Promise((resolve) => setTimeout(resolve, 2500));   // 2.5 leases: the heartbeat keeps it
+  await new Promise((resolve) => setTimeout(resolve, 5000));   // 2.5 leases: the heartbeat keeps it
   res.status(req.idempotency.signal.aborted ? 500 : 201).json({ ok: true });
 });
 app.post('/tx', idempotency({ pool, scope: 'pooler.express_tx', mode: 'transaction', wait: 30 }), async (req, res) => {
@@ -95,10 +95,10 @@ const count = (runsOf, what) => runsOf.set(what, (runsOf.get(what) ?? 0) + 1);
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const fastify = Fastify();
 fastify.register(async (scope) => {
-  await scope.register(fastifyIdempotency, { pool, scope: 'pooler.fastify', wait: 30, lease: 1 });
+  await scope.register(fastifyIdempotency, { pool, scope: 'pooler.fastify', wait: 30, lease: 2 });
   scope.post('/slow', async (request, reply) => {
     count(fastifyRuns, '/slow' + request.idempotency.key);
-    await sleep(2500);
+    await sleep(5000);
     return reply.code(201).send({ ok: true });
   });
 });
@@ -110,9 +110,9 @@ fastify.register(async (scope) => {
     return reply.code(201).send({ ok: true });
   });
 });
-const webSlow = withIdempotency({ pool, scope: 'pooler.web', wait: 30, lease: 1 }, async (request) => {
+const webSlow = withIdempotency({ pool, scope: 'pooler.web', wait: 30, lease: 2 }, async (request) => {
   count(webRuns, '/slow' + idempotencyOf(request).key);
-  await sleep(2500);
+  await sleep(5000);
   return Response.json({ ok: true }, { status: 201 });
 });
 const webTx = withIdempotency({ pool, scope: 'pooler.web_tx', mode: 'transaction', wait: 30 }, async (request) => {

@@ -58,7 +58,7 @@ $open->query_safe(
 
 # Let the loops run, then crash.
 ok( poll_until(
-		20,
+		60,
 		sub {
 			my $n = 0;
 			for my $f ('completed', 'claimed', 'enqueued')
