@@ -290,6 +290,11 @@ func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next h
 	}
 	resp := rec.response()
 	if err := o.record(r.Context(), job, resp); err != nil {
+		if errors.Is(err, errTooLarge) {
+			// Failed for good instead: this client gets what a retry will.
+			o.FailedResponse(tooLargeMessage).write(w)
+			return
+		}
 		if !errors.Is(err, ErrFenced) {
 			Problem(http.StatusInternalServerError, "Internal error", "The response could not be recorded.").write(w)
 			return
@@ -301,6 +306,13 @@ func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next h
 	resp.write(w)
 }
 
+// A response larger than the server stores (idempotency.max_value_bytes)
+// can never be recorded: left held, its key would run the handler again at
+// each lease's end. It fails the key for good instead (errTooLarge).
+const tooLargeMessage = "the response is larger than the server stores (idempotency.max_value_bytes)"
+
+var errTooLarge = errors.New("idempotency: " + tooLargeMessage)
+
 func (o *MiddlewareOptions) record(ctx context.Context, job *Claimed, resp Response) error {
 	record, cancel := recordingContext(ctx)
 	defer cancel()
@@ -310,11 +322,17 @@ func (o *MiddlewareOptions) record(ctx context.Context, job *Claimed, resp Respo
 	}
 	switch o.Classify(resp.Status) {
 	case KindComplete:
-		return job.Complete(record, json.RawMessage(doc))
+		err = job.Complete(record, json.RawMessage(doc))
 	case KindFinal:
 		_, err = job.Fail(record, Final(errors.New(string(doc))))
 	default:
 		_, err = job.Fail(record, Retry(errors.New("HTTP "+strconv.Itoa(resp.Status)), o.RetryIn))
+	}
+	if SQLState(err) == "22001" {
+		if _, failed := job.Fail(record, Final(errors.New(tooLargeMessage))); failed != nil {
+			return failed
+		}
+		return errTooLarge
 	}
 	return err
 }

@@ -1,10 +1,12 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,4 +96,34 @@ func TestMiddlewareRecordsAfterTheClientLeft(t *testing.T) {
 		status, _ := keyStatus(t, db, key, scope)
 		return status == "COMPLETED"
 	})
+}
+
+// A response larger than the server stores (idempotency.max_value_bytes,
+// 1 MB by default) fails its key for good: the handler runs once, and this
+// request and every retry get the failure, instead of the key staying held
+// and the handler running again at each lease's end.
+func TestMiddlewareResponseTooLargeToStore(t *testing.T) {
+	db := openDB(t)
+	const scope = "go.too-large"
+	var runs atomic.Int64
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Content-Type", "text/plain")
+		w.Write(bytes.Repeat([]byte("x"), 1200000)) //nolint:errcheck
+	})
+	server := httptest.NewServer(idempotency.Middleware(db, &idempotency.MiddlewareOptions{Scope: scope})(handler))
+	defer server.Close()
+
+	key := newKey(t)
+	first := post(t, server.URL, key, `{}`)
+	if status, _ := keyStatus(t, db, key, scope); status != "FAILED_FINAL" {
+		t.Fatalf("after the first request the key is %s, not FAILED_FINAL", status)
+	}
+	retry := post(t, server.URL, key, `{}`)
+	if first.status != 500 || !bytes.Contains(first.body, []byte("larger than the server stores")) ||
+		retry.status != 500 || !bytes.Equal(retry.body, first.body) ||
+		retry.header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+		t.Fatalf("first %d %s, retry %d %s (replayed %q); %d runs", first.status, first.body,
+			retry.status, retry.body, retry.header.Get("Idempotent-Replayed"), runs.Load())
+	}
 }

@@ -30,6 +30,9 @@ import { parseSteps, runStep, stepKey } from './steps.js';
 import { claimWaiting, groupId } from './wait.js';
 
 const MODES = new Set(['claim', 'transaction', 'register']);
+// A response the server cannot store (idempotency.max_value_bytes) fails
+// its key with this message.
+const TOO_LARGE = 'the response is larger than the server stores (idempotency.max_value_bytes)';
 
 // 'complete' (store and replay it), 'final' (store it as a final failure,
 // replayed too) or 'retryable' (not stored: the next request runs again).
@@ -335,6 +338,10 @@ export class Exchange {
       if (kind === 'complete') await this.steps.complete(stored);
       else await this.steps.fail(kind === 'final' ? JSON.stringify(stored) : `HTTP ${response.status}`, kind !== 'final');
     } catch (err) {
+      // 22001: larger than the server stores (idempotency.max_value_bytes).
+      // Left held, the key would run the handler again at each lease's end:
+      // it fails for good instead, and this client gets what a retry will.
+      if (err.code === '22001' && this.opts.mode === 'claim') return this.failTooLarge();
       // IK001: the lease was lost and another request holds the key; this
       // response is still the truth about the work this request did.
       if (err.code !== 'IK001') return problem(500, 'Internal error', 'The response could not be recorded.');
@@ -343,6 +350,15 @@ export class Exchange {
       this.done();
     }
     return response;
+  }
+
+  async failTooLarge() {
+    try {
+      await this.steps.fail(TOO_LARGE, false);
+    } catch {
+      return problem(500, 'Internal error', 'The response could not be recorded.');
+    }
+    return this.opts.failedResponse(TOO_LARGE);
   }
 
   // The handler ended without a response (an error, a closed connection).

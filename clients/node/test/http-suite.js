@@ -107,6 +107,13 @@ export function httpSuite(framework, startServer) {
         },
       },
       {
+        path: '/large', options: { scope: `${framework}.large` },
+        handler: async ({ idempotency }) => {
+          count(idempotency.key);
+          return { status: 200, headers: { 'content-type': 'text/plain' }, body: Buffer.alloc(1200000, 'x') };
+        },
+      },
+      {
         path: '/optional', options: { scope: `${framework}.optional`, required: false },
         handler: async () => ({ status: 200, json: { ok: true } }),
       },
@@ -265,6 +272,20 @@ export function httpSuite(framework, startServer) {
       const again = await post('/classified', key, {});
       assert.equal(again.status, 503);
       assert.equal(again.replayed, true);
+      assert.equal(ran(key), 1);
+    });
+
+    test('a response larger than the server stores fails the key for good: the handler runs once', async () => {
+      const key = newKey();
+      const first = await post('/large', key, {});
+      const { rows: [row] } = await pool.query('SELECT status::text FROM idempotency.idem_get($1, $2)', [key, `${framework}.large`]);
+      assert.equal(row.status, 'FAILED_FINAL');
+      const again = await post('/large', key, {});
+      assert.equal(first.status, 500);
+      assert.match(first.text, /larger than the server stores/);
+      assert.equal(again.status, 500);
+      assert.equal(again.replayed, true);
+      assert.ok(again.bytes.equals(first.bytes));
       assert.equal(ran(key), 1);
     });
 

@@ -64,6 +64,11 @@ def make_app(pool):
         runs[request.state.idempotency.key] += 1
         return Response(bytes([0, 255, 128, 10, 13]), media_type="application/octet-stream")
 
+    @app.post("/large")
+    async def large(request: Request):
+        runs[request.state.idempotency.key] += 1
+        return Response(b"x" * 1200000, media_type="text/plain")
+
     @app.post("/optional")
     async def optional():
         return {"ok": True}
@@ -94,7 +99,7 @@ def make_app(pool):
 
     common = {"pool": pool}
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.orders",
-                       paths=["/orders", "/waiting", "/flaky", "/throws", "/declined", "/binary"])
+                       paths=["/orders", "/waiting", "/flaky", "/throws", "/declined", "/binary", "/large"])
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.waiting", paths=["/waiting"], wait=10)
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.optional", paths=["/optional"], required=False)
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.tx", paths=["/tx"], mode="transaction")
@@ -229,6 +234,19 @@ def test_a_binary_body_is_replayed_byte_for_byte(new_key):
         again = await post("/binary", key)
         assert again.replayed and again.content == bytes([0, 255, 128, 10, 13])
     scenario(test)
+
+
+def test_a_response_larger_than_the_server_stores_fails_the_key_for_good(new_key, admin):
+    key = new_key()
+
+    async def test(post, pool):
+        first = await post("/large", key)
+        assert key_row(admin, key, "asgi.orders")[0] == "FAILED_FINAL"
+        again = await post("/large", key)
+        assert first.status_code == 500 and b"larger than the server stores" in first.content
+        assert (again.status_code, again.replayed, again.content) == (500, True, first.content)
+    scenario(test)
+    assert runs[key] == 1
 
 
 def test_transaction_mode(new_key, admin):

@@ -29,7 +29,7 @@ def pool():
 def flask_app(pool):
     app = flask.Flask("test")
     seen = []
-    Idempotency(app, pool=pool, scope="flask.orders", paths=["/orders", "/slow"], lease=2.5, wait=0,
+    Idempotency(app, pool=pool, scope="flask.orders", paths=["/orders", "/slow", "/large"], lease=2.5, wait=0,
                 on_conflict=seen.append, on_replay=seen.append)
     Idempotency(app, pool=pool, scope="flask.waiting", paths=["/waiting"], wait=10)
     Idempotency(app, pool=pool, scope="flask.tx", paths=["/tx"], mode="transaction")
@@ -45,6 +45,11 @@ def flask_app(pool):
         runs[context().key] += 1
         time.sleep(0.8)
         return flask.jsonify(ok=True), 201
+
+    @app.post("/large")
+    def large():
+        runs[context().key] += 1
+        return flask.Response(b"x" * 1200000, mimetype="text/plain")
 
     @app.post("/waiting")
     def waiting():
@@ -77,6 +82,17 @@ def test_flask_replays_and_refuses(flask_app):
     assert (first.status_code, again.status_code, again.headers["Idempotent-Replayed"]) == (201, 201, "true")
     assert again.data == first.data and again.headers["x-order"] == "o-1"
     assert post(client, "/orders", key, {"a": 2}).status_code == 422
+    assert runs[key] == 1
+
+
+def test_flask_response_larger_than_the_server_stores_fails_the_key_for_good(flask_app, admin):
+    client = flask_app.test_client()
+    key = f"f-{uuid.uuid4()}"
+    first = post(client, "/large", key)
+    assert key_row(admin, key, "flask.orders")[0] == "FAILED_FINAL"
+    again = post(client, "/large", key)
+    assert first.status_code == 500 and b"larger than the server stores" in first.data
+    assert (again.status_code, again.headers["Idempotent-Replayed"], again.data) == (500, "true", first.data)
     assert runs[key] == 1
 
 

@@ -34,8 +34,8 @@ from .aclaim import start_beat, stop_beat
 from .hooks import Hooks
 from .pooler import awith_unprepared
 from .waiting import AsyncOwners, answered_row
-from .http import (Response, answer, default_classify, default_fingerprint, encode_response, json_response,
-                   problem)
+from .http import (TOO_LARGE, Response, answer, default_classify, default_fingerprint, encode_response,
+                   json_response, problem)
 
 _MODES = ("claim", "transaction", "register")
 _SAVEPOINT = "idempotent_handler"
@@ -264,7 +264,17 @@ class IdempotencyMiddleware:
             except psycopg.Error as exc:
                 # IK001: the lease was lost and another request holds the key;
                 # this response is still the truth about the work done here.
-                if getattr(exc, "sqlstate", None) != "IK001":
+                # 22001: larger than the server stores: left held, the key
+                # would run the handler again at each lease's end, so it
+                # fails for good and this client gets what a retry will.
+                if getattr(exc, "sqlstate", None) == "22001":
+                    try:
+                        await record(_sql.FAIL, error=TOO_LARGE, retryable=False, retry_in=None)
+                        published = answered_row(job, "failed", error=TOO_LARGE)
+                        response = self.failed_response(TOO_LARGE)
+                    except psycopg.Error:
+                        response = problem(500, "Internal error", "The response could not be recorded.")
+                elif getattr(exc, "sqlstate", None) != "IK001":
                     response = problem(500, "Internal error", "The response could not be recorded.")
                 else:
                     job.fenced(exc)

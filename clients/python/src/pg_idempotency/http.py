@@ -22,6 +22,11 @@ class Response:
     body: bytes = b""
 
 
+# A response the server cannot store (idempotency.max_value_bytes) fails
+# its key for good with this message: left held, the key would run its
+# handler again at each lease's end.
+TOO_LARGE = "the response is larger than the server stores (idempotency.max_value_bytes)"
+
 def json_response(status, value, headers=None):
     return Response(status, {"content-type": "application/json", **(headers or {})},
                     json.dumps(value, separators=(",", ":")).encode())

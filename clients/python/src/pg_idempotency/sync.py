@@ -18,7 +18,7 @@ from ._steps import StepHolder, SyncStep, run_step
 from .asgi import IdempotencyContext
 from .hooks import Hooks
 from .pooler import with_unprepared
-from .http import answer, default_classify, default_fingerprint, encode_response, json_response, problem
+from .http import TOO_LARGE, answer, default_classify, default_fingerprint, encode_response, json_response, problem
 from .waiting import ThreadOwners, answered_row
 
 _MODES = ("claim", "transaction")
@@ -199,7 +199,17 @@ class SyncIdempotency:
                     record(_sql.FAIL, error=error, retryable=not final, retry_in=None if final else self.retry_in)
                     published = answered_row(job, "failed", error=error) if final else None
             except psycopg.Error as exc:
-                if getattr(exc, "sqlstate", None) != "IK001":
+                # 22001: larger than the server stores: left held, the key
+                # would run the handler again at each lease's end, so it
+                # fails for good and this client gets what a retry will.
+                if getattr(exc, "sqlstate", None) == "22001":
+                    try:
+                        record(_sql.FAIL, error=TOO_LARGE, retryable=False, retry_in=None)
+                        published = answered_row(job, "failed", error=TOO_LARGE)
+                        response = self.failed_response(TOO_LARGE)
+                    except psycopg.Error:
+                        response = problem(500, "Internal error", "The response could not be recorded.")
+                elif getattr(exc, "sqlstate", None) != "IK001":
                     response = problem(500, "Internal error", "The response could not be recorded.")
                 else:
                     job.fenced(exc)
