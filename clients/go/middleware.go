@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Kind is how a handler's response is recorded.
@@ -203,6 +204,9 @@ func Middleware(db *sql.DB, opts *MiddlewareOptions) func(http.Handler) http.Han
 				return
 			case len(key) > 255:
 				Problem(http.StatusBadRequest, "Idempotency-Key is too long", "At most 255 bytes.").write(w)
+				return
+			case !utf8.ValidString(key):
+				Problem(http.StatusBadRequest, "Idempotency-Key is not UTF-8", "A key is UTF-8 text.").write(w)
 				return
 			}
 			body, err := io.ReadAll(r.Body)

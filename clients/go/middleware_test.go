@@ -185,6 +185,17 @@ func TestMiddlewareWaitingDuplicatesGetTheReplay(t *testing.T) {
 
 // 4xx other than 408/425/429 is final and replayed; 5xx is retryable: the
 // next request runs the handler again.
+// A key that is not UTF-8 is the client's error (400), not the server's.
+func TestMiddlewareKeyNotUTF8(t *testing.T) {
+	db := openDB(t)
+	var runs atomic.Int64
+	server := httptest.NewServer(idempotency.Middleware(db, &idempotency.MiddlewareOptions{Scope: "go.utf8"})(orders(&runs)))
+	defer server.Close()
+	if a := post(t, server.URL, "caf\xe9-"+newKey(t), `{}`); a.status != 400 || runs.Load() != 0 {
+		t.Fatalf("a key that is not UTF-8: %d %s; %d runs", a.status, a.body, runs.Load())
+	}
+}
+
 func TestMiddlewareFailures(t *testing.T) {
 	db := openDB(t)
 	var runs atomic.Int64
