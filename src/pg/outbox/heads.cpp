@@ -105,9 +105,8 @@ const text* copy_text(const text* value) {
 // An array of `count` T (and one more, so that none is empty) in the
 // current memory context. The arrays a transaction's records size may pass
 // the 1 GB that palloc allows at once (the records' own array does past
-// about 10 million records: a backfill that enqueues
-// millions of keyed events in one transaction): they are allocated as huge
-// ones, bounded by memory alone.
+// about 10 million records, a backfill of keyed events in one
+// transaction): they are huge allocations, bounded by memory alone.
 template <typename T>
 T* array_of(std::size_t count, int flags = 0) {
     return static_cast<T*>(palloc_extended(sizeof(T) * (count + 1), MCXT_ALLOC_HUGE | flags));
