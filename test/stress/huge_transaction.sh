@@ -5,7 +5,7 @@
 # HUGE_KEYS keys in one transaction, as `SELECT outbox_enqueue(...) FROM
 # generate_series(...)` does. Checks that it commits, that the transaction
 # kept at most HUGE_BYTES_PER_EVENT bytes of memory per event until its
-# commit (docs/outbox.md says about 150), that each key has exactly one
+# commit (docs/outbox.md says 110 to 120), that each key has exactly one
 # head, its first event, and that a claim then hands out, for each key,
 # its first events in order. About 3 minutes on 2 cores.
 #
