@@ -30,6 +30,11 @@ KeyIdValues key_id_values(const KeyId& id);
 // `scope_at` (checked as arguments are, the key first).
 KeyId key_id_arg(FunctionCallInfo fcinfo, int key_at, int scope_at);
 
+// Raises 40001 for a key that a transaction committed after this one's
+// snapshot changed (`how`, such as "another transaction changed it"): there
+// is no answer the snapshot could give about it.
+[[noreturn]] void throw_changed_since_snapshot(const KeyId& id, const char* how);
+
 // The wake-up channel of the sessions waiting for the key
 // (waiting/wakeup.hpp).
 std::uint64_t key_wake_channel(const KeyId& id);

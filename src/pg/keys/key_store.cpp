@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "core/error.hpp"
 #include "pg/access/extension_objects.hpp"
 #include "pg/access/spi.hpp"
 #include "pg/access/status_enum.hpp"
@@ -61,12 +60,7 @@ void refuse_if_key_changed_since_snapshot(const KeyId& id) {
     const KeyIdValues key = key_id_values(id);
     const bool changed = row_changed_since_snapshot(&table, key.values);
     close_table(&table);
-    if (!changed) return;
-    throw_error("40001",
-                "could not serialize access to key \"%s\" in scope \"%s\": another "
-                "transaction changed it after this transaction's snapshot; retry the "
-                "transaction, or claim under READ COMMITTED",
-                text_to_cstring(id.key), text_to_cstring(id.scope));
+    if (changed) throw_changed_since_snapshot(id, "another transaction changed it");
 }
 
 bool key_row(const KeyId& id, Datum* row) {

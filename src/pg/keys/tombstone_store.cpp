@@ -6,7 +6,6 @@
 #include "pg/access/row_access.hpp"
 #include "pg/access/spi.hpp"
 #include "pg/access/status_enum.hpp"
-#include "core/error.hpp"
 #include "pg/keys/tombstone_digest.hpp"
 
 extern "C" {
@@ -81,12 +80,7 @@ void refuse_if_tombstone_made_since_snapshot(const KeyId& id) {
     const Datum digest = tombstone_digest(id);
     const bool made = row_changed_since_snapshot(&table, &digest);
     close_table(&table);
-    if (!made) return;
-    throw_error("40001",
-                "could not serialize access to key \"%s\" in scope \"%s\": it was finished and "
-                "purged into its tombstone after this transaction's snapshot; retry the "
-                "transaction, or claim under READ COMMITTED",
-                text_to_cstring(id.key), text_to_cstring(id.scope));
+    if (made) throw_changed_since_snapshot(id, "it was finished and purged into its tombstone");
 }
 
 std::uint64_t purge_tombstones(int batch) {

@@ -100,6 +100,19 @@ BEGIN
 END
 $$;
 
+-- Raises 40001 for a key that a transaction committed after this one's
+-- snapshot changed (how, such as 'another transaction changed it').
+CREATE FUNCTION idempotency.raise_changed_since_snapshot(p_scope pg_catalog.text, p_key pg_catalog.text,
+                                                         how pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RAISE EXCEPTION 'could not serialize access to key "%" in scope "%": % after this transaction''s snapshot; retry the transaction, or claim under READ COMMITTED',
+        p_key, p_scope, how USING ERRCODE = 'serialization_failure';
+END
+$$;
+
 -- Under REPEATABLE READ or SERIALIZABLE: raises 40001 when a transaction
 -- that committed after this transaction's snapshot changed or removed the
 -- key, which the snapshot cannot see, so that reading it again answers
@@ -122,8 +135,7 @@ BEGIN
         WHEN SQLSTATE 'IKW00' OR lock_not_available THEN
             RETURN;
         WHEN serialization_failure THEN
-            RAISE EXCEPTION 'could not serialize access to key "%" in scope "%": another transaction changed it after this transaction''s snapshot; retry the transaction, or claim under READ COMMITTED',
-                p_key, p_scope USING ERRCODE = 'serialization_failure';
+            PERFORM idempotency.raise_changed_since_snapshot(p_scope, p_key, 'another transaction changed it');
     END;
 END
 $$;

@@ -89,8 +89,8 @@ BEGIN
         WHEN SQLSTATE 'IKW00' THEN
             RETURN;
         WHEN serialization_failure THEN
-            RAISE EXCEPTION 'could not serialize access to key "%" in scope "%": it was finished and purged into its tombstone after this transaction''s snapshot; retry the transaction, or claim under READ COMMITTED',
-                p_key, p_scope USING ERRCODE = 'serialization_failure';
+            PERFORM idempotency.raise_changed_since_snapshot(p_scope, p_key,
+                                                             'it was finished and purged into its tombstone');
     END;
 END
 $$;
