@@ -168,12 +168,19 @@ BEGIN
         -- outbox_nack cannot tell relays apart: a relay whose lease ran out
         -- must not nack (someone else may hold the event now), so events
         -- whose lease is over are left to expire, like a relay that died.
+        -- The event's row is locked while it is still this claim's, so that
+        -- no claim can take it between that look and the nack, however
+        -- late this process runs (a look at the clock alone could not).
         INSERT INTO nack_log
         SELECT v_cno, l.event_id, l.attempt,
                idempotency.outbox_nack(l.event_id, 'sink: 503', true,
                                        make_interval(secs => random() * 0.2))::text
           FROM claim_log l
-         WHERE l.cno = v_cno AND l.lease_until > clock_timestamp() + interval '50 ms'
+          JOIN LATERAL (SELECT FROM idempotency.outbox o
+                         WHERE o.id = l.event_id AND o.state = 'in_flight' AND o.attempts = l.attempt
+                           AND o.relay = 'relay-' || p_relay AND o.lease_until > clock_timestamp()
+                           FOR UPDATE OF o) mine ON true
+         WHERE l.cno = v_cno
          ORDER BY l.event_id;
         COMMIT;
         RETURN;
