@@ -369,6 +369,18 @@ bool row_changed_since_snapshot(OpenTable* table, const Datum* values) {
     return in_snapshot != in_latest || (in_snapshot && !ItemPointerEquals(&seen, &newest));
 }
 
+bool row_being_written(OpenTable* table, const Datum* values) {
+    table->found_locked = false;
+    table->key_count = equality_keys(table->index, values, table->keys);
+    SnapshotData dirty;
+    InitDirtySnapshot(dirty);
+    const bool found = fetch_by_key(table, &dirty);
+    ExecClearTuple(table->found);
+    // A dirty read sets xmin (an insert) or xmax (a change or delete) when
+    // the writer is still in progress; this transaction's writes set neither.
+    return found && (TransactionIdIsValid(dirty.xmin) || TransactionIdIsValid(dirty.xmax));
+}
+
 bool find_row_version(OpenTable* table, const ItemPointerData* tid, RowLock lock, bool new_step) {
     if (new_step || !table->step_open) begin_step(table);
     table->found_locked = false;

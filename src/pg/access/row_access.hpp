@@ -98,6 +98,11 @@ bool find_row(OpenTable* table, const Datum* values, RowLock lock, bool new_step
 // committed one. Reads in a new step, locks nothing, leaves table->found
 // empty.
 bool row_changed_since_snapshot(OpenTable* table, const Datum* values);
+// Whether another transaction still in progress has inserted, changed or
+// deleted the row whose index columns equal `values` (a dirty read: a
+// writer whose statement would make a write of the row wait). Locks
+// nothing, waits for nothing, leaves table->found empty.
+bool row_being_written(OpenTable* table, const Datum* values);
 // Finds the row version `tid` as a TID scan does (when the step's snapshot
 // sees it), into table->found, and locks it as find_row does; there is no
 // index key to check a newer version against: the caller checks the row.

@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "pg/access/extension_objects.hpp"
+#include "pg/access/row_access.hpp"
 #include "pg/access/spi.hpp"
 #include "pg/boundary/args.hpp"
 #include "pg/boundary/guard.hpp"
@@ -41,6 +43,15 @@ Statement kAssert = {
     "SELECT expires_at FROM @locks@ WHERE resource = $1 AND token = $2 FOR SHARE", 2,
     {TEXTOID, INT8OID}, nullptr};
 
+// Whether another transaction is taking or changing the lock now.
+bool taker_in_progress(const text* resource) {
+    OpenTable locks = open_to_read(extension_objects().locks);
+    const Datum key[] = {PointerGetDatum(resource)};
+    const bool busy = row_being_written(&locks, key);
+    close_table(&locks);
+    return busy;
+}
+
 // A new token when the lock is free or expired; nothing while a holder
 // lives (then *holder_until tells until when, as far as is known). Waits
 // for a transaction that is taking or changing the lock until `deadline`
@@ -58,6 +69,11 @@ std::optional<std::int64_t> try_take(const text* resource, const text* owner, Mi
         *holder_until = *column_timestamp(1);
         return std::nullopt;
     }
+
+    // A caller without time left to wait answers at once while a taker's
+    // transaction is open (the upsert would wait for it; a taker starting
+    // after this look still makes it wait a millisecond).
+    if (deadline <= now && taker_in_progress(resource)) return std::nullopt;
 
     Params params;
     params.add_text(resource).add_text(owner).add_timestamp(now).add_timestamp(now + ttl);
