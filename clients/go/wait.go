@@ -21,7 +21,10 @@ import (
 //   - a try that finds the key settled answers them all; one that claims it
 //     hands the claim to the request that has waited longest (the others
 //     wait on); a request whose own wait has passed leaves with the last
-//     answer.
+//     answer;
+//   - a try that fails (the database restarting) answers nobody: the next
+//     one may find the key settled. A request whose wait passes while the
+//     latest try failed leaves with that error.
 //
 // So a crowd of duplicates costs at most about four statements a second per
 // key and process, however large it is.
@@ -61,6 +64,7 @@ type waitGroup struct {
 	key     waitKey
 	try     tryFunc
 	last    Result // the last *InProgress or *RetryLater seen
+	lastErr error  // the latest try's error, until a try succeeds
 	members []*waiter
 }
 
@@ -173,8 +177,11 @@ func (g *waitGroup) await(ctx context.Context, m *waiter) (tryResult, error) {
 	if a.r.res == nil && a.err == nil {
 		waits.Lock()
 		left := g.remove(m)
-		last := g.last
+		last, lastErr := g.last, g.lastErr
 		waits.Unlock()
+		if left && lastErr != nil {
+			return tryResult{}, lastErr
+		}
 		if left {
 			return tryResult{res: last}, nil
 		}
@@ -235,20 +242,22 @@ func (g *waitGroup) poll() {
 		}
 		r, err := g.try(context.Background())
 		waits.Lock()
+		g.lastErr = err
 		switch {
-		case err == nil && waitable(r.res):
+		case err != nil: // waits on for the next try
+		case waitable(r.res):
 			g.last = r.res
-		case err == nil && held(r.res) && len(g.members) > 0:
+		case held(r.res) && len(g.members) > 0:
 			m := g.members[0]
 			g.members = g.members[1:]
 			m.answer <- waitAnswer{r: r}
-		case err == nil && held(r.res):
+		case held(r.res):
 			waits.Unlock()
 			r.abandon()
 			continue
-		default: // settled, or the database failed: every waiter hears of it
+		default: // settled: every waiter hears of it
 			for _, m := range g.members {
-				m.answer <- waitAnswer{r: r, err: err}
+				m.answer <- waitAnswer{r: r}
 			}
 			g.members = nil
 			delete(waits.groups, g.key)

@@ -114,6 +114,55 @@ func TestWaitingClaimsGetTheKeyOneAtATime(t *testing.T) {
 	}
 }
 
+// A poll that fails (the server restarting) answers none of the waiting
+// claims: the next poll goes on, and when the holder completes every
+// waiting claim gets its result.
+func TestWaitingClaimsOutliveAFailedPoll(t *testing.T) {
+	db, claims, fail := faultyDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	opts := &idempotency.ClaimOptions{Scope: "go.poller.fault", Wait: 20 * time.Second}
+	first, err := idempotency.Claim(ctx, openDB(t), key, nil, opts)
+	holder, ok := first.(*idempotency.Claimed)
+	if err != nil || !ok {
+		t.Fatalf("first claim: %v %v", first, err)
+	}
+	const n = 10
+	var arrived, answered, completed atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			arrived.Add(1)
+			res, err := idempotency.Claim(ctx, db, key, nil, opts)
+			answered.Add(1)
+			if _, ok := res.(*idempotency.Completed); ok && err == nil {
+				completed.Add(1)
+			} else {
+				t.Errorf("a waiting claim got %T %v", res, err)
+			}
+		}()
+	}
+	eventually(t, 20*time.Second, "all claims arrived", func() bool { return arrived.Load() == n })
+	base := claims.Load()
+	eventually(t, 20*time.Second, "two polls", func() bool { return claims.Load() >= base+2 })
+	fail.Store(1)
+	eventually(t, 20*time.Second, "a failed poll", func() bool { return fail.Load() == 0 })
+	base = claims.Load()
+	eventually(t, 20*time.Second, "a poll after it", func() bool { return claims.Load() >= base+1 })
+	if got := answered.Load(); got != 0 {
+		t.Fatalf("%d of %d waiting claims answered after a failed poll", got, n)
+	}
+	if err := holder.Complete(ctx, map[string]string{"done": "yes"}); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if completed.Load() != n {
+		t.Fatalf("%d of %d waiting claims got the result", completed.Load(), n)
+	}
+}
+
 // burst sends n identical requests at once and returns the answers.
 func burst(t *testing.T, url, key, body string, n int) []answer {
 	answers := make([]answer, n)
