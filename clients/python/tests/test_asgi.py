@@ -22,6 +22,19 @@ from conftest import SETTINGS, effects, estimates_retry_after, expire_result, ke
 runs = Counter()     # per key: how many times a handler ran
 
 
+async def until_held(pool, key, scope):
+    """Waits until a request holds `key` (its claim committed): duplicates
+    sent before that could claim it first on a busy machine."""
+    for _ in range(800):
+        async with pool.connection() as conn:
+            row = await (await conn.execute("SELECT status::text FROM idempotency.idem_get(%s, %s)",
+                                            (key, scope))).fetchone()
+        if row is not None and row[0] == "PROCESSING":
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"no request held {key} within 20 s")
+
+
 def make_app(pool):
     app = FastAPI()
 
@@ -442,7 +455,7 @@ def test_retry_after_is_the_claims_retry_after_rounded_up(new_key):
                                on_conflict=seen.append, on_replay=seen.append)
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
                 first = asyncio.create_task(client.post("/hold", headers={"idempotency-key": key}))
-                await asyncio.sleep(0.3)
+                await until_held(pool, key, "asgi.retry_after")
                 busy = await client.post("/hold", headers={"idempotency-key": key})
                 await first
                 again = await client.post("/hold", headers={"idempotency-key": key})
@@ -473,13 +486,14 @@ def test_a_300_ms_handlers_duplicates_get_retry_after_1(new_key, conn):
             async def quick():
                 await asyncio.sleep(0.3)
                 return {"ok": True}
-            app.add_middleware(IdempotencyMiddleware, pool=pool, scope=f"asgi.estimate-{new_key()}", lease=30)
+            scope = f"asgi.estimate-{new_key()}"
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope=scope, lease=30)
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
                 for _ in range(5):      # the scope's recent durations: about 300 ms
                     await client.post("/quick", headers={"idempotency-key": new_key()})
                 key = new_key()
                 first = asyncio.create_task(client.post("/quick", headers={"idempotency-key": key}))
-                await asyncio.sleep(0.1)
+                await until_held(pool, key, scope)
                 busy = await asyncio.gather(*(client.post("/quick", headers={"idempotency-key": key}) for _ in range(5)))
                 await first
             return busy
@@ -518,7 +532,7 @@ def test_duplicates_of_a_holder_elsewhere_poll_off_the_pool(new_key):
                     answer = await client.post("/pay", headers={"idempotency-key": key})
                     return answer, loop.time() - started
                 owner = asyncio.create_task(timed(a))
-                await asyncio.sleep(0.1)
+                await until_held(pool, key, "asgi.elsewhere")
                 duplicates = await asyncio.gather(*(timed(b) for _ in range(20)))
                 return await owner, duplicates
     (owner, took), duplicates = asyncio.run(main())

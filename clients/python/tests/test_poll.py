@@ -5,27 +5,49 @@ wait's end; and how a claim tells a pooler from a direct connection."""
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import psycopg
 import pytest
 
 import pg_idempotency as idem
 from pg_idempotency import pooler
-from pg_idempotency.waiting import apoll, poll
+from pg_idempotency.waiting import AsyncOwners, ThreadOwners, apoll, poll
 from conftest import SETTINGS
 
 BUSY = {"outcome": "in_progress", "retry_after": 0.5}
 
 
 def answers(*rows):
-    """attempt() answering rows in turn (the last one from then on), and the
-    times of its calls."""
+    """attempt() answering rows in turn (the last one from then on; an
+    exception is raised), and the times of its calls."""
     calls = []
 
     def attempt():
         calls.append(time.monotonic())
-        return rows[min(len(calls), len(rows)) - 1]
+        row = rows[min(len(calls), len(rows)) - 1]
+        if isinstance(row, Exception):
+            raise row
+        return row
     return attempt, calls
+
+
+RESTARTING = psycopg.OperationalError("the test failed this try (the server restarting)")
+DONE = {"outcome": "completed", "retry_after": None}
+JOB = SimpleNamespace(scope="poll", key="k", request=None)
+
+
+def waits_of_each_kind():
+    """(name, wait(attempt, seconds)) for each loop a waiting claim polls in."""
+    def aio(run):
+        def wait(attempt, seconds):
+            async def aattempt():
+                return attempt()
+            return asyncio.run(run(aattempt, seconds))
+        return wait
+    return [("poll", poll), ("apoll", aio(apoll)),
+            ("ThreadOwners", lambda attempt, seconds: ThreadOwners().claim(attempt, JOB, seconds)),
+            ("AsyncOwners", aio(lambda attempt, seconds: AsyncOwners().claim(attempt, JOB, seconds)))]
 
 
 def test_poll_returns_the_first_settled_answer_with_growing_pauses():
@@ -69,6 +91,30 @@ def test_apoll_as_poll():
         return attempt()
     assert asyncio.run(apoll(aattempt, 10)) is done
     assert len(calls) == 2 and calls[1] - calls[0] >= 0.02
+
+
+@pytest.mark.parametrize("name,wait", waits_of_each_kind())
+def test_a_failed_try_answers_nothing_and_the_wait_goes_on(name, wait):
+    attempt, calls = answers(BUSY, RESTARTING, BUSY, DONE)
+    assert wait(attempt, 10) is DONE, name
+    assert len(calls) == 4, name
+
+
+@pytest.mark.parametrize("name,wait", waits_of_each_kind())
+def test_a_wait_that_ends_while_the_latest_try_failed_raises_its_error(name, wait):
+    attempt, calls = answers(BUSY, RESTARTING)
+    with pytest.raises(psycopg.OperationalError) as raised:
+        wait(attempt, 0.3)
+    assert raised.value is RESTARTING, name
+    assert len(calls) >= 3, name
+
+
+@pytest.mark.parametrize("name,wait", waits_of_each_kind())
+def test_a_first_try_that_fails_is_raised_at_once(name, wait):
+    attempt, calls = answers(RESTARTING, DONE)
+    with pytest.raises(psycopg.OperationalError):
+        wait(attempt, 10)
+    assert len(calls) == 1, name
 
 
 def test_a_direct_connection_is_not_taken_for_a_pooler_and_is_asked_once(conn):

@@ -8,7 +8,10 @@ at once; otherwise it polls, 20 ms after the first try and then twice as
 long each time, up to 250 ms. A key waiting for its
 retry (``retry_later``) is tried again when its backoff has passed, if
 that is within the bound. The wait never lasts longer than ``wait``: the
-last answer is then sent (409 with Retry-After).
+last answer is then sent (409 with Retry-After). A later try that fails
+(the database restarting) answers nothing: the wait goes on with the last
+answer, and only a wait that ends while the latest try failed raises its
+error.
 
 A duplicate that arrives while a request of this process holds its key
 with the same fingerprint does not even make its first try: it waits for
@@ -47,6 +50,29 @@ def _give_up(row, left):
     return row["outcome"] == "retry_later" and (row["retry_after"] or 0.0) > left
 
 
+def _try_again(attempt, row):
+    """A later try, and its error: one that fails keeps the last answer."""
+    try:
+        return attempt(), None
+    except psycopg.Error as err:
+        return row, err
+
+
+async def _atry_again(attempt, row):
+    try:
+        return await attempt(), None
+    except psycopg.Error as err:
+        return row, err
+
+
+def _answer(row, failed, left):
+    """Whether the wait ends with ``row``; raises ``failed`` (the latest
+    try's error) when the wait has passed."""
+    if failed is not None and left <= 0:
+        raise failed
+    return _give_up(row, left)
+
+
 def poll(attempt, wait):
     """Calls attempt() (one claim without ``wait``, in a transaction of its
     own) until it answers anything but in_progress / retry_later or ``wait``
@@ -54,13 +80,14 @@ def poll(attempt, wait):
     a claim on a connection through a pooler."""
     deadline = time.monotonic() + wait
     pause = FIRST_PAUSE
+    row, failed = attempt(), None
     while True:
-        row = attempt()
         left = deadline - time.monotonic()
-        if _give_up(row, left):
+        if _answer(row, failed, left):
             return row
         time.sleep(_nap(row, left, pause, False))
         pause = min(pause * 2, MAX_PAUSE)
+        row, failed = _try_again(attempt, row)
 
 
 async def apoll(attempt, wait):
@@ -68,13 +95,14 @@ async def apoll(attempt, wait):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     pause = FIRST_PAUSE
+    row, failed = await attempt(), None
     while True:
-        row = await attempt()
         left = deadline - loop.time()
-        if _give_up(row, left):
+        if _answer(row, failed, left):
             return row
         await asyncio.sleep(_nap(row, left, pause, False))
         pause = min(pause * 2, MAX_PAUSE)
+        row, failed = await _atry_again(attempt, row)
 
 
 def asked_again(attempt, wait):
@@ -149,6 +177,7 @@ class AsyncOwners:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (wait or 0)
         pause = FIRST_PAUSE
+        row = failed = None
         while True:
             done, left = self._same(job), deadline - loop.time()
             if done is not None and left > 0 and not done.is_set():
@@ -159,12 +188,15 @@ class AsyncOwners:
             if done is not None and done.is_set() and done.row is not None:
                 return done.row
             if done is not None and not done.is_set():
-                row = await self._shared_claim(done, attempt)
-                if row is not None:
-                    return row
-            row = await attempt()
+                shared = await self._shared_claim(done, attempt)
+                if shared is not None:
+                    return shared
+            if row is None:
+                row = await attempt()
+            else:
+                row, failed = await _atry_again(attempt, row)
             left = deadline - loop.time()
-            if _give_up(row, left):
+            if _answer(row, failed, left):
                 return row
             following = self._same(job)
             if following is not None and not following.is_set():
@@ -219,15 +251,19 @@ class ThreadOwners:
     def claim(self, attempt, job, wait):
         deadline = time.monotonic() + (wait or 0)
         pause = FIRST_PAUSE
+        row = failed = None
         while True:
             done, left = self._same(job), deadline - time.monotonic()
             if done is not None and left > 0:
                 done.wait(left)
             if done is not None and done.is_set() and done.row is not None:
                 return done.row
-            row = attempt()
+            if row is None:
+                row = attempt()
+            else:
+                row, failed = _try_again(attempt, row)
             left = deadline - time.monotonic()
-            if _give_up(row, left):
+            if _answer(row, failed, left):
                 return row
             following = self._same(job)
             if following is not None and not following.is_set():
