@@ -16,7 +16,10 @@
 //     waiting request; one that claims it (the holder failed retryably,
 //     released it, or its lease ended) hands the claim to the longest
 //     waiting request, the others go on waiting; a request whose own
-//     `wait` has passed leaves with the last answer (409).
+//     `wait` has passed leaves with the last answer (409);
+//   - a try that fails (the database restarting) answers nobody: the next
+//     one may find the key settled. A request whose `wait` passes while
+//     the latest try failed leaves with that error.
 //
 // So a crowd of duplicates costs the pool at most four short statements a
 // second per key and process, and a waiter learns of the result at most
@@ -76,6 +79,7 @@ class Group {
     Object.assign(this, { state, id, attempt, last: row });
     this.members = [];
     this.wake = null;
+    this.lastError = null;
   }
 
   join(deadline, signal) {
@@ -92,13 +96,15 @@ class Group {
     });
   }
 
-  // A member leaves with the last answer seen (in_progress: a 409).
+  // A member leaves with the last answer seen (in_progress: a 409), or
+  // with the error of the latest try when that failed.
   leave(member) {
     const at = this.members.indexOf(member);
     if (at < 0) return;
     this.members.splice(at, 1);
     member.done();
-    member.resolve({ row: this.last });
+    if (this.lastError) member.reject(this.lastError);
+    else member.resolve({ row: this.last });
     if (this.members.length === 0) this.wake?.();
   }
 
@@ -128,9 +134,12 @@ class Group {
         let result;
         try {
           result = await this.attempt();
+          this.lastError = null;
         } catch (err) {
-          this.settle((member) => member.reject(err));
-          break;
+          // The database failed this try (a restart): nobody is answered,
+          // the next try may find the key.
+          this.lastError = err;
+          continue;
         }
         const { row } = result;
         if (row.outcome === 'in_progress') {

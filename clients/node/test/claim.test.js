@@ -161,6 +161,54 @@ describe('claim', () => {
     assert.match(late.error, /token/i);
     assert.deepEqual(await effects(key), ['taker']);
   });
+
+  test('a failed poll answers none of the waiting claims; they get the result', async () => {
+    const key = newKey();
+    const scope = 'node.poller.fault';
+    // The waiters' pool fails its next `fail` claims without sending them,
+    // as while the server restarts.
+    const waiters = newPool();
+    const query = waiters.query.bind(waiters);
+    let claims = 0;
+    let fail = 0;
+    waiters.query = (text, params) => {
+      if (typeof text === 'string' && text.includes('idem_claim(')) {
+        claims += 1;
+        if (fail > 0) {
+          fail -= 1;
+          return Promise.reject(new Error('the test failed this statement (the server restarting)'));
+        }
+      }
+      return query(text, params);
+    };
+    try {
+      let release;
+      const held = new Promise((resolve) => { release = resolve; });
+      const holder = claim(pool, { key, scope }, async () => { await held; return { done: 'yes' }; });
+      await waitFor('the holder', async () => (await keyRow(pool, key, scope))?.status === 'PROCESSING');
+      let answered = 0;
+      const waiting = Array.from({ length: 10 }, () => {
+        const answer = claim(waiters, { key, scope, wait: 20 }, async () => assert.fail('ran twice'))
+          .finally(() => { answered += 1; });
+        answer.catch(() => {});  // read below, with the others
+        return answer;
+      });
+      let base = claims;
+      await waitFor('two polls', () => claims >= base + 2);
+      fail = 1;
+      await waitFor('a failed poll', () => fail === 0);
+      base = claims;
+      await waitFor('a poll after it', () => claims >= base + 1);
+      assert.equal(answered, 0, 'waiting claims answered after a failed poll');
+      release();
+      assert.deepEqual(await holder, { outcome: 'completed', result: { done: 'yes' }, replayed: false });
+      for (const answer of await Promise.allSettled(waiting)) {
+        assert.deepEqual(answer, { status: 'fulfilled', value: { outcome: 'completed', result: { done: 'yes' }, replayed: true } });
+      }
+    } finally {
+      await waiters.end();
+    }
+  });
 });
 
 describe('a worker process', () => {
