@@ -9,7 +9,9 @@
 # ASCII) and some kept whole, then dumped and restored two ways (pg_dump
 # -Fc and pg_restore; pg_dump --data-only into a database with the
 # extension) and once more into a LATIN1 database: a tombstone is found by
-# a digest of the key's UTF-8 bytes, whatever the database's encoding.
+# a digest of the key's UTF-8 bytes, whatever the database's encoding. A
+# LATIN1 database restored into a UTF-8 one keeps its fingerprints and step
+# keys too.
 use strict;
 use warnings;
 
@@ -45,9 +47,7 @@ is($purged, 102, 'src: the purge turned the 102 expired keys into tombstones');
 
 # What must come back: the tombstones and the keys, row for row. (This
 # file's text is UTF-8: the statements that hold letters beyond ASCII say
-# so, whatever the database's encoding. The request of the key beyond ASCII
-# is ASCII: a request fingerprint is taken over the request's text in the
-# database's encoding, for live keys as for tombstones.)
+# so, whatever the database's encoding.)
 sub rows_of
 {
 	my ($db, $table) = @_;
@@ -147,6 +147,53 @@ SELECT string_agg(concat_ws(' ', outcome, status, result_expired), ', ' ORDER BY
 		1, "$db: a key written in UTF-8 has its UTF-8 digest");
 	is($node->safe_psql($db, q{SELECT outcome FROM idempotency.idem_claim(E'new\xe9', '{"n": 1}')}),
 		'claimed', "$db: a new key with a byte that is not UTF-8 is claimed");
+}
+
+# A LATIN1 database restored into a UTF-8 one, in each edition: request
+# fingerprints (and the prefixes tombstones keep) and step keys are taken
+# over UTF-8, so the retries of a request beyond ASCII still match after
+# the move, and a step's key stays the same. A fingerprint stored in the
+# database's encoding (before 0.7.0) still matches in that database.
+for my $edition (qw(idempotency idempotency_sql))
+{
+	my ($latin1, $utf8) = ("latin1_$edition", "moved_$edition");
+	$node->safe_psql('postgres',
+		"CREATE DATABASE $latin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
+	$node->safe_psql('postgres', "CREATE DATABASE $utf8");
+	$node->safe_psql($latin1, "CREATE EXTENSION $edition");
+	my $finished = $node->safe_psql(
+		$latin1, q{SET client_encoding = 'UTF8';
+SELECT count(idempotency.idem_complete(k, (idempotency.idem_claim(k, '{"name": "café"}')).token, '{"ok": 1}',
+                                       retain => CASE WHEN k LIKE 'gone%' THEN interval '0' END))
+  FROM unnest(ARRAY['live', 'gone', 'early', 'gone-early']) k;
+-- The forms an earlier version stored: the text in LATIN1.
+UPDATE idempotency.idempotency_keys
+   SET fingerprint = sha256(convert_to('{"name": "café"}'::jsonb::text, 'LATIN1'))
+ WHERE key IN ('early', 'gone-early');
+SELECT rows FROM idempotency.idem_maintenance() WHERE task = 'purge_keys';});
+	is($finished, "4\n2", "$latin1: four keys finished, two of them purged into tombstones");
+	my $answers = q{SET client_encoding = 'UTF8';
+SELECT string_agg(concat_ws(' ', k, outcome, result_expired), ', ' ORDER BY k)
+  FROM unnest(ARRAY[%s]) k, idempotency.idem_claim(k, '%s')};
+	is( $node->safe_psql($latin1, sprintf($answers, q{'live', 'gone', 'early', 'gone-early'}, '{"name": "café"}')),
+		'early completed f, gone completed t, gone-early completed t, live completed f',
+		"$latin1: each key's retry matches, in the fingerprint's form of now and of before");
+	is( $node->safe_psql($latin1, sprintf($answers, q{'live', 'gone', 'early', 'gone-early'}, '{"name": "cafe"}')),
+		'early mismatch f, gone mismatch t, gone-early mismatch t, live mismatch f',
+		"$latin1: another request under each is a mismatch");
+	my $step_key = q{SET client_encoding = 'UTF8';
+SELECT idempotency.idem_step_key('café', 'charge', scope => 'déjà')};
+	my $latin1_step_key = $node->safe_psql($latin1, $step_key);
+
+	command_ok($pg_bin->('pg_dump', $latin1, '-Fc', '-f', "$dir/$latin1.dump"), "$latin1: pg_dump -Fc");
+	command_ok($pg_bin->('pg_restore', $utf8, '--exit-on-error', "$dir/$latin1.dump"),
+		"$utf8: pg_restore into a UTF-8 database");
+	is( $node->safe_psql($utf8, sprintf($answers, q{'live', 'gone'}, '{"name": "café"}')),
+		'gone completed t, live completed f', "$utf8: the retries beyond ASCII still match");
+	is( $node->safe_psql($utf8, sprintf($answers, q{'live', 'gone'}, '{"name": "cafe"}')),
+		'gone mismatch t, live mismatch f', "$utf8: another request is still a mismatch");
+	is($node->safe_psql($utf8, $step_key), $latin1_step_key, "$utf8: a step's key is the one it had in LATIN1");
+	like($latin1_step_key, qr/^charge-[0-9a-f]{32}$/, "$latin1: the step key is the step's name and 32 hex digits");
 }
 
 done_testing();

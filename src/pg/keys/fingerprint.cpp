@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "pg/keys/digest_bytes.hpp"
+
 extern "C" {
 #include "lib/stringinfo.h"
 #include "utils/json.h"
@@ -76,12 +78,12 @@ char* canonical_text(Jsonb* jsonb) {
     return out.data;
 }
 
-Datum sha256_of(const char* text) {
+Datum sha256_of(const char* data, std::size_t length) {
     bytea* digest = static_cast<bytea*>(palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH));
     SET_VARSIZE(digest, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
     pg_cryptohash_ctx* ctx = pg_cryptohash_create(PG_SHA256);
     if (pg_cryptohash_init(ctx) < 0 ||
-        pg_cryptohash_update(ctx, reinterpret_cast<const uint8*>(text), strlen(text)) < 0 ||
+        pg_cryptohash_update(ctx, reinterpret_cast<const uint8*>(data), length) < 0 ||
         pg_cryptohash_final(ctx, reinterpret_cast<uint8*>(VARDATA(digest)),
                             PG_SHA256_DIGEST_LENGTH) < 0) {
         pg_cryptohash_free(ctx);
@@ -89,6 +91,32 @@ Datum sha256_of(const char* text) {
     }
     pg_cryptohash_free(ctx);
     return PointerGetDatum(digest);
+}
+
+// The digest of a text's UTF-8 bytes (pg/keys/digest_bytes.hpp).
+Datum utf8_sha256(const char* text) {
+    const DigestBytes utf8 = digest_bytes(text, static_cast<int>(strlen(text)));
+    const Datum digest = sha256_of(utf8.data, static_cast<std::size_t>(utf8.length));
+    if (utf8.data != text) pfree(const_cast<char*>(utf8.data));
+    return digest;
+}
+
+// Whether `matches` accepts the digest of a form an earlier version stored
+// for `request`: its text as written (before 0.4.0), and in a database
+// whose encoding is neither UTF-8 nor SQL_ASCII its canonical text in that
+// encoding (before 0.7.0).
+template <typename Matches>
+bool earlier_form_matches(Datum request, Matches matches) {
+    Jsonb* jsonb = DatumGetJsonbP(request);
+    char* as_written = JsonbToCString(nullptr, &jsonb->root, VARSIZE(jsonb));
+    bool found = matches(sha256_of(as_written, strlen(as_written)));
+    pfree(as_written);
+    if (!found && !digests_native_bytes()) {
+        char* canonical = canonical_text(jsonb);
+        found = matches(sha256_of(canonical, strlen(canonical)));
+        pfree(canonical);
+    }
+    return found;
 }
 
 bool differ(Datum a, Datum b) {
@@ -103,18 +131,14 @@ bool differ(Datum a, Datum b) {
 
 Datum fingerprint_of(Datum request) {
     char* canonical = canonical_text(DatumGetJsonbP(request));
-    const Datum digest = sha256_of(canonical);
+    const Datum digest = utf8_sha256(canonical);
     pfree(canonical);
     return digest;
 }
 
 bool fingerprint_differs(Datum stored, Datum fingerprint, Datum request) {
     if (!differ(stored, fingerprint)) return false;
-    Jsonb* jsonb = DatumGetJsonbP(request);
-    char* as_written = JsonbToCString(nullptr, &jsonb->root, VARSIZE(jsonb));
-    const bool differs = differ(stored, sha256_of(as_written));
-    pfree(as_written);
-    return differs;
+    return !earlier_form_matches(request, [&](Datum digest) { return !differ(stored, digest); });
 }
 
 std::int32_t fingerprint_prefix(Datum fingerprint) {
@@ -128,11 +152,8 @@ std::int32_t fingerprint_prefix(Datum fingerprint) {
 
 bool fingerprint_prefix_differs(std::int32_t stored, Datum fingerprint, Datum request) {
     if (fingerprint_prefix(fingerprint) == stored) return false;
-    Jsonb* jsonb = DatumGetJsonbP(request);
-    char* as_written = JsonbToCString(nullptr, &jsonb->root, VARSIZE(jsonb));
-    const bool differs = fingerprint_prefix(sha256_of(as_written)) != stored;
-    pfree(as_written);
-    return differs;
+    return !earlier_form_matches(request,
+                                 [&](Datum digest) { return fingerprint_prefix(digest) == stored; });
 }
 
 }  // namespace idem::pg

@@ -1,7 +1,9 @@
-// The request fingerprint: SHA-256 of a jsonb value's canonical text. The
-// text is jsonb's own output (its key order and spacing are fixed) with
-// every number in its shortest form, so that requests equal as jsonb (1500
-// and 1500.0) have one fingerprint.
+// The request fingerprint: SHA-256 of a jsonb value's canonical text, as
+// UTF-8 bytes (pg/keys/digest_bytes.hpp). The text is jsonb's own output
+// (its key order and spacing are fixed) with every number in its shortest
+// form, so that requests equal as jsonb (1500 and 1500.0) have one
+// fingerprint; UTF-8, so that a dump restored into a database of another
+// encoding keeps its fingerprints.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +17,9 @@ Datum fingerprint_of(Datum request);
 
 // Whether a stored fingerprint belongs to another request than `request`
 // (a jsonb datum) with fingerprint `fingerprint`. A fingerprint stored by a
-// version before 0.4.0 hashed jsonb's output as it is, numbers as written:
-// one that matches that form is the same request.
+// version before 0.4.0 hashed jsonb's output as it is, numbers as written,
+// and one stored before 0.7.0 the text in the database's encoding: one that
+// matches such a form is the same request.
 bool fingerprint_differs(Datum stored, Datum fingerprint, Datum request);
 
 // A tombstone keeps the first 4 bytes of its key's fingerprint, read as a

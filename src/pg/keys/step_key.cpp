@@ -4,6 +4,8 @@ extern "C" {
 #include "lib/stringinfo.h"
 }
 
+#include "pg/keys/digest_bytes.hpp"
+
 namespace idem::pg {
 
 namespace {
@@ -11,9 +13,10 @@ namespace {
 constexpr int kDigestBytesShown = 16;
 
 void append_part(StringInfo material, const text* part) {
-    const int bytes = static_cast<int>(VARSIZE_ANY_EXHDR(part));
-    appendStringInfo(material, "%d:", bytes);
-    appendBinaryStringInfo(material, VARDATA_ANY(part), bytes);
+    const DigestBytes utf8 = digest_bytes(part);
+    appendStringInfo(material, "%d:", utf8.length);
+    appendBinaryStringInfo(material, utf8.data, utf8.length);
+    if (utf8.data != VARDATA_ANY(part)) pfree(const_cast<char*>(utf8.data));
 }
 
 }  // namespace

@@ -1,27 +1,20 @@
 #include "pg/keys/tombstone_digest.hpp"
 
 extern "C" {
-#include "mb/pg_wchar.h"
 #include "utils/uuid.h"
 }
+
+#include "pg/keys/digest_bytes.hpp"
 
 namespace idem::pg {
 
 namespace {
 
-// Adds the text's bytes, converted to UTF-8, to the hash. A SQL_ASCII
-// database's text has no declared encoding: its bytes are taken as they
-// are (the same as UTF-8 for text written in UTF-8), where a conversion
-// would refuse a byte that is not valid UTF-8.
 bool hash_utf8(pg_cryptohash_ctx* ctx, const text* value) {
-    const char* bytes = VARDATA_ANY(value);
-    const int length = static_cast<int>(VARSIZE_ANY_EXHDR(value));
-    char* utf8 = GetDatabaseEncoding() == PG_SQL_ASCII
-                     ? const_cast<char*>(bytes)
-                     : pg_server_to_any(bytes, length, PG_UTF8);
-    const int utf8_length = utf8 == bytes ? length : static_cast<int>(strlen(utf8));
-    const bool ok = pg_cryptohash_update(ctx, reinterpret_cast<const uint8*>(utf8), utf8_length) == 0;
-    if (utf8 != bytes) pfree(utf8);
+    const DigestBytes utf8 = digest_bytes(value);
+    const bool ok =
+        pg_cryptohash_update(ctx, reinterpret_cast<const uint8*>(utf8.data), utf8.length) == 0;
+    if (utf8.data != VARDATA_ANY(value)) pfree(const_cast<char*>(utf8.data));
     return ok;
 }
 

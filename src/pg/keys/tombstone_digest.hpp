@@ -1,8 +1,7 @@
 // The digest a tombstone is found by: the first 16 bytes of the SHA-256 of
 // the scope's UTF-8 bytes, one zero byte, and the key's UTF-8 bytes, as a
-// uuid. Text holds no zero byte, so two different (scope, key) pairs never
-// hash the same input; UTF-8 whatever the database's encoding, so a dump
-// restored into a database of another encoding keeps its tombstones. The
+// uuid (pg/keys/digest_bytes.hpp). Text holds no zero byte, so two
+// different (scope, key) pairs never hash the same input. The
 // purge computes the same in SQL (pg/keys/key_store.cpp); sql/tombstones.sql
 // checks that the two agree.
 //

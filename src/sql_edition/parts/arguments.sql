@@ -321,27 +321,48 @@ BEGIN
 END
 $$;
 
--- A text's bytes as the server stores them (its encoding), as the C++
--- edition hashes them. (A cast to bytea would read backslashes as escapes.)
+-- A text's bytes as the server stores them (its encoding): what earlier
+-- versions hashed. (A cast to bytea would read backslashes as escapes.)
 CREATE FUNCTION idempotency.text_bytes(value pg_catalog.text)
 RETURNS pg_catalog.bytea
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT convert_to(value, current_setting('server_encoding')) $$;
 
--- The SHA-256 of the request's canonical text (jsonb's own layout, numbers
--- in their shortest form). Only a text with a decimal point can hold a
--- number that is not.
-CREATE FUNCTION idempotency.fingerprint(request pg_catalog.jsonb)
+-- The bytes every digest of text is taken over, as in the C++ edition: its
+-- UTF-8 bytes, whatever the database's encoding (a dump restored into a
+-- database of another encoding, and a client computing the digest in its
+-- own language, agree); in a SQL_ASCII database, whose text has no declared
+-- encoding, its bytes as they are (a conversion would refuse a byte that is
+-- not valid UTF-8).
+CREATE FUNCTION idempotency.digest_bytes(value pg_catalog.text)
 RETURNS pg_catalog.bytea
 LANGUAGE sql IMMUTABLE
 AS $$
-SELECT CASE WHEN strpos(request::text, '.') = 0 THEN sha256(idempotency.text_bytes(request::text))
-            ELSE sha256(idempotency.text_bytes(idempotency.shortest_numbers(request)::text)) END
+SELECT convert_to(value, CASE pg_catalog.getdatabaseencoding() WHEN 'SQL_ASCII' THEN 'SQL_ASCII'
+                              ELSE 'UTF8' END)
 $$;
 
+-- The request's canonical text: jsonb's own layout, numbers in their
+-- shortest form. Only a text with a decimal point can hold a number that
+-- is not.
+CREATE FUNCTION idempotency.canonical_text(request pg_catalog.jsonb)
+RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE
+AS $$
+SELECT CASE WHEN strpos(request::text, '.') = 0 THEN request::text
+            ELSE idempotency.shortest_numbers(request)::text END
+$$;
+
+-- The SHA-256 of the request's canonical text, as UTF-8 bytes.
+CREATE FUNCTION idempotency.fingerprint(request pg_catalog.jsonb)
+RETURNS pg_catalog.bytea
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT sha256(idempotency.digest_bytes(idempotency.canonical_text(request))) $$;
+
 -- Whether a stored fingerprint is of another request: neither the
--- canonical text's nor (a fingerprint stored before 0.4.0) the text as
--- written.
+-- canonical text's, nor a form an earlier version stored: the text as
+-- written (before 0.4.0), the canonical text in the database's encoding
+-- (before 0.7.0; the same bytes in a UTF-8 or SQL_ASCII database).
 CREATE FUNCTION idempotency.fingerprint_differs(stored pg_catalog.bytea, fingerprint pg_catalog.bytea,
                                                 request pg_catalog.jsonb)
 RETURNS pg_catalog.bool
@@ -349,4 +370,5 @@ LANGUAGE sql IMMUTABLE
 AS $$
 SELECT stored IS NOT NULL AND fingerprint IS NOT NULL AND stored <> fingerprint
        AND stored <> sha256(idempotency.text_bytes(request::text))
+       AND stored <> sha256(idempotency.text_bytes(idempotency.canonical_text(request)))
 $$;

@@ -94,11 +94,18 @@ BEGIN
 END
 $$;
 
+-- One part of a step key's material: the number of the text's UTF-8 bytes
+-- (digest_bytes), a colon and those bytes.
+CREATE FUNCTION idempotency.step_key_part(value pg_catalog.text)
+RETURNS pg_catalog.bytea
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT convert_to(length(b) || ':', 'UTF8') || b FROM idempotency.digest_bytes(value) AS b $$;
+
 -- The key to give a step's external call as the provider's idempotency
 -- key: the step's name, a dash and the first 16 bytes (hex) of the SHA-256
--- of each of scope, key and step as its length in bytes, a colon and its
--- bytes. It reads no table. Its text is a contract with the providers that
--- received it: it must never change, and the C++ edition computes the same.
+-- of scope, key and step, each a step_key_part. It reads no table. Its text
+-- is a contract with the providers that received it: it must never change,
+-- and the C++ edition and the clients compute the same.
 CREATE FUNCTION idempotency.idem_step_key(
     key pg_catalog.text,
     step pg_catalog.text,
@@ -110,8 +117,8 @@ AS $$
 BEGIN
     PERFORM idempotency.check_name(key, 'key'), idempotency.check_name(scope, 'scope', 63);
     PERFORM idempotency.check_step_name(step);
-    RETURN step || '-' || encode(substr(sha256(idempotency.text_bytes(
-               octet_length(scope) || ':' || scope || octet_length(key) || ':' || key
-               || octet_length(step) || ':' || step)), 1, 16), 'hex');
+    RETURN step || '-' || encode(substr(sha256(
+               idempotency.step_key_part(scope) || idempotency.step_key_part(key)
+               || idempotency.step_key_part(step)), 1, 16), 'hex');
 END
 $$;

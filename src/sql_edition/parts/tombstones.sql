@@ -8,17 +8,6 @@
 -- the C++ edition computes them, so that either edition reads the other's
 -- tombstones.
 
--- A text's UTF-8 bytes; in a SQL_ASCII database, whose text has no
--- declared encoding, its bytes as they are (a conversion would refuse a
--- byte that is not valid UTF-8).
-CREATE FUNCTION idempotency.digest_bytes(value pg_catalog.text)
-RETURNS pg_catalog.bytea
-LANGUAGE sql IMMUTABLE
-AS $$
-SELECT convert_to(value, CASE pg_catalog.getdatabaseencoding() WHEN 'SQL_ASCII' THEN 'SQL_ASCII'
-                              ELSE 'UTF8' END)
-$$;
-
 -- The first 16 bytes of the SHA-256 of the scope's bytes (digest_bytes), a
 -- zero byte and the key's bytes, as a uuid.
 CREATE FUNCTION idempotency.tombstone_digest(scope pg_catalog.text, key pg_catalog.text)
@@ -37,8 +26,8 @@ AS $$ SELECT ('x' || encode(substr(fingerprint, 1, 4), 'hex'))::bit(32)::int4 $$
 
 -- The answer of a tombstone to a claim or register of key (scope, key)
 -- that is not in the keys table: completed or failed as the key finished,
--- or mismatch against the prefix of the request's fingerprint (the
--- canonical text's, or the text as written, as for a live key); result,
+-- or mismatch against the prefix of the request's fingerprint (in any form
+-- fingerprint_differs accepts, as for a live key); result,
 -- token and attempt NULL, result_expired true. NULL when there is none.
 CREATE FUNCTION idempotency.tombstone_answer(p_scope pg_catalog.text, p_key pg_catalog.text,
                                              fp pg_catalog.bytea, request pg_catalog.jsonb)
@@ -57,7 +46,9 @@ BEGIN
     conflict := t.fingerprint IS NOT NULL AND fp IS NOT NULL
                 AND idempotency.fingerprint_prefix(fp) <> t.fingerprint
                 AND idempotency.fingerprint_prefix(sha256(idempotency.text_bytes(request::text)))
-                    <> t.fingerprint;
+                    <> t.fingerprint
+                AND idempotency.fingerprint_prefix(sha256(idempotency.text_bytes(
+                        idempotency.canonical_text(request)))) <> t.fingerprint;
     RETURN ROW(CASE WHEN conflict THEN 'mismatch'
                     WHEN t.status = 'COMPLETED' THEN 'completed' ELSE 'failed' END,
                t.status, NULL, NULL, NULL, NULL, NULL, NULL, true, NULL)::idempotency.idem_outcome;
