@@ -146,7 +146,9 @@ repack_with_traffic($_) for qw(idempotency_keys key_tombstones outbox);
 # The traffic goes on over the swapped tables.
 my $after = done();
 ok(poll_until(60, sub { done() >= $after + 300 }), 'the traffic goes on after the swap');
-$traffic->signal('INT');
+# TERM, not INT: a run started in the background by a shell without job
+# control ignores SIGINT, and pgbench would run out its 600 s.
+$traffic->signal('TERM');
 $traffic->finish;
 
 is( $node->safe_psql('postgres', q{
