@@ -12,9 +12,14 @@ bool digests_native_bytes() {
 }
 
 DigestBytes digest_bytes(const char* bytes, int length) {
-    if (digests_native_bytes()) return {bytes, length};
+    if (digests_native_bytes()) return {bytes, length, false};
     const char* utf8 = pg_server_to_any(bytes, length, PG_UTF8);
-    return {utf8, utf8 == bytes ? length : static_cast<int>(strlen(utf8))};
+    if (utf8 == bytes) return {bytes, length, false};
+    return {utf8, static_cast<int>(strlen(utf8)), true};
+}
+
+void release(const DigestBytes& bytes) {
+    if (bytes.converted) pfree(const_cast<char*>(bytes.data));
 }
 
 }  // namespace idem::pg

@@ -14,10 +14,13 @@ namespace idem::pg {
 struct DigestBytes {
     const char* data;
     int length;
+    bool converted;  // data is a palloc'd copy, not the text's own bytes
 };
 
-// `bytes` itself when they need no conversion, else a palloc'd copy.
+// `bytes` themselves when they need no conversion, else a palloc'd copy.
 DigestBytes digest_bytes(const char* bytes, int length);
+// Frees the copy, if digest_bytes made one.
+void release(const DigestBytes& bytes);
 inline DigestBytes digest_bytes(const text* value) {
     return digest_bytes(VARDATA_ANY(value), static_cast<int>(VARSIZE_ANY_EXHDR(value)));
 }

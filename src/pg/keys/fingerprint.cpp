@@ -97,7 +97,7 @@ Datum sha256_of(const char* data, std::size_t length) {
 Datum utf8_sha256(const char* text) {
     const DigestBytes utf8 = digest_bytes(text, static_cast<int>(strlen(text)));
     const Datum digest = sha256_of(utf8.data, static_cast<std::size_t>(utf8.length));
-    if (utf8.data != text) pfree(const_cast<char*>(utf8.data));
+    release(utf8);
     return digest;
 }
 

@@ -16,7 +16,7 @@ void append_part(StringInfo material, const text* part) {
     const DigestBytes utf8 = digest_bytes(part);
     appendStringInfo(material, "%d:", utf8.length);
     appendBinaryStringInfo(material, utf8.data, utf8.length);
-    if (utf8.data != VARDATA_ANY(part)) pfree(const_cast<char*>(utf8.data));
+    release(utf8);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ bool hash_utf8(pg_cryptohash_ctx* ctx, const text* value) {
     const DigestBytes utf8 = digest_bytes(value);
     const bool ok =
         pg_cryptohash_update(ctx, reinterpret_cast<const uint8*>(utf8.data), utf8.length) == 0;
-    if (utf8.data != VARDATA_ANY(value)) pfree(const_cast<char*>(utf8.data));
+    release(utf8);
     return ok;
 }
 
