@@ -148,6 +148,9 @@ SET ROLE regress_steps_user;
 SELECT pg_temp.try($$SET idempotency.max_steps = 1000$$) AS set_max_steps,
        pg_temp.try($$SET idempotency.max_step_bytes = '1GB'$$) AS set_max_step_bytes;
 RESET ROLE;
+-- (The SQL edition took them, for the session: set back.)
+RESET idempotency.max_steps;
+RESET idempotency.max_step_bytes;
 DROP ROLE regress_steps_user;
 
 -- Arguments: NULL, empty, too long and absurd names.

@@ -32,10 +32,14 @@ chmod -R a+rX "$dir/script"
 start_cluster "$dir/sql" "$port" "shared_preload_libraries = ''" || fail "no cluster"
 start_cluster "$dir/cpp" "$((port + 1))" "idempotency.worker_enabled = off" || fail "no cluster"
 
-# The SQL edition: a role without superuser that owns the schema.
-psql_as sql "$port" postgres -d postgres -c 'CREATE DATABASE app' \
-    -c 'CREATE ROLE idem_owner LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE' || fail "no owner"
-psql_as sql "$port" postgres -c 'CREATE SCHEMA idempotency AUTHORIZATION idem_owner' || fail "no schema"
+# The SQL edition: the service's administrator, a role without superuser
+# that may create roles and owns the database, makes the role that owns the
+# schema, as the install's step 2 says.
+psql_as sql "$port" postgres -d postgres -c 'CREATE ROLE admin LOGIN NOSUPERUSER CREATEROLE' \
+    -c 'CREATE DATABASE app OWNER admin' || fail "no administrator"
+psql_as sql "$port" admin -c 'CREATE ROLE idem_owner LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE' \
+    -c 'GRANT idem_owner TO CURRENT_USER' \
+    -c 'CREATE SCHEMA idempotency AUTHORIZATION idem_owner' || fail "no owner and schema (step 2)"
 [ "$(psql_as sql "$port" postgres -At -c 'SHOW shared_preload_libraries')" = "" ] ||
     fail "the cluster preloads a library"
 [ "$(psql_as sql "$port" idem_owner -At -c 'SELECT rolsuper FROM pg_roles WHERE rolname = current_user')" = f ] ||

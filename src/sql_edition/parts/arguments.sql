@@ -5,6 +5,63 @@
 -- settings): a number means the C++ edition's unit (milliseconds or
 -- seconds), anything else is read as an interval ('5s', '2 min').
 
+CREATE FUNCTION idempotency.raise_setting_value(name pg_catalog.text, value pg_catalog.text,
+                                                hint pg_catalog.text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF hint IS NULL THEN
+        RAISE EXCEPTION 'invalid value for parameter "idempotency.%": "%"', name, value
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RAISE EXCEPTION 'invalid value for parameter "idempotency.%": "%"', name, value
+        USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+END
+$$;
+
+-- Refuses `units`, the setting `name` (written `value`) in its unit, when
+-- outside the C++ edition's range for it; returns it rounded, as the C++
+-- edition rounds a value with units. The messages are PostgreSQL's for the
+-- C++ edition's settings: beyond a 32-bit integer, an invalid value; else
+-- outside the range (from PostgreSQL 16 on, each bound with its unit).
+-- The ranges are plain expressions, no query: this runs in each call that
+-- reads a setting that is set.
+CREATE FUNCTION idempotency.setting_in_range(name pg_catalog.text, value pg_catalog.text,
+                                             units pg_catalog.numeric)
+RETURNS pg_catalog.numeric
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    rounded numeric := round(units);
+    lowest int8 := CASE WHEN name IN ('retention', 'key_retention', 'outbox_retention',
+                                      'inbox_retention', 'retry_base_delay', 'retry_max_delay')
+                        THEN 0 ELSE 1 END;
+    highest int8 := CASE WHEN name IN ('outbox_run_length', 'max_steps') THEN 10000
+                         WHEN name = 'purge_batch' THEN 1000000
+                         WHEN name IN ('max_value_bytes', 'max_step_bytes') THEN 1073741823
+                         ELSE 2147483647 END;
+    unit text;
+    bound_unit text;
+BEGIN
+    IF rounded < -2147483648 OR rounded > 2147483647 THEN
+        PERFORM idempotency.raise_setting_value(name, value, 'Value exceeds integer range.');
+    ELSIF rounded < lowest OR rounded > highest THEN
+        unit := CASE WHEN name IN ('default_lease', 'max_lease', 'stuck_after', 'retry_base_delay',
+                                   'retry_max_delay') THEN ' ms'
+                     WHEN name LIKE '%retention' THEN ' s'
+                     WHEN name LIKE '%bytes' THEN ' B'
+                     ELSE '' END;
+        bound_unit := CASE WHEN current_setting('server_version_num')::int4 >= 160000 THEN unit
+                           ELSE '' END;
+        RAISE EXCEPTION '% is outside the valid range for parameter "idempotency.%" (% .. %)',
+                        rounded || unit, name, lowest || bound_unit, highest || bound_unit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN rounded;
+END
+$$;
+
 -- The setting `name` as an interval; `unit` is what a bare number counts.
 -- In the C++ edition's form, hours and seconds only ('24:00:00', not
 -- '1 day'): a setting is a number of its unit there, and a row that keeps
@@ -21,26 +78,49 @@ DECLARE
 BEGIN
     IF value IS NULL OR value = '' THEN
         given := fallback;
-    ELSIF value ~ '^\s*-?[0-9]+\s*$' THEN
+    ELSIF value ~ '^\s*[+-]?[0-9]{1,18}\s*$' THEN
         given := value::int8 * unit;
     ELSE
-        given := value::interval;
+        BEGIN
+            given := value::interval;
+        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow
+                       OR interval_field_overflow THEN
+            PERFORM idempotency.raise_setting_value(name, value);
+        END;
     END IF;
     total := idempotency.micros(given);
     IF total IS NULL THEN
-        RETURN given;
+        PERFORM idempotency.raise_setting_value(name, value);
+    END IF;
+    IF value IS NOT NULL AND value <> '' THEN
+        PERFORM idempotency.setting_in_range(name, value, total / idempotency.micros(unit));
     END IF;
     RETURN make_interval(hours => trunc(total / 3600000000)::int4,
                          secs => (total - trunc(total / 3600000000) * 3600000000) / 1000000);
 END
 $$;
 
--- The setting `name` as a whole number.
+-- A setting's value, set and not empty, as a whole number in its range.
+CREATE FUNCTION idempotency.setting_int_value(name pg_catalog.text, value pg_catalog.text)
+RETURNS pg_catalog.int4
+LANGUAGE plpgsql STABLE STRICT
+AS $$
+BEGIN
+    IF value !~ '^\s*[+-]?[0-9]{1,18}\s*$' THEN
+        PERFORM idempotency.raise_setting_value(name, value);
+    END IF;
+    RETURN idempotency.setting_in_range(name, value, value::numeric);
+END
+$$;
+
+-- The setting `name` as a whole number (checked only when set: the
+-- fallback costs one current_setting).
 CREATE FUNCTION idempotency.setting_int(name pg_catalog.text, fallback pg_catalog.int4)
 RETURNS pg_catalog.int4
 LANGUAGE sql STABLE
 AS $$
-SELECT COALESCE(NULLIF(current_setting('idempotency.' || name, true), '')::int4, fallback)
+SELECT COALESCE(idempotency.setting_int_value(name, NULLIF(current_setting('idempotency.' || name, true), '')),
+                fallback)
 $$;
 
 -- The setting `name` as a number of bytes ('1kB', '2MB' or a bare number).
@@ -55,14 +135,29 @@ BEGIN
     IF value IS NULL OR value = '' THEN
         RETURN fallback;
     END IF;
-    parts := regexp_match(value, '^\s*([0-9]+)\s*(B|kB|MB|GB|TB)?\s*$');
+    parts := regexp_match(value, '^\s*([0-9]{1,18})\s*(B|kB|MB|GB|TB)?\s*$');
     IF parts IS NULL THEN
-        RAISE EXCEPTION 'invalid value for parameter "idempotency.%": "%"', name, value
+        PERFORM idempotency.raise_setting_value(name, value);
+    END IF;
+    RETURN idempotency.setting_in_range(name, value,
+        parts[1]::numeric * CASE parts[2] WHEN 'kB' THEN 1024 WHEN 'MB' THEN 1048576
+                                          WHEN 'GB' THEN 1073741824 WHEN 'TB' THEN 1099511627776
+                                          ELSE 1 END);
+END
+$$;
+
+-- A setting's value, set and not empty, as a boolean (the spellings
+-- PostgreSQL takes for one).
+CREATE FUNCTION idempotency.setting_bool_value(name pg_catalog.text, value pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql STABLE STRICT
+AS $$
+BEGIN
+    IF lower(btrim(value)) !~ '^(t|tr|tru|true|y|ye|yes|on|1|f|fa|fal|fals|false|n|no|of|off|0)$' THEN
+        RAISE EXCEPTION 'parameter "idempotency.%" requires a Boolean value', name
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN parts[1]::int8 * CASE parts[2] WHEN 'kB' THEN 1024 WHEN 'MB' THEN 1048576
-                                          WHEN 'GB' THEN 1073741824 WHEN 'TB' THEN 1099511627776
-                                          ELSE 1 END;
+    RETURN value::bool;
 END
 $$;
 
@@ -71,7 +166,8 @@ CREATE FUNCTION idempotency.setting_bool(name pg_catalog.text, fallback pg_catal
 RETURNS pg_catalog.bool
 LANGUAGE sql STABLE
 AS $$
-SELECT COALESCE(NULLIF(current_setting('idempotency.' || name, true), '')::bool, fallback)
+SELECT COALESCE(idempotency.setting_bool_value(name, NULLIF(current_setting('idempotency.' || name, true), '')),
+                fallback)
 $$;
 
 -- An interval in microseconds as the C++ edition counts it (a month is 30

@@ -1,0 +1,90 @@
+-- A bad value of a setting never reaches the work: each is refused with
+-- the same SQLSTATE and message in both editions, the C++ extension's when
+-- it is set, the SQL edition's (placeholders, checked when read) by the
+-- first call that reads it. Each case sets the value and makes such a call
+-- in one subtransaction, and prints the first error. The server-wide
+-- settings of maintenance (purge_batch and the retentions) are set in a
+-- session only in the SQL edition (the C++ extension answers 55P02 there):
+-- its expected output differs in those rows. A statement timeout stops a
+-- call that would not end (a purge_batch of 0 once looped for ever).
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS idempotency;
+RESET client_min_messages;
+
+CREATE FUNCTION pg_temp.set_then_call(setting text, value text, call text) RETURNS text
+LANGUAGE plpgsql AS $f$
+BEGIN
+    SET LOCAL statement_timeout = '20s';
+    EXECUTE format('SET LOCAL %s = %L', setting, value);
+    EXECUTE call;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    -- PostgreSQL 16 on names the unit after both bounds of a range, as in
+    -- "(1 ms .. 2147483647 ms)": print the bounds alone, as 15 does.
+    RETURN SQLSTATE || ': '
+        || regexp_replace(SQLERRM, '\((-?[0-9]+) [a-zA-Z]+ \.\. (-?[0-9]+) [a-zA-Z]+\)$', '(\1 .. \2)');
+END $f$;
+
+-- A key held by this session, for the calls that need one.
+SELECT outcome FROM idempotency.idem_claim('sv-held', lease => '1 hour');
+
+SELECT n, setting, value, pg_temp.set_then_call('idempotency.' || setting, value, call) AS result
+  FROM (VALUES
+    (1, 'default_lease', '0', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (2, 'default_lease', '-1s', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (3, 'default_lease', 'soon', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (4, 'max_lease', '0', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (5, 'retention', '-1', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (6, 'retention', '10000000000', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (7, 'retention', 'for ever', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (8, 'max_attempts', '0', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (9, 'max_attempts', '-3', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (10, 'max_attempts', 'three', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (11, 'max_attempts', '2147483648', $$SELECT idempotency.idem_claim('sv-a')$$),
+    (12, 'retry_base_delay', '-1ms',
+        $$SELECT idempotency.idem_fail('sv-held', (SELECT token FROM idempotency.idempotency_keys
+                                                WHERE key = 'sv-held'), 'boom')$$),
+    (13, 'retry_max_delay', '-1',
+        $$SELECT idempotency.idem_fail('sv-held', (SELECT token FROM idempotency.idempotency_keys
+                                                WHERE key = 'sv-held'), 'boom')$$),
+    (14, 'stuck_after', '0', $$SELECT count(*) FROM idempotency.idem_stuck$$),
+    (15, 'max_value_bytes', '0', $$SELECT idempotency.idem_claim('sv-a', request => '{}')$$),
+    (16, 'max_value_bytes', 'lots', $$SELECT idempotency.idem_claim('sv-a', request => '{}')$$),
+    (17, 'max_steps', '0',
+        $$SELECT idempotency.idem_step('sv-held', (SELECT token FROM idempotency.idempotency_keys
+                                                WHERE key = 'sv-held'), 'one')$$),
+    (18, 'max_steps', '10001',
+        $$SELECT idempotency.idem_step('sv-held', (SELECT token FROM idempotency.idempotency_keys
+                                                WHERE key = 'sv-held'), 'one')$$),
+    (19, 'max_step_bytes', '0',
+        $$SELECT idempotency.idem_step('sv-held', (SELECT token FROM idempotency.idempotency_keys
+                                                WHERE key = 'sv-held'), 'one', '{}')$$),
+    (20, 'outbox_max_attempts', '0', $$SELECT idempotency.outbox_claim('sv-relay')$$),
+    (21, 'outbox_run_length', '10001', $$SELECT idempotency.outbox_claim('sv-relay')$$),
+    (22, 'outbox_run_length', 'many', $$SELECT idempotency.outbox_claim('sv-relay')$$),
+    (23, 'outbox_notify', 'maybe', $$SELECT idempotency.outbox_enqueue('sv.topic', '{}')$$),
+    -- server-wide in the C++ extension
+    (24, 'purge_batch', '0', $$SELECT idempotency.idem_maintenance()$$),
+    (25, 'purge_batch', '-1', $$SELECT idempotency.idem_maintenance()$$),
+    (26, 'purge_batch', 'some', $$SELECT idempotency.idem_maintenance()$$),
+    (27, 'key_retention', '-5 days', $$SELECT idempotency.idem_maintenance()$$),
+    (28, 'outbox_retention', '-1', $$SELECT idempotency.idem_maintenance()$$),
+    (29, 'inbox_retention', 'a week', $$SELECT idempotency.idem_maintenance()$$)
+  ) AS c (n, setting, value, call)
+ ORDER BY n;
+
+-- Values in range are taken, with or without their unit, and kept by the
+-- key they apply to.
+SELECT pg_temp.set_then_call('idempotency.retention', ' 2 h', $$SELECT idempotency.idem_claim('sv-b')$$);
+SET idempotency.retention = '7200';
+SET idempotency.max_attempts = ' 4 ';
+SELECT outcome FROM idempotency.idem_claim('sv-c');
+RESET idempotency.retention;
+RESET idempotency.max_attempts;
+SELECT key, retention, max_attempts FROM idempotency.idempotency_keys WHERE key IN ('sv-b', 'sv-c') ORDER BY key;
+
+-- Nothing a refused call began was kept: no key, no event; the held key still held.
+SELECT (SELECT count(*) FROM idempotency.idempotency_keys WHERE key = 'sv-a') AS keys,
+       (SELECT count(*) FROM idempotency.outbox WHERE topic = 'sv.topic') AS events,
+       (SELECT status || ' ' || attempts FROM idempotency.idempotency_keys WHERE key = 'sv-held') AS held;
+DELETE FROM idempotency.idempotency_keys WHERE key IN ('sv-held', 'sv-b', 'sv-c');
