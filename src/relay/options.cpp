@@ -18,6 +18,11 @@ namespace {
 constexpr int kMaxBatch = 10000;
 constexpr int kMaxParallel = 256;
 constexpr int kMaxConnections = 16;
+// A shorter lease ends before a claim's round trip does; and the server ends
+// the relay's claim transaction once it has been idle that long.
+constexpr Millis kMinLease{100};
+// How a duration is written, for the messages that refuse one.
+constexpr const char* kDurationForm = "a number with ms, s, min or h, at most 100 years";
 constexpr std::size_t kMaxNameBytes = 255;
 
 bool parse_int(const std::string& text, long min, long max, int* out) {
@@ -289,9 +294,10 @@ ParseResult parse_options(int argc, const char* const* argv) {
                 return fail("--connections must be a whole number from 1 to 16, not '" + value +
                             "'");
         } else if (name == "--lease") {
-            if (!parse_duration(value, &options.lease) || options.lease.count() < 1)
-                return fail("--lease must be a positive duration such as 30s or 500ms, not '" +
-                            value + "'");
+            if (!parse_duration(value, &options.lease) || options.lease < kMinLease)
+                return fail("--lease must be a duration of at least 100ms (" +
+                            std::string(kDurationForm) + ") such as 30s or 500ms, not '" + value +
+                            "'");
         } else if (name == "--metrics-addr") {
             std::string error;
             if (!parse_listen_address(value, &options.metrics_host, &options.metrics_port,
@@ -301,24 +307,27 @@ ParseResult parse_options(int argc, const char* const* argv) {
         } else if (name == "--poll-interval") {
             if (!parse_duration(value, &options.poll_interval) ||
                 options.poll_interval.count() < 1)
-                return fail("--poll-interval must be a positive duration, not '" + value + "'");
+                return fail("--poll-interval must be a positive duration (" + std::string(kDurationForm) +
+                            "), not '" + value + "'");
         } else if (name == "--http-timeout") {
             if (!parse_duration(value, &options.http_timeout) || options.http_timeout.count() < 1)
-                return fail("--http-timeout must be a positive duration, not '" + value + "'");
+                return fail("--http-timeout must be a positive duration (" + std::string(kDurationForm) +
+                            "), not '" + value + "'");
             explicit_http_timeout = true;
         } else if (name == "--connect-timeout") {
             if (!parse_duration(value, &options.connect_timeout) ||
                 options.connect_timeout.count() < 1)
-                return fail("--connect-timeout must be a positive duration, not '" + value + "'");
+                return fail("--connect-timeout must be a positive duration (" + std::string(kDurationForm) +
+                            "), not '" + value + "'");
         } else if (name == "--progress-interval") {
             if (!parse_duration(value, &options.progress_interval))
-                return fail("--progress-interval must be a duration (0 turns it off), not '" +
-                            value + "'");
+                return fail("--progress-interval must be a duration (" +
+                            std::string(kDurationForm) + "; 0 turns it off), not '" + value + "'");
         } else if (name == "--maintenance-interval") {
             if (!parse_duration(value, &options.maintenance_interval) ||
                 options.maintenance_interval.count() < 1)
-                return fail("--maintenance-interval must be a positive duration such as 5s, not '" +
-                            value + "'");
+                return fail("--maintenance-interval must be a positive duration (" +
+                            std::string(kDurationForm) + ") such as 5s, not '" + value + "'");
         } else if (name == "--ca-file" || name == "--client-cert" || name == "--client-key") {
             FILE* file = value.empty() ? nullptr : fopen(value.c_str(), "re");
             if (file == nullptr)
@@ -331,8 +340,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
         } else if (name == "--max-in-flight-bytes") {
             if (!parse_size(value, &options.max_in_flight_bytes) ||
                 options.max_in_flight_bytes < 1024)
-                return fail("--max-in-flight-bytes must be a size of at least 1kB such as 64MB, "
-                            "not '" + value + "'");
+                return fail("--max-in-flight-bytes must be a size of at least 1kB (a number "
+                            "with B, kB, MB or GB) such as 64MB, not '" + value + "'");
         }
     }
 
@@ -506,15 +515,15 @@ Options:
                        not delivered stops the rest, which go back to wait
                        behind it. 1: one event of a key per claim
   --lease DURATION     how long a claimed event stays ours before another relay
-                       may take it over (default 30s; at most the server's
-                       idempotency.max_lease). An event whose lease would run
+                       may take it over (default 30s; at least 100ms, at most
+                       the server's idempotency.max_lease). An event whose lease would run
                        out before its delivery could finish is not attempted: it
                        is released back to pending, no attempt counted
-  --parallel N         deliveries in progress at once, on N threads (default 1).
-                       Events of different keys go out concurrently; an event
-                       is never handed out while an earlier event of its
-                       (topic, key) is in flight, waiting to retry or dead, so
-                       per-key order holds with any N.
+  --parallel N         deliveries in progress at once, on N threads (default 1,
+                       at most 256). Events of different keys go out
+                       concurrently; an event is never handed out while an
+                       earlier event of its (topic, key) is in flight, waiting
+                       to retry or dead, so per-key order holds with any N.
   --connections N      database connections, 1 to 16 (default 1): each claims,
                        delivers (with its own --parallel threads) and acks its
                        own batches, so that one connection's round trip runs

@@ -97,6 +97,7 @@ class Handler(BaseHTTPRequestHandler):
             "attempt": attempt,
             "ikey": self.headers.get("Idempotency-Key"),
             "ctype": self.headers.get("Content-Type"),
+            "agent": self.headers.get("User-Agent"),
             "custom": self.headers.get("X-Custom"),
             "seq": payload.get("seq") if isinstance(payload, dict) else None,
             "rolled_back": bool(payload.get("rolled_back")) if isinstance(payload, dict) else False,

@@ -374,7 +374,8 @@ if forged:
 hdr = [e for e in entries if e.get("ikey") == "dedup-1"]
 if hdr:
     e = hdr[0]
-    out.append("headers=%s|%s|%s" % (e["custom"], e["ctype"], "id-kept" if str(e["id"]) != "forged" else "forged"))
+    out.append("headers=%s|%s|%s|%s" % (e["custom"], e["ctype"], "id-kept" if str(e["id"]) != "forged" else "forged",
+                                        e["agent"]))
 chain = [e for e in entries if e.get("key") == "chain"]
 out.append("chain=" + ",".join("%s:%s" % (e["action"], e["status"]) for e in chain))
 print(" ".join(out))
@@ -383,8 +384,8 @@ PY
 gap=$(echo "$scripted_checks" | sed -nE 's/.*retry_after_gap=([-0-9.]+).*/\1/p')
 check "scripted: 429 with Retry-After: 1 retried after about a second (gap ${gap:-none})" \
     $python -c "import sys; sys.exit(0 if float('${gap:--1}') >= 0.9 else 1)"
-check "scripted: the event's headers and dedup_key reach the receiver; relay headers cannot be forged" \
-    test "$(echo "$scripted_checks" | sed -nE 's/.*headers=([^ ]*).*/\1/p')" = "hello|application/vnd.test+json|id-kept"
+check "scripted: the event's headers and dedup_key reach the receiver; relay headers cannot be forged; the relay names its version" \
+    test "$(echo "$scripted_checks" | sed -nE 's/.*headers=([^ ]*).*/\1/p')" = "hello|application/vnd.test+json|id-kept|idem-relay/$version"
 gap=$(echo "$scripted_checks" | sed -nE 's/.*conflict_gap=([-0-9.]+).*/\1/p')
 check "scripted: 409 is retried, with Retry-After: 1 after about a second (gap ${gap:-none})" \
     $python -c "import sys; sys.exit(0 if float('${gap:--1}') >= 0.9 else 1)"
@@ -489,9 +490,21 @@ status=$?
 check "misconfigured: with two keys, their two heads decide: exit $status, $(states s_misconf2)" \
     bash -c '[ "$1" -eq 1 ] && grep -q "to each of the first 2 events delivered" "$2" && [ "$3" = "pending=4" ]' \
     _ "$status" "$dir/misconf2.err" "$(states s_misconf2)"
-once misconf_fixed 60 --dsn "$dsn" --sink "$sink" --topics s_misconf --parallel 2
+# A relay that runs on, with fewer events than the check wants: refused
+# again after their release (half their lease), they decide.
+sql -c "SELECT idempotency.outbox_enqueue('s_misconf3', jsonb_build_object('seq', g), 'mr' || g)
+        FROM generate_series(1, 3) g" >/dev/null
+timeout -s KILL 60 "$relay_bin" --relay misconf3 --dsn "$dsn" --sink "${sink%/events}/evnets" \
+    --topics s_misconf3 --lease 2s --http-timeout 1s --poll-interval 200ms >"$dir/misconf3.out" 2>"$dir/misconf3.err"
+status=$?
+requests=$(grep -c '"topic":"s_misconf3"' "$dir/receiver.jsonl")
+check "misconfigured: a running relay with 3 events stops once one is refused again: exit $status, $requests requests, $(states s_misconf3)" \
+    bash -c '[ "$1" -eq 1 ] && grep -q "to each of the first 3 events delivered" "$2" && [ "$3" -le 6 ] &&
+             [ "$4" = 3 ]' _ "$status" "$dir/misconf3.err" "$requests" \
+    "$(sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_misconf3' AND state = 'pending' AND attempts = 0")"
+once misconf_fixed 60 --dsn "$dsn" --sink "$sink" --topics s_misconf,s_misconf3 --parallel 2
 check "misconfigured: with the URL fixed, every event is delivered at its first attempt (exit $?)" \
-    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_misconf' AND state = 'delivered' AND attempts = 1" 60
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic IN ('s_misconf', 's_misconf3') AND state = 'delivered' AND attempts = 1" 63
 
 # ---------------------------------------------------------------- Retry-After bounds
 log "Retry-After: raised to the backoff, capped at its maximum"

@@ -217,11 +217,13 @@ void Relay::decided(SinkCheck::State state) {
 
 // Final failures the sink check holds back: released (pending again, no
 // attempt counted) when their lease is half gone or the relay stops, so
-// that another delivery may decide; with --once, when nothing else can be
-// tried, they decide themselves.
+// that another delivery may decide. When nothing else can be tried, they
+// decide themselves: with --once, once a claim finds nothing; running on,
+// once an event released so comes back refused the same way (without
+// this, a few events refused alike were sent again and again, for ever).
 void Relay::settle_held(Clock::time_point now) {
-    if (options_.once && !stopping_ && nothing_claimed_ &&
-        in_flight_ == static_cast<std::int64_t>(settle_.held.size())) {
+    const bool nothing_else = options_.once ? nothing_claimed_ : check_.refused_again();
+    if (!stopping_ && nothing_else && in_flight_ == static_cast<std::int64_t>(settle_.held.size())) {
         decided(check_.conclude());
         return;
     }

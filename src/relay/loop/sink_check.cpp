@@ -14,7 +14,7 @@ SinkCheck::State SinkCheck::observe(std::int64_t id, const Outcome& outcome) {
         first_status_ = outcome.status;
         first_error_ = outcome.error;
     }
-    failed_.insert(id);
+    if (!failed_.insert(id).second) refused_again_ = true;
     if (static_cast<int>(failed_.size()) >= events_) state_ = State::Misconfigured;
     return state_;
 }

@@ -26,8 +26,13 @@ public:
     // The outcome of one attempted delivery of event id, in the order they
     // finished. A repeated delivery of an event counts once.
     State observe(std::int64_t id, const Outcome& outcome);
-    // No other event can be tried (--once found nothing more to claim): the
-    // final failures so far, all alike, are taken as a misconfigured sink.
+    // An event that failed was released and refused again the same way:
+    // the relay was given no other event to try meanwhile (fewer events
+    // than the check wants, or only their keys' heads).
+    bool refused_again() const { return refused_again_; }
+    // No other event can be tried (--once found nothing more to claim, or
+    // an event was refused again): the final failures so far, all alike,
+    // are taken as a misconfigured sink.
     State conclude();
     State state() const { return state_; }
     // What every delivery got, e.g. "HTTP 404: not found".
@@ -44,6 +49,7 @@ private:
     long first_status_ = 0;
     std::string first_error_;
     std::unordered_set<std::int64_t> failed_;
+    bool refused_again_ = false;
     State state_ = State::Undecided;
 };
 

@@ -115,7 +115,7 @@ public:
         curl_easy_setopt(curl_, CURLOPT_XFERINFODATA, &response);
         curl_easy_setopt(curl_, CURLOPT_NOPROGRESS, 0L);
         curl_easy_setopt(curl_, CURLOPT_ERRORBUFFER, error_buffer);
-        curl_easy_setopt(curl_, CURLOPT_USERAGENT, "idem-relay/0.1.0");
+        curl_easy_setopt(curl_, CURLOPT_USERAGENT, "idem-relay/" IDEM_VERSION);
         curl_easy_setopt(curl_, CURLOPT_FOLLOWLOCATION, 0L);
         if (!ca_file_.empty()) curl_easy_setopt(curl_, CURLOPT_CAINFO, ca_file_.c_str());
         if (!client_cert_.empty()) {

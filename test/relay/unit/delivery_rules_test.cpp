@@ -44,6 +44,18 @@ TEST(RelaySinkCheck, TenAlikeFinalFailuresMeanAMisconfiguredSink) {
     EXPECT_EQ(check.observe(11, Outcome::ack(200)), SinkCheck::State::Misconfigured);
 }
 
+TEST(RelaySinkCheck, AnEventRefusedAgainIsNoticed) {
+    SinkCheck check(10);
+    EXPECT_EQ(check.observe(1, dead(404)), SinkCheck::State::Undecided);
+    EXPECT_EQ(check.observe(2, dead(404)), SinkCheck::State::Undecided);
+    EXPECT_FALSE(check.refused_again());
+    // Released, claimed again, refused the same way: no other event came.
+    EXPECT_EQ(check.observe(1, dead(404)), SinkCheck::State::Undecided);
+    EXPECT_TRUE(check.refused_again());
+    EXPECT_EQ(check.conclude(), SinkCheck::State::Misconfigured);
+    EXPECT_EQ(check.failed_events(), 2);
+}
+
 TEST(RelaySinkCheck, AnyOtherOutcomeShowsTheSinkWorks) {
     for (const Outcome& other : {Outcome::ack(200), Outcome::retry("HTTP 503", {}, 503),
                                  Outcome::retry("timed out"), dead(400)}) {
