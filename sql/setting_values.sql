@@ -27,50 +27,53 @@ END $f$;
 
 -- A key held by this session, for the calls that need one.
 SELECT outcome FROM idempotency.idem_claim('sv-held', lease => '1 hour');
+CREATE FUNCTION pg_temp.held_token() RETURNS bigint LANGUAGE sql
+AS $$ SELECT token FROM idempotency.idempotency_keys WHERE key = 'sv-held' $$;
 
-SELECT n, setting, value, pg_temp.set_then_call('idempotency.' || setting, value, call) AS result
+WITH calls (call, statement) AS (VALUES
+    ('claim', $$SELECT idempotency.idem_claim('sv-a')$$),
+    ('claim a request', $$SELECT idempotency.idem_claim('sv-a', request => '{}')$$),
+    ('fail', $$SELECT idempotency.idem_fail('sv-held', pg_temp.held_token(), 'boom')$$),
+    ('step', $$SELECT idempotency.idem_step('sv-held', pg_temp.held_token(), 'one')$$),
+    ('step a result', $$SELECT idempotency.idem_step('sv-held', pg_temp.held_token(), 'one', '{}')$$),
+    ('idem_stuck', $$SELECT count(*) FROM idempotency.idem_stuck$$),
+    ('outbox_claim', $$SELECT idempotency.outbox_claim('sv-relay')$$),
+    ('outbox_enqueue', $$SELECT idempotency.outbox_enqueue('sv.topic', '{}')$$),
+    ('maintenance', $$SELECT idempotency.idem_maintenance()$$))
+SELECT n, setting, value, call,
+       pg_temp.set_then_call('idempotency.' || setting, value, statement) AS result
   FROM (VALUES
-    (1, 'default_lease', '0', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (2, 'default_lease', '-1s', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (3, 'default_lease', 'soon', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (4, 'max_lease', '0', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (5, 'retention', '-1', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (6, 'retention', '10000000000', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (7, 'retention', 'for ever', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (8, 'max_attempts', '0', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (9, 'max_attempts', '-3', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (10, 'max_attempts', 'three', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (11, 'max_attempts', '2147483648', $$SELECT idempotency.idem_claim('sv-a')$$),
-    (12, 'retry_base_delay', '-1ms',
-        $$SELECT idempotency.idem_fail('sv-held', (SELECT token FROM idempotency.idempotency_keys
-                                                WHERE key = 'sv-held'), 'boom')$$),
-    (13, 'retry_max_delay', '-1',
-        $$SELECT idempotency.idem_fail('sv-held', (SELECT token FROM idempotency.idempotency_keys
-                                                WHERE key = 'sv-held'), 'boom')$$),
-    (14, 'stuck_after', '0', $$SELECT count(*) FROM idempotency.idem_stuck$$),
-    (15, 'max_value_bytes', '0', $$SELECT idempotency.idem_claim('sv-a', request => '{}')$$),
-    (16, 'max_value_bytes', 'lots', $$SELECT idempotency.idem_claim('sv-a', request => '{}')$$),
-    (17, 'max_steps', '0',
-        $$SELECT idempotency.idem_step('sv-held', (SELECT token FROM idempotency.idempotency_keys
-                                                WHERE key = 'sv-held'), 'one')$$),
-    (18, 'max_steps', '10001',
-        $$SELECT idempotency.idem_step('sv-held', (SELECT token FROM idempotency.idempotency_keys
-                                                WHERE key = 'sv-held'), 'one')$$),
-    (19, 'max_step_bytes', '0',
-        $$SELECT idempotency.idem_step('sv-held', (SELECT token FROM idempotency.idempotency_keys
-                                                WHERE key = 'sv-held'), 'one', '{}')$$),
-    (20, 'outbox_max_attempts', '0', $$SELECT idempotency.outbox_claim('sv-relay')$$),
-    (21, 'outbox_run_length', '10001', $$SELECT idempotency.outbox_claim('sv-relay')$$),
-    (22, 'outbox_run_length', 'many', $$SELECT idempotency.outbox_claim('sv-relay')$$),
-    (23, 'outbox_notify', 'maybe', $$SELECT idempotency.outbox_enqueue('sv.topic', '{}')$$),
+    (1, 'default_lease', '0', 'claim'),
+    (2, 'default_lease', '-1s', 'claim'),
+    (3, 'default_lease', 'soon', 'claim'),
+    (4, 'max_lease', '0', 'claim'),
+    (5, 'retention', '-1', 'claim'),
+    (6, 'retention', '10000000000', 'claim'),
+    (7, 'retention', 'for ever', 'claim'),
+    (8, 'max_attempts', '0', 'claim'),
+    (9, 'max_attempts', '-3', 'claim'),
+    (10, 'max_attempts', 'three', 'claim'),
+    (11, 'max_attempts', '2147483648', 'claim'),
+    (12, 'retry_base_delay', '-1ms', 'fail'),
+    (13, 'retry_max_delay', '-1', 'fail'),
+    (14, 'stuck_after', '0', 'idem_stuck'),
+    (15, 'max_value_bytes', '0', 'claim a request'),
+    (16, 'max_value_bytes', 'lots', 'claim a request'),
+    (17, 'max_steps', '0', 'step'),
+    (18, 'max_steps', '10001', 'step'),
+    (19, 'max_step_bytes', '0', 'step a result'),
+    (20, 'outbox_max_attempts', '0', 'outbox_claim'),
+    (21, 'outbox_run_length', '10001', 'outbox_claim'),
+    (22, 'outbox_run_length', 'many', 'outbox_claim'),
+    (23, 'outbox_notify', 'maybe', 'outbox_enqueue'),
     -- server-wide in the C++ extension
-    (24, 'purge_batch', '0', $$SELECT idempotency.idem_maintenance()$$),
-    (25, 'purge_batch', '-1', $$SELECT idempotency.idem_maintenance()$$),
-    (26, 'purge_batch', 'some', $$SELECT idempotency.idem_maintenance()$$),
-    (27, 'key_retention', '-5 days', $$SELECT idempotency.idem_maintenance()$$),
-    (28, 'outbox_retention', '-1', $$SELECT idempotency.idem_maintenance()$$),
-    (29, 'inbox_retention', 'a week', $$SELECT idempotency.idem_maintenance()$$)
-  ) AS c (n, setting, value, call)
+    (24, 'purge_batch', '0', 'maintenance'),
+    (25, 'purge_batch', '-1', 'maintenance'),
+    (26, 'purge_batch', 'some', 'maintenance'),
+    (27, 'key_retention', '-5 days', 'maintenance'),
+    (28, 'outbox_retention', '-1', 'maintenance'),
+    (29, 'inbox_retention', 'a week', 'maintenance')
+  ) AS c (n, setting, value, call) JOIN calls USING (call)
  ORDER BY n;
 
 -- Values in range are taken, with or without their unit, and kept by the

@@ -96,18 +96,8 @@ my @lease_sampled;
 my @delays = on_time_tries(
 	$naptime + 1,
 	sub {
-		my $key = "ends-$_[0]";
-		like($node->safe_psql($db, claim_sql($key, '1 second')), qr/^claimed/, "$db: a 1 s lease claimed");
-		push @lease_sampled, @{ sampled_workers(3) // [] };
-		return undef unless poll_until(
-			5,
-			sub {
-				my $row = key_row($node, $db, $key);
-				$row && $row->{status} eq 'FAILED_RETRYABLE';
-			});
-		return $node->safe_psql($db,
-			"SELECT extract(epoch FROM updated_at - (claimed_at + interval '1 second')) "
-			  . "FROM idempotency.idempotency_keys WHERE key = '$key'");
+		lease_expiry_delay($node, $db, "ends-$_[0]", 5,
+			sub { push @lease_sampled, @{ sampled_workers(3) // [] } });
 	});
 ok(defined $delays[0], "$db: the lease was expired");
 diag(sprintf('lease end -> expiry with %d idle databases: %s (naptime 200ms)',

@@ -18,22 +18,9 @@ my $databases = 300;
 my $naptime = 0.2;    # seconds, as idem_node sets it
 my $node = idem_node('many');
 
-# Claims a 1 s lease in DB; returns the seconds from its end to its expiry
-# by a worker, or undef when it was not expired within 10 s.
-sub expiry_delay
-{
-	my ($db, $key) = @_;
-	like($node->safe_psql($db, claim_sql($key, '1 second')), qr/^claimed/, "$db: a 1 s lease claimed");
-	return undef unless poll_until(
-		10,
-		sub {
-			my $row = key_row($node, $db, $key);
-			$row && $row->{status} eq 'FAILED_RETRYABLE';
-		});
-	return $node->safe_psql($db,
-		"SELECT extract(epoch FROM updated_at - (claimed_at + interval '1 second')) "
-		  . "FROM idempotency.idempotency_keys WHERE key = '$key'");
-}
+# The seconds from the end of a 1 s lease of KEY in DB to its expiry by a
+# worker, or undef when it was not expired within 10 s.
+sub expiry_delay { return lease_expiry_delay($node, $_[0], $_[1], 10); }
 
 my $t_setup = time;
 $node->safe_psql('postgres',

@@ -13,7 +13,8 @@ use Test::More;
 use Time::HiRes qw(time usleep);
 
 our @EXPORT = qw(idem_node poll_until wait_until_up backend_pid wait_for_backend
-  key_row claim_sql wait_served percentile fmt_ms needs_extension on_time_tries);
+  key_row claim_sql wait_served percentile fmt_ms needs_extension on_time_tries
+  lease_expiry_delay);
 
 # idem_node(NAME, conf => [lines], allows_streaming => 0|1, start => 1)
 # A cluster with shared_preload_libraries = 'idempotency', naptime 200ms,
@@ -194,6 +195,26 @@ sub percentile
 }
 
 sub fmt_ms { return sprintf('%.0f ms', $_[0] * 1000); }
+
+# lease_expiry_delay(NODE, DB, KEY, TIMEOUT_S[, MEANWHILE]): claims a 1 s
+# lease of KEY in DB (a test), runs MEANWHILE if given, and waits up to
+# TIMEOUT_S for a worker to expire the lease; returns the seconds from the
+# lease's end to its expiry, as the row says, or undef when it was not.
+sub lease_expiry_delay
+{
+	my ($node, $db, $key, $timeout, $meanwhile) = @_;
+	like($node->safe_psql($db, claim_sql($key, '1 second')), qr/^claimed/, "$db: a 1 s lease claimed");
+	$meanwhile->() if $meanwhile;
+	return undef unless poll_until(
+		$timeout,
+		sub {
+			my $row = key_row($node, $db, $key);
+			$row && $row->{status} eq 'FAILED_RETRYABLE';
+		});
+	return $node->safe_psql($db,
+		"SELECT extract(epoch FROM updated_at - (claimed_at + interval '1 second')) "
+		  . "FROM idempotency.idempotency_keys WHERE key = '$key'");
+}
 
 # on_time_tries(BOUND_S, TRY): delays (seconds, undef: none) of up to three
 # tries, TRY->(N) giving the delay of try N, until one is under BOUND_S. A
