@@ -21,8 +21,6 @@ constexpr int kMaxConnections = 16;
 // A shorter lease ends before a claim's round trip does; and the server ends
 // the relay's claim transaction once it has been idle that long.
 constexpr Millis kMinLease{100};
-// How a duration is written, for the messages that refuse one.
-constexpr const char* kDurationForm = "a number with ms, s, min or h, at most 100 years";
 constexpr std::size_t kMaxNameBytes = 255;
 
 bool parse_int(const std::string& text, long min, long max, int* out) {
@@ -215,6 +213,12 @@ ParseResult parse_options(int argc, const char* const* argv) {
         result.error = message;
         return result;
     };
+    // Refuses duration option `name`: what it must be, and how one is written.
+    auto bad_duration = [&fail](const std::string& name, const char* rule,
+                                const std::string& value) {
+        return fail(name + " must be " + rule +
+                    " (a number with ms, s, min or h, at most 100 years), not '" + value + "'");
+    };
 
     for (int i = 1; i < argc; ++i) {
         std::string arg = argv[i];
@@ -295,9 +299,8 @@ ParseResult parse_options(int argc, const char* const* argv) {
                             "'");
         } else if (name == "--lease") {
             if (!parse_duration(value, &options.lease) || options.lease < kMinLease)
-                return fail("--lease must be a duration of at least 100ms (" +
-                            std::string(kDurationForm) + ") such as 30s or 500ms, not '" + value +
-                            "'");
+                return bad_duration(name, "a duration of at least 100ms such as 30s or 500ms",
+                                    value);
         } else if (name == "--metrics-addr") {
             std::string error;
             if (!parse_listen_address(value, &options.metrics_host, &options.metrics_port,
@@ -307,27 +310,22 @@ ParseResult parse_options(int argc, const char* const* argv) {
         } else if (name == "--poll-interval") {
             if (!parse_duration(value, &options.poll_interval) ||
                 options.poll_interval.count() < 1)
-                return fail("--poll-interval must be a positive duration (" + std::string(kDurationForm) +
-                            "), not '" + value + "'");
+                return bad_duration(name, "a positive duration", value);
         } else if (name == "--http-timeout") {
             if (!parse_duration(value, &options.http_timeout) || options.http_timeout.count() < 1)
-                return fail("--http-timeout must be a positive duration (" + std::string(kDurationForm) +
-                            "), not '" + value + "'");
+                return bad_duration(name, "a positive duration", value);
             explicit_http_timeout = true;
         } else if (name == "--connect-timeout") {
             if (!parse_duration(value, &options.connect_timeout) ||
                 options.connect_timeout.count() < 1)
-                return fail("--connect-timeout must be a positive duration (" + std::string(kDurationForm) +
-                            "), not '" + value + "'");
+                return bad_duration(name, "a positive duration", value);
         } else if (name == "--progress-interval") {
             if (!parse_duration(value, &options.progress_interval))
-                return fail("--progress-interval must be a duration (" +
-                            std::string(kDurationForm) + "; 0 turns it off), not '" + value + "'");
+                return bad_duration(name, "a duration, or 0 for none", value);
         } else if (name == "--maintenance-interval") {
             if (!parse_duration(value, &options.maintenance_interval) ||
                 options.maintenance_interval.count() < 1)
-                return fail("--maintenance-interval must be a positive duration (" +
-                            std::string(kDurationForm) + ") such as 5s, not '" + value + "'");
+                return bad_duration(name, "a positive duration such as 5s", value);
         } else if (name == "--ca-file" || name == "--client-cert" || name == "--client-key") {
             FILE* file = value.empty() ? nullptr : fopen(value.c_str(), "re");
             if (file == nullptr)
