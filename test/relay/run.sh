@@ -838,6 +838,9 @@ import json
 print(len({e['id'] for e in map(json.loads, open('$dir/receiver.jsonl')) if e['topic']=='s_drain' and e['status']==200}))")
 check "drain: every delivery the receiver accepted was acked ($accepted)" test "$accepted" = "$delivered"
 check "drain: it said so on stderr" grep -q "stopping" "$dir/drain.err"
+released=$(sed -n 's/.*releasing the \([0-9]*\) event(s) not started.*/\1/p' "$dir/drain.err")
+check "drain: it said how many events had not started (${released:-none}), at most a batch" \
+    test -n "$released" -a "${released:-0}" -le 6
 
 # ---------------------------------------------------------------- hangup
 log "SIGHUP: a graceful stop, as SIGTERM"

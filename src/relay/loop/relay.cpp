@@ -126,24 +126,24 @@ void Relay::fail(const std::string& error) {
 }
 
 // No more claims, and the events not started yet go back to pending: what
-// is left is bounded by the deliveries in progress (--http-timeout).
-void Relay::stop_delivering() {
+// is left is bounded by the deliveries in progress (--http-timeout). Returns
+// how many events had not started.
+std::size_t Relay::stop_delivering() {
     if (!stopping_) {
         stopping_ = true;
         stop_at_ = Clock::now();
     }
-    pool_.abandon_queued();
+    return pool_.abandon_queued();
 }
 
 void Relay::on_signals(Clock::time_point now) {
     const int requests = stop_requests();
     if (requests >= 1 && !stopping_) {
-        log_info("stopping: no more claims; finishing the deliveries in progress (at most %lld "
-                 "ms), releasing the %lld other event(s) in flight",
-                 static_cast<long long>(options_.http_timeout.count()),
-                 static_cast<long long>(in_flight_));
-        stop_delivering();
+        const std::size_t not_started = stop_delivering();
         stop_at_ = now;
+        log_info("stopping: no more claims; finishing the deliveries in progress (at most %lld "
+                 "ms), releasing the %zu event(s) not started",
+                 static_cast<long long>(options_.http_timeout.count()), not_started);
     }
     // Another lane failed (and said why): this one drains as on a stop.
     if (lanes_.failed() && !stopping_) stop_delivering();

@@ -75,7 +75,7 @@ private:
     void progress(Clock::time_point now);
     Millis tick_interval() const;
     void fail(const std::string& error);
-    void stop_delivering();
+    std::size_t stop_delivering();
     void resolved(const Delivery& delivery);
     void wait(Clock::time_point now);
     void count_notifications();

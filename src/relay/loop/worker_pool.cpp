@@ -120,12 +120,15 @@ std::vector<Delivery> WorkerPool::take_results() {
     return taken;
 }
 
-void WorkerPool::abandon_queued() {
+std::size_t WorkerPool::abandon_queued() {
+    std::size_t queued;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         abandon_ = true;
+        queued = queue_.size();
     }
     work_ready_.notify_all();
+    return queued;
 }
 
 void WorkerPool::stop() {

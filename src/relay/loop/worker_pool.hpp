@@ -33,8 +33,9 @@ public:
     void submit(std::vector<Event>&& events);
     // Deliveries finished since the last call.
     std::vector<Delivery> take_results();
-    // Events not started yet come back as Skip instead of being delivered.
-    void abandon_queued();
+    // Events not started yet come back as Skip instead of being delivered;
+    // how many were waiting to start.
+    std::size_t abandon_queued();
     // Waits for the threads to finish what they are delivering, then joins.
     void stop();
 

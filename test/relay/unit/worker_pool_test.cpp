@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -31,6 +32,11 @@ public:
         std::vector<std::int64_t> failing;
         bool all_or_nothing = false;  // a group goes out in order, all or nothing
         std::vector<std::size_t> groups;  // sizes, with all_or_nothing
+        // With gated, a delivery, once started, waits until the gate opens.
+        bool gated = false;
+        bool gate_open = false;
+        int started = 0;
+        std::condition_variable gate;
     };
     explicit RecordingSink(Shared& shared) : shared_(shared) {}
 
@@ -43,6 +49,12 @@ public:
                 shared_.most_at_once = std::max(shared_.most_at_once, ++shared_.running[key]);
             shared_.order[key].push_back(event.id);
             for (std::int64_t id : shared_.failing) fail = fail || id == event.id;
+        }
+        if (shared_.gated) {
+            std::unique_lock<std::mutex> lock(shared_.mutex);
+            ++shared_.started;
+            shared_.gate.notify_all();
+            shared_.gate.wait(lock, [this] { return shared_.gate_open; });
         }
         std::this_thread::sleep_for(std::chrono::microseconds(200));
         {
@@ -218,4 +230,41 @@ TEST(RelayRuns, GroupsThatKeepOrderOnSeveralThreadsKeepEachKeyInOrder) {
         EXPECT_EQ(order.size(), 15u) << key;
         EXPECT_TRUE(std::is_sorted(order.begin(), order.end())) << key;
     }
+}
+
+// A stop: the events not started come back as Skip, and abandon_queued
+// says how many they were; the delivery in progress finishes.
+TEST(RelayStop, AbandonSaysHowManyEventsHadNotStarted) {
+    RecordingTarget target(1);
+    target.shared.gated = true;
+    WakePipe wake;
+    Stats stats;
+    std::map<std::int64_t, Verdict> verdicts;
+    {
+        WorkerPool pool(target, 1, wake, stats);
+        std::vector<Event> events;
+        for (std::int64_t id = 1; id <= 5; ++id) events.push_back(event(id, nullptr));
+        pool.submit(std::move(events));
+        {
+            std::unique_lock<std::mutex> lock(target.shared.mutex);
+            ASSERT_TRUE(target.shared.gate.wait_for(lock, std::chrono::seconds(30),
+                                                    [&] { return target.shared.started == 1; }));
+        }
+        EXPECT_EQ(pool.abandon_queued(), 4u);
+        {
+            std::lock_guard<std::mutex> lock(target.shared.mutex);
+            target.shared.gate_open = true;
+        }
+        target.shared.gate.notify_all();
+        const auto deadline = Clock::now() + std::chrono::seconds(30);
+        while (verdicts.size() < 5 && Clock::now() < deadline) {
+            for (const Delivery& d : pool.take_results()) verdicts[d.event.id] = d.outcome.verdict;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        pool.stop();
+    }
+    ASSERT_EQ(verdicts.size(), 5u);
+    EXPECT_EQ(verdicts.at(1), Verdict::Ack);
+    for (std::int64_t id = 2; id <= 5; ++id) EXPECT_EQ(verdicts.at(id), Verdict::Skip) << id;
+    EXPECT_EQ(target.shared.started, 1);
 }
