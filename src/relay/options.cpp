@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 #include "relay/redact.hpp"
 
@@ -207,6 +208,7 @@ ParseResult parse_options(int argc, const char* const* argv) {
     bool has_relay = false, has_sink = false, has_topics = false, has_dsn = false;
     std::string sink_from;  // the option that gave the sink
     bool explicit_http_timeout = false;
+    std::set<std::string> given;  // the options with a value seen so far
 
     auto fail = [&result](const std::string& message) {
         result.status = ParseStatus::Error;
@@ -254,6 +256,12 @@ ParseResult parse_options(int argc, const char* const* argv) {
         bool known = false;
         for (const char* option : kWithValue) known = known || name == option;
         if (!known) return fail("unknown option '" + name + "'");
+        // A second value would silently replace the first (a second
+        // --topics list, or a --relay name that differs from a unit's).
+        if (!given.insert(name).second && name != "--sink" && name != "--sink-file")
+            return fail(name + " is given twice" +
+                        (name == "--topics" ? ": name every topic in one comma-separated list"
+                                            : std::string(": give it once")));
         if (!has_value) {
             if (i + 1 >= argc) return fail(name + " needs a value");
             value = argv[++i];
@@ -495,7 +503,7 @@ awaited at once, within --http-timeout):
                        a warning, once per stream; delivered as usual (a
                        repeat after the window is stored twice)
 
-Options:
+Options (each at most once):
   --dsn DSN            libpq connection string or URI of the database that has the
                        extension, e.g. 'host=/run/postgresql dbname=app user=relay'
                        or postgresql://relay@db/app; without it (or for what it

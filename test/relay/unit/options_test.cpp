@@ -164,6 +164,13 @@ TEST(RelayOptions, Errors) {
         {required({"--maintenance-interval", "1e300s"}), "--maintenance-interval must be"},
         {required({"--maintenance-interval", "soon"}), "--maintenance-interval must be"},
         {required({"--maintenance-interval"}), "needs a value"},
+        {base({"--topics", "a", "--topics", "b"}), "--topics is given twice: name every topic"},
+        {required({"--relay", "r2"}), "--relay is given twice: give it once"},
+        {required({"--relay=r1"}), "--relay is given twice"},
+        {required({"--dsn", "dbname=other"}), "--dsn is given twice"},
+        {required({"--batch", "10", "--batch=20"}), "--batch is given twice"},
+        {required({"--lease", "30s", "--lease", "30s"}), "--lease is given twice"},
+        {required({"--sink", "stdout"}), "the sink is given already"},
     };
     for (const Case& c : cases) {
         const ParseResult r = parse(c.args);
