@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -101,48 +102,63 @@ int run(const idem::relay::Options& options) {
     // Helper threads never take SIGTERM/SIGINT: the main thread's does.
     block_stop_signals(true);
     MetricsServer metrics(stats, options.relay);
-    if (options.metrics && !metrics.start(options.metrics_host, options.metrics_port, &error)) {
-        block_stop_signals(false);
-        log_error("%s", error.c_str());
-        return kExitFailure;
-    }
     MaintenanceCaller maintenance(options);
     LaneGroup group(wakes, stats);
     ProgressLine progress(Clock::now());
-    for (std::size_t i = 0; i < lanes.size(); ++i) {
-        Lane& lane = *lanes[i];
-        lane.pool = std::make_unique<WorkerPool>(*target, options.parallel, lane.wake, stats);
-        lane.relay = std::make_unique<Relay>(lane.options, lane.db, *lane.pool, *target, stats,
-                                             lane.wake, group, i == 0 ? &progress : nullptr);
+    std::vector<std::thread> threads;  // lanes 1 and on
+    try {
+        if (options.metrics && !metrics.start(options.metrics_host, options.metrics_port, &error)) {
+            block_stop_signals(false);
+            log_error("%s", error.c_str());
+            return kExitFailure;
+        }
+        for (std::size_t i = 0; i < lanes.size(); ++i) {
+            Lane& lane = *lanes[i];
+            lane.pool = std::make_unique<WorkerPool>(*target, options.parallel, lane.wake, stats);
+            lane.relay = std::make_unique<Relay>(lane.options, lane.db, *lane.pool, *target,
+                                                 stats, lane.wake, group,
+                                                 i == 0 ? &progress : nullptr);
+        }
+        log_info("delivering %s to %s (batch %d, lease %lld ms, parallel %d%s%s%s)%s",
+                 joined(options.topics).c_str(), target->describe().c_str(), options.batch,
+                 static_cast<long long>(options.lease.count()), options.parallel,
+                 options.connections > 1
+                     ? (", connections " + std::to_string(options.connections)).c_str()
+                     : "",
+                 options.once ? ", once" : "",
+                 options.maintenance_interval.count() > 0
+                     ? (", idem_maintenance every " +
+                        std::to_string(options.maintenance_interval.count()) + " ms")
+                           .c_str()
+                     : "",
+                 options.metrics
+                     ? (", metrics on http://" +
+                        (options.metrics_host.find(':') != std::string::npos
+                             ? "[" + options.metrics_host + "]"
+                             : options.metrics_host) +
+                        ":" + std::to_string(metrics.port()) + "/metrics")
+                           .c_str()
+                     : "");
+        // Started while the stop signals are blocked, as the other helpers.
+        maintenance.start();
+        // Lane 0 runs here, where the stop signals arrive; the others on threads.
+        for (std::size_t i = 1; i < lanes.size(); ++i)
+            threads.emplace_back([&lane = *lanes[i]] { lane.code = lane.relay->run(); });
+    } catch (const std::system_error& e) {
+        // Past a limit on threads (ulimit -u, a cgroup's or systemd's
+        // TasksMax): say so instead of aborting. The lanes started stop.
+        group.fail();
+        for (std::thread& thread : threads) thread.join();
+        for (const auto& lane : lanes)
+            if (lane->pool) lane->pool->stop();
+        log_error("cannot start its threads (--parallel %d on each of %d connection(s): %d "
+                  "delivery threads): %s; a limit on threads applies (ulimit -u, systemd's "
+                  "TasksMax): lower --parallel or --connections",
+                  options.parallel, options.connections, options.parallel * options.connections,
+                  e.what());
+        return kExitFailure;
     }
 
-    log_info("delivering %s to %s (batch %d, lease %lld ms, parallel %d%s%s%s)%s",
-             joined(options.topics).c_str(), target->describe().c_str(), options.batch,
-             static_cast<long long>(options.lease.count()), options.parallel,
-             options.connections > 1
-                 ? (", connections " + std::to_string(options.connections)).c_str()
-                 : "",
-             options.once ? ", once" : "",
-             options.maintenance_interval.count() > 0
-                 ? (", idem_maintenance every " +
-                    std::to_string(options.maintenance_interval.count()) + " ms")
-                       .c_str()
-                 : "",
-             options.metrics
-                 ? (", metrics on http://" +
-                    (options.metrics_host.find(':') != std::string::npos
-                         ? "[" + options.metrics_host + "]"
-                         : options.metrics_host) +
-                    ":" + std::to_string(metrics.port()) + "/metrics")
-                       .c_str()
-                 : "");
-
-    // Started while the stop signals are blocked, as the other helpers.
-    maintenance.start();
-    // Lane 0 runs here, where the stop signals arrive; the others on threads.
-    std::vector<std::thread> threads;
-    for (std::size_t i = 1; i < lanes.size(); ++i)
-        threads.emplace_back([&lane = *lanes[i]] { lane.code = lane.relay->run(); });
     block_stop_signals(false);
     lanes[0]->code = lanes[0]->relay->run();
     for (std::thread& thread : threads) thread.join();

@@ -589,6 +589,22 @@ once trim 60 --dsn "$dsn" --sink stdout --topics "s_trim_a, s_trim_b"
 check "topics: 's_trim_a, s_trim_b' delivers both topics (exit $?)" \
     sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic IN ('s_trim_a', 's_trim_b') AND state = 'delivered'" 2
 
+# ---------------------------------------------------------------- a limit on threads
+log "a limit on threads (ulimit -u): a clear error, exit 1, nothing claimed"
+sql -c "SELECT idempotency.outbox_enqueue('s_threads', '{}') FROM generate_series(1, 3)" >/dev/null
+# The OS user's processes (the clusters') are past a limit of 1, so the
+# relay cannot start a thread; root would be exempt from the limit.
+as_pg bash -c 'ulimit -u 1 && exec "$@"' relay "$relay_bin" --relay threads --dsn "$dsn" --sink "$sink" \
+    --topics s_threads --parallel 4 --connections 2 --once >"$dir/threads.out" 2>"$dir/threads.err"
+status=$?
+check "threads: exit 1 (exit $status)" test "$status" -eq 1
+check "threads: it says which limit and what to lower" \
+    grep -q "a limit on threads applies (ulimit -u, systemd's TasksMax): lower --parallel or --connections" \
+    "$dir/threads.err"
+check "threads: no abort" test "$(grep -c "terminate called" "$dir/threads.err")" = 0
+check "threads: the events wait, no attempt counted" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 's_threads' AND state = 'pending' AND attempts = 0" 3
+
 # ---------------------------------------------------------------- a failed ack
 log "outbox_ack refused: unhealthy, stop, exit 1"
 sql -c "SELECT idempotency.outbox_enqueue('s_noack', jsonb_build_object('seq', g, 'script', s::jsonb), 'na' || g)
@@ -1045,7 +1061,7 @@ check "notify: SIGTERM exits 0" test $? -eq 0
 # ---------------------------------------------------------------- final
 log "final count"
 once final 60 --dsn "$dsn" --sink "$sink" \
-    --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big,s_lanes,s_lanes_noack,s_hup,s_secret
+    --topics s_script,s_refused,s_order,s_kill,s_restart,s_drain,s_once,s_notify,s_misconf,s_misconf2,s_after,s_once_dead,s_slow,s_noack,s_bound,s_big,s_lanes,s_lanes_noack,s_hup,s_secret,s_threads
 check "final: a last --once run exits 0" test $? -eq 0
 sql -c "DELETE FROM idempotency.outbox WHERE topic IN ('s_stdout', 's_pgenv', 's_pipe', 's_trim_a', 's_trim_b', 's_tls') OR payload->>'expect' = 'pending'"
 dump

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <system_error>
 
 namespace idem::relay {
 
@@ -95,7 +96,12 @@ WorkerPool::WorkerPool(SinkTarget& target, int threads, const WakePipe& wake, St
       runs_in_groups_(target.groups_keep_order() && target.group_size() > 1),
       one_ordered_thread_(runs_in_groups_ && threads_count_ == 1) {
     threads_.reserve(static_cast<std::size_t>(threads));
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+    try {
+        for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+    } catch (const std::system_error&) {
+        stop();  // no thread may outlive a pool that was never made
+        throw;
+    }
 }
 
 WorkerPool::~WorkerPool() { stop(); }
