@@ -125,7 +125,7 @@ func (s slot) loop(ctx, work context.Context) {
 				s.release(batch[i:])
 				return
 			}
-			s.settle(d, s.run(work, d))
+			s.settle(ctx, d, s.run(work, d))
 		}
 	}
 }
@@ -141,11 +141,15 @@ func (s slot) run(ctx context.Context, d Delivery) (err error) {
 	return s.handler(ctx, d)
 }
 
-func (s slot) settle(d Delivery, handlerErr error) {
+func (s slot) settle(stop context.Context, d Delivery, handlerErr error) {
+	st := Settle(handlerErr)
+	if st.Action == "release" {
+		s.holdBeforeRelease(stop, *st.RetryIn)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var err error
-	switch st := Settle(handlerErr); st.Action {
+	switch st.Action {
 	case "ack":
 		_, err = s.db.ExecContext(ctx, sqlOutboxAck, d.ID)
 	case "nack":
@@ -154,9 +158,31 @@ func (s slot) settle(d Delivery, handlerErr error) {
 			retryIn = st.RetryIn.Seconds()
 		}
 		_, err = s.db.ExecContext(ctx, sqlOutboxNack, d.ID, st.Error, st.Retryable, retryIn)
+	case "release":
+		_, err = s.db.ExecContext(ctx, sqlOutboxRelease, d.ID, s.relay)
 	}
 	if err != nil {
 		s.o.OnError(fmt.Errorf("settling event %d: %w", d.ID, wrap(err)))
+	}
+}
+
+// holdBeforeRelease keeps an event whose key another worker holds for
+// retryAfter, at least PollInterval (so that a slot does not claim it again
+// at once, over and over) and at most half the lease (released, its attempt
+// is not counted; expired, it would be); a stop ends the wait.
+func (s slot) holdBeforeRelease(stop context.Context, retryAfter time.Duration) {
+	wait := retryAfter
+	if wait < s.o.PollInterval {
+		wait = s.o.PollInterval
+	}
+	if wait > s.o.Lease/2 {
+		wait = s.o.Lease / 2
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-stop.Done():
+	case <-timer.C:
 	}
 }
 

@@ -162,3 +162,68 @@ func TestConsumerStopsGracefully(t *testing.T) {
 		t.Fatalf("handled %v, state %s", handled, state)
 	}
 }
+
+// An event whose key another worker holds (here a claim whose worker
+// died, its lease 3 s) is not a failure of the event: it comes back
+// without an attempt counted until the key is free, then the work runs
+// once and the event is acked. The scope's quick completions make the
+// extension answer in_progress with a retry_after of milliseconds; nacked
+// after it, the event used up its ten attempts in about a second and died
+// without the work ever running.
+func TestConsumerWaitsForAKeyHeldElsewhere(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 60*time.Second)
+	scope := fmt.Sprintf("go.held.%d", time.Now().UnixNano())
+	opts := &idempotency.ClaimOptions{Scope: scope, Lease: 3 * time.Second}
+	quick := func(context.Context, *idempotency.Claimed) (any, error) { return "ok", nil }
+	for i := 0; i < 10; i++ {
+		if _, err := idempotency.Run(ctx, db, fmt.Sprintf("quick-%d", i), nil, opts, quick); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := idempotency.Claim(ctx, db, "held", nil, opts); err != nil { // its worker dies
+		t.Fatal(err)
+	}
+	topic := "go.held." + newKey(t)
+	id, err := idempotency.Enqueue(ctx, db, topic, map[string]int{"n": 1}, &idempotency.EnqueueOptions{Key: "held"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	ran, deliveries := 0, 0
+	consuming, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- idempotency.Consume(consuming, db, []string{topic}, func(hctx context.Context, d idempotency.Delivery) error {
+			mu.Lock()
+			deliveries++
+			mu.Unlock()
+			_, err := idempotency.Run(hctx, db, "held", nil, opts, func(context.Context, *idempotency.Claimed) (any, error) {
+				mu.Lock()
+				ran++
+				mu.Unlock()
+				return "done", nil
+			})
+			return err
+		}, &idempotency.ConsumeOptions{PollInterval: 100 * time.Millisecond, Lease: 10 * time.Second})
+	}()
+	var state string
+	var attempts int
+	eventually(t, 40*time.Second, "the event delivered or dead", func() bool {
+		if err := adminDB(t).QueryRow(`SELECT state::text, attempts FROM idempotency.outbox WHERE id = $1`, id).
+			Scan(&state, &attempts); err != nil {
+			t.Fatal(err)
+		}
+		return state == "delivered" || state == "dead"
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d deliveries, the work ran %d time(s), event %s after %d attempt(s)", deliveries, ran, state, attempts)
+	if state != "delivered" || ran != 1 || deliveries < 2 {
+		t.Fatalf("event %s, work ran %d time(s) in %d deliveries", state, ran, deliveries)
+	}
+}

@@ -8,7 +8,9 @@ import (
 // Settlement is what the consumer does with an event once its handler
 // returned.
 type Settlement struct {
-	Action    string // "ack", "nack" or "leave" (it comes back when its lease ends)
+	// "ack", "nack", "leave" (it comes back when its lease ends) or
+	// "release" (pending again after RetryIn, its attempt not counted)
+	Action    string
 	Error     string // nack: the error recorded on the event
 	Retryable bool   // nack: false makes it a dead letter
 	RetryIn   *time.Duration
@@ -20,7 +22,8 @@ type Settlement struct {
 //	nil, or Run's *Completed                   ack
 //	*Failed that was replayed (failed earlier)  ack
 //	*Failed of this delivery                    nack, retryable or not as the key, after its backoff
-//	*InProgress, *RetryLater                    nack, back after RetryAfter
+//	*InProgress, *RetryLater                    release after RetryAfter, the attempt not counted:
+//	                                            the key's holder and its own retries decide
 //	ErrReleased                                 nack, back after the outbox's backoff
 //	*Mismatch, or an error marked Final         nack for good: a dead letter
 //	ErrFenced                                   leave: the worker that took the key over holds it
@@ -48,9 +51,13 @@ func Settle(err error) Settlement {
 		}
 		return s
 	case errors.As(err, &inProgress):
-		return Settlement{Action: "nack", Error: "key in_progress", Retryable: true, RetryIn: &inProgress.RetryAfter}
+		// Another worker holds the key: the event did not fail, and counting
+		// an attempt each time would make it a dead letter while the holder
+		// works (a few milliseconds apart, retry_after being when the holder
+		// is expected to finish).
+		return Settlement{Action: "release", Error: "key in_progress", RetryIn: &inProgress.RetryAfter}
 	case errors.As(err, &retryLater):
-		return Settlement{Action: "nack", Error: "key retry_later", Retryable: true, RetryIn: &retryLater.RetryAfter}
+		return Settlement{Action: "release", Error: "key retry_later", RetryIn: &retryLater.RetryAfter}
 	case errors.Is(err, ErrReleased):
 		return Settlement{Action: "nack", Error: "released", Retryable: true}
 	case errors.As(err, &mismatch):

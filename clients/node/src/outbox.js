@@ -1,7 +1,7 @@
 // The transactional outbox: enqueue in the caller's transaction, and a
 // consumer loop for those who use the outbox as a job queue.
 import { defaultClassify, isStaleToken } from './errors.js';
-import { BACKEND_PID, ENQUEUE, LISTEN, OUTBOX_ACK, OUTBOX_CLAIM, OUTBOX_NACK, jsonParam } from './sql.js';
+import { BACKEND_PID, ENQUEUE, LISTEN, OUTBOX_ACK, OUTBOX_CLAIM, OUTBOX_NACK, OUTBOX_RELEASE, jsonParam } from './sql.js';
 
 // Enqueues on `client`: pass the client of your transaction and the event
 // exists if and only if that transaction commits. Resolves to the event id.
@@ -14,8 +14,9 @@ export async function enqueue(client, topic, payload, { key = null, headers = nu
 const CLAIM_OUTCOMES = new Set(['completed', 'failed', 'in_progress', 'retry_later', 'mismatch', 'fenced', 'released']);
 
 // What to do with an event once its handler has run: ['ack'],
-// ['nack', error, retryable, retryIn] or ['leave'] (it comes back when its
-// lease ends). A handler may return what claim() resolved to.
+// ['nack', error, retryable, retryIn], ['release', retryIn] (pending again
+// after retryIn seconds, its attempt not counted) or ['leave'] (it comes
+// back when its lease ends). A handler may return what claim() resolved to.
 export function settlement(value, error, classify = defaultClassify) {
   if (error) {
     if (isStaleToken(error)) return ['leave'];
@@ -31,7 +32,11 @@ export function settlement(value, error, classify = defaultClassify) {
       return ['nack', value.error, value.retryable, value.retryable ? value.retryAfter : null];
     case 'in_progress':
     case 'retry_later':
-      return ['nack', `key ${value.outcome}`, true, value.retryAfter];
+      // Another worker holds the key, or its own backoff runs: the event
+      // did not fail. Counting an attempt each time would make it a dead
+      // letter while the holder works (retry_after is when the holder is
+      // expected to finish: milliseconds apart).
+      return ['release', value.retryAfter];
     case 'released':
       return ['nack', 'released', true, value.retryIn ?? null];
     case 'mismatch':
@@ -58,7 +63,8 @@ export class Consumer {
     Object.assign(this, { pool, handler, name, batch, lease, pollInterval, classify, onError });
     this.topics = topics == null ? null : [].concat(topics);
     this.stopping = false;
-    this.sleepers = new Set();
+    this.sleepers = new Set();   // idle waits: an enqueue or stop() ends them
+    this.holds = new Set();      // events held before their release: stop() ends them
     this.listener = null;
     this.pooled = false;   // behind a pooler: no LISTEN (see listen)
     this.done = this.start(concurrency);
@@ -74,6 +80,7 @@ export class Consumer {
   async stop() {
     this.stopping = true;
     this.wakeAll();
+    for (const done of [...this.holds]) done();
     await this.done;
   }
 
@@ -89,11 +96,11 @@ export class Consumer {
         await this.idle();
         continue;
       }
-      for (const event of events) await this.handle(event);
+      for (const event of events) await this.handle(event, relay);
     }
   }
 
-  async handle(event) {
+  async handle(event, relay) {
     let value;
     let error = null;
     try {
@@ -102,9 +109,11 @@ export class Consumer {
       error = err;
     }
     const [action, ...args] = settlement(value, error, this.classify);
+    if (action === 'release') await this.holdBeforeRelease(args[0]);
     try {
       if (action === 'ack') await this.pool.query(OUTBOX_ACK, [event.id]);
       else if (action === 'nack') await this.pool.query(OUTBOX_NACK, [event.id, ...args]);
+      else if (action === 'release') await this.pool.query(OUTBOX_RELEASE, [event.id, relay]);
     } catch (err) {
       this.onError(err);   // the event comes back when its lease ends
     }
@@ -148,22 +157,36 @@ export class Consumer {
     this.dropListener();
   }
 
+  // Keeps an event whose key another worker holds for retryAfter seconds,
+  // at least pollInterval (so that it is not claimed again at once, over
+  // and over) and at most half the lease (released, its attempt is not
+  // counted; expired, it would be); stop() ends the wait.
+  async holdBeforeRelease(retryAfter) {
+    if (this.stopping) return;
+    await pause(Math.min(Math.max(retryAfter ?? 0, this.pollInterval), this.lease / 2), this.holds);
+  }
+
   // Waits up to pollInterval seconds, or until an event is enqueued or stop().
   async idle() {
     if (!this.listener) await this.listen();
     if (this.stopping) return;
-    await new Promise((resolve) => {
-      const done = () => {
-        clearTimeout(timer);
-        this.sleepers.delete(done);
-        resolve();
-      };
-      const timer = setTimeout(done, this.pollInterval * 1000);
-      this.sleepers.add(done);
-    });
+    await pause(this.pollInterval, this.sleepers);
   }
 
   wakeAll() {
     for (const done of [...this.sleepers]) done();
   }
+}
+
+// Waits `seconds`, or until the function it adds to `wakers` is called.
+function pause(seconds, wakers) {
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      wakers.delete(done);
+      resolve();
+    };
+    const timer = setTimeout(done, seconds * 1000);
+    wakers.add(done);
+  });
 }

@@ -44,6 +44,7 @@ export const ENQUEUE = `SELECT idempotency.outbox_enqueue($1, $2::jsonb, key => 
 export const OUTBOX_CLAIM = `SELECT id::text AS id, topic, key, payload, headers, dedup_key, attempt
   FROM idempotency.outbox_claim($1, batch => $2, lease => make_interval(secs => $3::float8), topics => $4::text[])`;
 export const OUTBOX_ACK = 'SELECT idempotency.outbox_ack(ARRAY[$1::bigint])';
+export const OUTBOX_RELEASE = 'SELECT idempotency.outbox_release(ARRAY[$1::bigint], $2)';
 export const OUTBOX_NACK = `SELECT idempotency.outbox_nack($1::bigint, $2, retryable => $3,
                                    retry_in => make_interval(secs => $4::float8))::text AS state`;
 export const LISTEN = 'LISTEN idempotency_outbox';

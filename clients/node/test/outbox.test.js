@@ -54,7 +54,8 @@ describe('settlement', () => {
     assert.deepEqual(settlement({ outcome: 'failed', error: 'e', retryable: false, retryAfter: null, replayed: false }, null),
       ['nack', 'e', false, null]);
     assert.deepEqual(settlement({ outcome: 'failed', error: 'e', retryable: false, replayed: true }, null), ['ack']);
-    assert.deepEqual(settlement({ outcome: 'in_progress', retryAfter: 4 }, null), ['nack', 'key in_progress', true, 4]);
+    assert.deepEqual(settlement({ outcome: 'in_progress', retryAfter: 4 }, null), ['release', 4]);
+    assert.deepEqual(settlement({ outcome: 'retry_later', retryAfter: 0.2 }, null), ['release', 0.2]);
     assert.equal(settlement({ outcome: 'mismatch' }, null)[2], false);
     assert.deepEqual(settlement({ outcome: 'fenced', error: 'x' }, null), ['leave']);
     assert.deepEqual(settlement(undefined, new RetryableError('slow', { retryIn: 3 })), ['nack', 'slow', true, 3]);
@@ -110,6 +111,34 @@ describe('consume', () => {
     });
     await consumer.stop();
     assert.equal(runs, 1);
+  });
+
+  // An event whose key another worker holds (a claim whose worker died,
+  // its lease 3 s) did not fail: it comes back without an attempt counted
+  // until the key is free, then the work runs once and the event is acked.
+  // The scope's quick completions make in_progress answer a retry_after of
+  // milliseconds: nacked after it, the event used up its attempts (3 here)
+  // at once and died without the work ever running.
+  test('an event whose key another worker holds waits for it, no attempt counted', async () => {
+    const topic = newKey('topic');
+    const scope = newKey('held');
+    for (let i = 0; i < 10; i += 1) {
+      const outcome = await claim(pool, { key: `quick-${i}`, scope, lease: 3 }, async () => 'ok');
+      assert.equal(outcome.outcome, 'completed');
+    }
+    await pool.query("SELECT idempotency.idem_claim('held', lease => interval '3 seconds', scope => $1)", [scope]);
+    const id = await enqueue(pool, topic, { n: 1 }, { key: 'held' });
+    let runs = 0;
+    let deliveries = 0;
+    const consumer = consume(pool, { topics: topic, pollInterval: 0.1, lease: 10, onError: () => {} }, (event) => {
+      deliveries += 1;
+      return claim(pool, { key: 'held', scope, lease: 3 }, async () => { runs += 1; return 'done'; });
+    });
+    await waitFor('the event delivered or dead', async () => ['delivered', 'dead'].includes((await state(id)).state), 40);
+    await consumer.stop();
+    assert.equal((await state(id)).state, 'delivered');
+    assert.equal(runs, 1);
+    assert.ok(deliveries >= 2, `${deliveries} deliveries`);
   });
 
   test('stop() lets the event in hand finish', async () => {

@@ -46,7 +46,8 @@ def test_settlement_maps_outcomes_and_errors():
     assert idem.settlement(job(outcome="failed", error="e", retryable=True, retry_after=2), None) == ("nack", "e", True, 2)
     assert idem.settlement(job(outcome="failed", error="e", retryable=False), None) == ("nack", "e", False, None)
     assert idem.settlement(job(outcome="failed", error="e", replayed=True), None) == ("ack",)
-    assert idem.settlement(job(outcome="in_progress", retry_after=4), None) == ("nack", "key in_progress", True, 4)
+    assert idem.settlement(job(outcome="in_progress", retry_after=4), None) == ("release", 4)
+    assert idem.settlement(job(outcome="retry_later", retry_after=0.2), None) == ("release", 0.2)
     assert idem.settlement(job(outcome="mismatch"), None)[2] is False
     assert idem.settlement(job(outcome="fenced"), None) == ("leave",)
     assert idem.settlement(None, idem.RetryableError("slow", retry_in=3)) == ("nack", "slow", True, 3)
@@ -137,3 +138,38 @@ def test_a_fenced_handler_leaves_its_event_and_calls_on_fenced(conn, admin, new_
     assert not thread.is_alive()
     assert state(admin, event_id)[0] == "in_flight", "left for the worker that took the key over"
     assert [(f["outcome"], f["event_id"], f["key"]) for f in fenced] == [("fenced", event_id, "k-1")]
+
+
+def test_an_event_whose_key_another_worker_holds_waits_for_it(conn, admin, new_key):
+    """An event whose key another worker holds (a claim whose worker died,
+    its lease 3 s) did not fail: it comes back without an attempt counted
+    until the key is free, then the work runs once and the event is acked.
+    The scope's quick completions make in_progress answer a retry_after of
+    milliseconds: nacked after it, the event used up its attempts at once
+    and died without the work ever running."""
+    topic, scope = new_key("topic"), new_key("held")
+    work = connect(autocommit=True)
+    for i in range(10):
+        with idem.claim(work, f"quick-{i}", scope=scope, lease=3) as job:
+            job.result = "ok"
+    work.execute("SELECT idempotency.idem_claim('held', lease => interval '3 seconds', scope => %s)", (scope,))
+    with conn.transaction():
+        event_id = idem.enqueue(conn, topic, {"n": 1}, key="held")
+    runs, deliveries = [], []
+
+    def handle(event):
+        deliveries.append(event["id"])
+        with idem.claim(work, "held", scope=scope, lease=3) as job:
+            runs.append(event["id"])
+            job.result = "done"
+        return job
+
+    consumer = idem.Consumer("", [topic], poll=0.1, lease=10, log=lambda message: None)
+    thread = run_consumer(consumer, handle)
+    wait_for("the event delivered or dead", lambda: state(admin, event_id)[0] in ("delivered", "dead"), 40)
+    consumer.stop()
+    thread.join(10)
+    work.close()
+    assert not thread.is_alive()
+    assert state(admin, event_id)[0] == "delivered"
+    assert len(runs) == 1 and len(deliveries) >= 2, (runs, deliveries)

@@ -48,6 +48,7 @@ OUTBOX_CLAIM = """SELECT id, topic, key, payload, headers, dedup_key, attempt
   FROM idempotency.outbox_claim(%(relay)s, batch => %(batch)s, lease => make_interval(secs => %(lease)s),
                                 topics => %(topics)s)"""
 OUTBOX_ACK = "SELECT idempotency.outbox_ack(ARRAY[%(id)s]::bigint[])"
+OUTBOX_RELEASE = "SELECT idempotency.outbox_release(ARRAY[%(id)s]::bigint[], %(relay)s)"
 OUTBOX_NACK = """SELECT idempotency.outbox_nack(%(id)s, %(error)s, retryable => %(retryable)s,
                                    retry_in => make_interval(secs => %(retry_in)s))::text AS state"""
 LISTEN = "LISTEN idempotency_outbox"

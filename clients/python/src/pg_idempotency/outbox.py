@@ -37,9 +37,11 @@ async def aenqueue(conn, topic, payload, *, key=None, headers=None, dedup_key=No
 
 def settlement(value, error, classify=default_classify):
     """What to do with an event once its handler has run: ('ack',),
-    ('nack', error, retryable, retry_in) or ('leave',) (it comes back when
-    its lease ends). A handler may return the Job of its claim, or let the
-    claim's NotClaimed through (the same as returning its job)."""
+    ('nack', error, retryable, retry_in), ('release', retry_in) (pending
+    again after retry_in seconds, its attempt not counted) or ('leave',) (it
+    comes back when its lease ends). A handler may return the Job of its
+    claim, or let the claim's NotClaimed through (the same as returning its
+    job)."""
     if isinstance(error, NotClaimed):
         value, error = error.job, None
     if error is not None:
@@ -56,7 +58,11 @@ def settlement(value, error, classify=default_classify):
     if outcome == "failed":
         return ("nack", value.error, value.retryable, value.retry_after if value.retryable else None)
     if outcome in ("in_progress", "retry_later"):
-        return ("nack", f"key {outcome}", True, value.retry_after)
+        # Another worker holds the key, or its own backoff runs: the event
+        # did not fail. Counting an attempt each time would make it a dead
+        # letter while the holder works (retry_after is when the holder is
+        # expected to finish: milliseconds apart).
+        return ("release", value.retry_after)
     if outcome == "released":
         return ("nack", "released", True, None)
     if outcome == "mismatch":
@@ -124,7 +130,10 @@ class Consumer(_ConsumerSettings):
             value = handler(event)
         except Exception as exc:   # the handler's failure is the event's
             error = exc
-        sql, params = _settle(self, event, value, error)
+        sql, params, hold = _settle(self, event, value, error)
+        if hold and not self.stopping:   # stop() ends the wait
+            if self._wake_read in select.select([self._wake_read], [], [], hold)[0]:
+                os.read(self._wake_read, 64)
         if sql:
             conn.execute(sql, params)
 
@@ -139,18 +148,26 @@ class Consumer(_ConsumerSettings):
 
 
 def _settle(consumer, event, value, error):
-    """The statement that settles ``event`` (or None), with its logging and hooks."""
+    """The statement that settles ``event`` (or None), with its logging and
+    hooks, and how many seconds to keep the event before it."""
     if error is not None and not isinstance(error, NotClaimed):
         consumer.log(f"event {event['id']}: {error!r}")
     action, *args = settlement(value, error, consumer.classify)
     job = error.job if isinstance(error, NotClaimed) else value
     if action == "leave":
         consumer.hooks.fenced(job if isinstance(job, JobState) else _Stale(event, error), event_id=event["id"])
-        return None, None
+        return None, None, 0
     if action == "ack":
-        return _sql.OUTBOX_ACK, {"id": event["id"]}
+        return _sql.OUTBOX_ACK, {"id": event["id"]}, 0
+    if action == "release":
+        # Kept retry_in, at least the poll interval (so that it is not
+        # claimed again at once, over and over) and at most half the lease
+        # (released, its attempt is not counted; expired, it would be).
+        hold = min(max(args[0] or 0, consumer.poll), consumer.lease / 2)
+        return _sql.OUTBOX_RELEASE, {"id": event["id"], "relay": consumer.name}, hold
     error_text, retryable, retry_in = args
-    return _sql.OUTBOX_NACK, {"id": event["id"], "error": error_text, "retryable": retryable, "retry_in": retry_in}
+    return (_sql.OUTBOX_NACK, {"id": event["id"], "error": error_text, "retryable": retryable,
+                               "retry_in": retry_in}, 0)
 
 
 class _Stale:
@@ -181,9 +198,11 @@ class AsyncConsumer(_ConsumerSettings):
         self.stopping = True
         if self._wake is not None:
             self._wake.set()
+            self._stopped.set()
 
     async def run(self, handler):
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()      # a notification or stop()
+        self._stopped = asyncio.Event()   # stop() alone
         if self.stopping:
             return
         conn, pooled = await aconnect(self.conninfo, application_name=self.name)
@@ -234,6 +253,9 @@ class AsyncConsumer(_ConsumerSettings):
                 value = await value
         except Exception as exc:   # the handler's failure is the event's
             error = exc
-        sql, params = _settle(self, event, value, error)
+        sql, params, hold = _settle(self, event, value, error)
+        if hold and not self.stopping:   # stop() ends the wait
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), hold)
         if sql:
             await conn.execute(sql, params)
