@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,6 +107,50 @@ func TestRunRecordsHowTheWorkEnded(t *testing.T) {
 	}
 	if _, attempts := keyStatus(t, db, retry, "default"); attempts != 2 {
 		t.Fatalf("attempts %d, want 2", attempts)
+	}
+}
+
+// Work whose value cannot be stored as JSON fails its key for good, at
+// once: left held, the key would run its work again once the lease ended,
+// to the same end.
+func TestRunFailsAResultThatIsNotJSON(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	runs := 0
+	work := func(context.Context, *idempotency.Claimed) (any, error) {
+		runs++
+		return make(chan int), nil
+	}
+	_, err := idempotency.Run(ctx, db, key, nil, nil, work)
+	var failed *idempotency.Failed
+	if !errors.As(err, &failed) || failed.Retryable || !strings.Contains(failed.Message, "cannot be stored as JSON") {
+		t.Fatalf("a result that is not JSON: %v", err)
+	}
+	if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" {
+		t.Fatalf("the key is %s", status)
+	}
+	if _, err := idempotency.Run(ctx, db, key, nil, nil, work); !errors.As(err, &failed) || !failed.Replayed || runs != 1 {
+		t.Fatalf("a duplicate: %v, %d runs", err, runs)
+	}
+}
+
+// A claim resumed with an absurd lease (1 ns) gets a heartbeat that beats
+// at most every 10 ms, instead of a ticker that stops the process.
+func TestKeepAliveOfAnAbsurdlyShortLease(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	r, err := idempotency.Claim(ctx, db, key, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := idempotency.Resume(db, key, r.(*idempotency.Claimed).Token, &idempotency.ClaimOptions{Lease: time.Nanosecond})
+	work, stop := job.KeepAlive(ctx)
+	time.Sleep(50 * time.Millisecond)
+	stop()
+	if work.Err() == nil {
+		t.Fatal("the work's context is still live after stop")
 	}
 }
 

@@ -18,7 +18,7 @@ func (c *Claimed) KeepAlive(ctx context.Context) (context.Context, func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ticker := time.NewTicker(c.Lease / 3)
+		ticker := time.NewTicker(beatInterval(c.Lease))
 		defer ticker.Stop()
 		for {
 			select {
@@ -40,4 +40,14 @@ func (c *Claimed) KeepAlive(ctx context.Context) (context.Context, func()) {
 		cancel()
 		<-done
 	}
+}
+
+// beatInterval: a third of the lease, and never less than 10 ms, so that
+// an absurdly short lease (a Resume given 1 ns) neither stops the process
+// (a ticker refuses an interval of 0) nor floods the database.
+func beatInterval(lease time.Duration) time.Duration {
+	if interval := lease / 3; interval > 10*time.Millisecond {
+		return interval
+	}
+	return 10 * time.Millisecond
 }

@@ -56,7 +56,7 @@ func (c *Claimed) CompleteTx(ctx context.Context, tx *sql.Tx, result any) error 
 func (c *Claimed) complete(ctx context.Context, q Queryer, result any) error {
 	value, err := jsonParam(result)
 	if err != nil {
-		return err
+		return &unstorableResult{err}
 	}
 	var stored sql.NullString
 	if err := q.QueryRowContext(ctx, sqlComplete, c.Key, c.Token, value, c.Scope).Scan(&stored); err != nil {
@@ -68,6 +68,15 @@ func (c *Claimed) complete(ctx context.Context, q Queryer, result any) error {
 	c.mu.Unlock()
 	return nil
 }
+
+// unstorableResult: a result that is not JSON (a channel, a function, a
+// cycle); nothing was recorded.
+type unstorableResult struct{ err error }
+
+func (e *unstorableResult) Error() string {
+	return "the result cannot be stored as JSON: " + e.err.Error()
+}
+func (e *unstorableResult) Unwrap() error { return e.err }
 
 // Transaction runs fn in a transaction fenced by the token, then completes
 // the key with fn's result in that same transaction and commits. An error

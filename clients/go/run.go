@@ -16,6 +16,7 @@ type Work func(ctx context.Context, job *Claimed) (any, error)
 // or earlier: Replayed), and otherwise an error that errors.Is recognises:
 //
 //	the work returned a value        completed with it (unless it completed the key itself)
+//	... that is not JSON             *Failed (ErrFailed), final: a channel or a cycle cannot be stored
 //	the work returned an error       *Failed (ErrFailed): idem_fail, final when marked with Final
 //	the lease was lost meanwhile     ErrFenced: nothing recorded, the writes rolled back
 //	job.Release was called           ErrReleased
@@ -60,7 +61,17 @@ func Run(ctx context.Context, db *sql.DB, key string, request any, opts *ClaimOp
 		return &Completed{Result: result}, nil
 	}
 	if err := job.Complete(record, value); err != nil {
-		return nil, err
+		var unstorable *unstorableResult
+		if !errors.As(err, &unstorable) {
+			return nil, err
+		}
+		// Left as it is, the key would stay held until its lease ends and
+		// the work would run again, to the same end: it fails for good.
+		failed, ferr := job.Fail(record, Final(err))
+		if ferr != nil {
+			return nil, ferr
+		}
+		return nil, failed
 	}
 	_, result = job.state()
 	return &Completed{Result: result}, nil
