@@ -42,9 +42,20 @@ func (c *Claimed) AssertOwner(ctx context.Context, tx *sql.Tx) error {
 }
 
 // Complete stores result (any JSON value) in a statement of its own; every
-// duplicate gets it back.
+// duplicate gets it back. A lost connection is tried again (record.go).
 func (c *Claimed) Complete(ctx context.Context, result any) error {
-	return c.complete(ctx, c.db, result)
+	value, err := jsonParam(result)
+	if err != nil {
+		return &unstorableResult{err}
+	}
+	lost, err := retryLost(ctx, func(ctx context.Context) error { return c.completeWith(ctx, c.db, value) })
+	if lost && errors.Is(err, ErrWrongState) {
+		if _, stored, ok := c.recordedByThisClaim(ctx, "COMPLETED"); ok {
+			c.recordFinished("completed", stored)
+			return nil
+		}
+	}
+	return err
 }
 
 // CompleteTx stores result inside tx, after the business writes: they
@@ -58,15 +69,23 @@ func (c *Claimed) complete(ctx context.Context, q Queryer, result any) error {
 	if err != nil {
 		return &unstorableResult{err}
 	}
+	return c.completeWith(ctx, q, value)
+}
+
+func (c *Claimed) completeWith(ctx context.Context, q Queryer, value any) error {
 	var stored sql.NullString
 	if err := q.QueryRowContext(ctx, sqlComplete, c.Key, c.Token, value, c.Scope).Scan(&stored); err != nil {
 		return wrap(err)
 	}
+	c.recordFinished("completed", stored)
+	return nil
+}
+
+func (c *Claimed) recordFinished(finished string, stored sql.NullString) {
 	c.mu.Lock()
-	c.finished = "completed"
+	c.finished = finished
 	c.result = rawJSON(stored)
 	c.mu.Unlock()
-	return nil
 }
 
 // unstorableResult: a result that is not JSON (a channel, a function, a
@@ -105,8 +124,33 @@ func (c *Claimed) Transaction(ctx context.Context, fn func(tx *sql.Tx) (any, err
 
 // Fail records the work's error: final when marked with Final, otherwise
 // retryable (after the extension's backoff, or Retry's delay). The answer
-// says whether and when the key may run again.
+// says whether and when the key may run again. A lost connection is tried
+// again (record.go).
 func (c *Claimed) Fail(ctx context.Context, cause error) (*Failed, error) {
+	var failed *Failed
+	lost, err := retryLost(ctx, func(ctx context.Context) (err error) {
+		failed, err = c.failOnce(ctx, cause)
+		return err
+	})
+	if lost && errors.Is(err, ErrWrongState) {
+		if status, _, ok := c.recordedByThisClaim(ctx, "FAILED_RETRYABLE", "FAILED_FINAL"); ok {
+			failed = &Failed{Message: errorText(cause), Retryable: status == "FAILED_RETRYABLE", Cause: cause}
+			if failed.Retryable {
+				var due sql.NullFloat64
+				if c.db.QueryRowContext(ctx, sqlNextAttempt, c.Key, c.Scope).Scan(&due) == nil {
+					failed.RetryAfter = seconds(due.Float64)
+				}
+			}
+			return failed, nil
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return failed, nil
+}
+
+func (c *Claimed) failOnce(ctx context.Context, cause error) (*Failed, error) {
 	tx, err := c.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err

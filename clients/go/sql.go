@@ -32,6 +32,9 @@ const sqlFail = `SELECT idempotency.idem_fail($1, $2::bigint, $3, retryable => $
 const sqlNextAttempt = `SELECT extract(epoch FROM next_attempt_at - clock_timestamp())::float8
   FROM idempotency.idem_get($1, $2)`
 
+// What a record whose answer was lost left (record.go).
+const sqlKeyRecord = `SELECT status::text, token, result::text FROM idempotency.idem_get($1, $2)`
+
 const sqlHeartbeat = `SELECT idempotency.idem_heartbeat($1, $2::bigint,
                              extend => make_interval(secs => $3::float8), scope => $4)`
 

@@ -1,0 +1,79 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	idempotency "github.com/idempotency/idempotency/clients/go"
+)
+
+// The connection is cut as the work ends, and the server refuses new ones
+// for a second (a restart): the complete is tried again until it goes
+// through, instead of leaving the key held until its lease ends and the
+// work to run again.
+func TestRunRecordsThroughABriefOutage(t *testing.T) {
+	proxy := newCutProxy(t)
+	db := proxy.db(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	opts := &idempotency.ClaimOptions{Scope: "go.outage", Lease: 20 * time.Second, NoHeartbeat: true}
+	runs := 0
+	done, err := idempotency.Run(ctx, db, key, nil, opts, func(context.Context, *idempotency.Claimed) (any, error) {
+		runs++
+		proxy.cutFor(time.Second)
+		return "sent", nil
+	})
+	if err != nil || string(done.Result) != `"sent"` {
+		t.Fatalf("Run through the outage: %#v %v", done, err)
+	}
+	if status, _ := keyStatus(t, openDB(t), key, "go.outage"); status != "COMPLETED" || runs != 1 {
+		t.Fatalf("the key is %s after %d runs", status, runs)
+	}
+
+	// The same for a failure (Fail's own transaction).
+	failing := newKey(t)
+	_, err = idempotency.Run(ctx, db, failing, nil, opts, func(context.Context, *idempotency.Claimed) (any, error) {
+		proxy.cutFor(time.Second)
+		return nil, idempotency.Final(errors.New("card declined"))
+	})
+	var failed *idempotency.Failed
+	if !errors.As(err, &failed) || failed.Retryable || failed.Message != "card declined" {
+		t.Fatalf("Fail through the outage: %v", err)
+	}
+	if status, _ := keyStatus(t, openDB(t), failing, "go.outage"); status != "FAILED_FINAL" {
+		t.Fatalf("the failed key is %s", status)
+	}
+}
+
+// The complete reaches the server and commits, and its answer is lost:
+// the next try finds the key completed with this claim's token, which is
+// this record, not another worker's (IK003 without it).
+func TestRunRecordWhoseAnswerWasLost(t *testing.T) {
+	proxy := newCutProxy(t)
+	db := proxy.db(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	opts := &idempotency.ClaimOptions{Scope: "go.outage", Lease: 20 * time.Second, NoHeartbeat: true}
+	done, err := idempotency.Run(ctx, db, key, nil, opts, func(context.Context, *idempotency.Claimed) (any, error) {
+		proxy.cutAfterNextStatement()
+		return map[string]int{"charge": 7}, nil
+	})
+	if err != nil || string(done.Result) != `{"charge": 7}` {
+		t.Fatalf("Run whose complete's answer was lost: %#v %v", done, err)
+	}
+
+	failing := newKey(t)
+	_, err = idempotency.Run(ctx, db, failing, nil, opts, func(context.Context, *idempotency.Claimed) (any, error) {
+		proxy.cutAfterNextStatement() // BEGIN: the failure's transaction is cut before its idem_fail
+		return nil, errors.New("provider timeout")
+	})
+	var failed *idempotency.Failed
+	if !errors.As(err, &failed) || !failed.Retryable {
+		t.Fatalf("Run whose failure was cut: %v", err)
+	}
+	if status, attempts := keyStatus(t, openDB(t), failing, "go.outage"); status != "FAILED_RETRYABLE" || attempts != 1 {
+		t.Fatalf("the failed key is %s after %d attempts", status, attempts)
+	}
+}
