@@ -7,6 +7,7 @@ import { Heartbeat } from './heartbeat.js';
 import { callHook } from './hooks.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, NEXT_ATTEMPT, RELEASE, jsonParam } from './sql.js';
 import { isClosing, track } from './state.js';
+import { retryLost } from './record.js';
 import { parseSteps, runStep, stepKey } from './steps.js';
 import { withTransaction } from './transaction.js';
 import { claimWaiting, groupId } from './wait.js';
@@ -47,9 +48,15 @@ export class Job {
   }
 
   // Stores the result, on `client` (inside the caller's transaction, after
-  // the business writes) or in a statement of its own.
+  // the business writes) or in a statement of its own, tried again after a
+  // lost connection (record.js).
   async complete(result = null, client = this.pool) {
-    await client.query(COMPLETE, [this.key, this.token, jsonParam(result), this.scope]);
+    const params = [this.key, this.token, jsonParam(result), this.scope];
+    if (client === this.pool) {
+      await retryLost(this.pool, this, () => this.pool.query(COMPLETE, params), ['COMPLETED'], () => null);
+    } else {
+      await client.query(COMPLETE, params);
+    }
     this.finished = 'completed';
     this.result = result;
     return result;
@@ -183,12 +190,12 @@ async function run(pool, options, row, work) {
 async function fail(pool, job, error, kind) {
   const message = String(error?.message ?? error);
   const retryIn = kind === 'final' ? null : error?.retryIn ?? null;
-  const { status, retryAfter } = await withTransaction(pool, async (client) => {
+  const dueAfter = async (client) => (await client.query(NEXT_ATTEMPT, [job.key, job.scope])).rows[0]?.retry_after ?? null;
+  const { status, retryAfter } = await retryLost(pool, job, () => withTransaction(pool, async (client) => {
     const { rows: [failed] } = await client.query(FAIL,
       [job.key, job.token, message, kind !== 'final', retryIn, job.scope]);
-    const { rows: [due] } = await client.query(NEXT_ATTEMPT, [job.key, job.scope]);
-    return { status: failed.status, retryAfter: due?.retry_after ?? null };
-  });
+    return { status: failed.status, retryAfter: await dueAfter(client) };
+  }), ['FAILED_RETRYABLE', 'FAILED_FINAL'], async (row) => ({ status: row.status, retryAfter: await dueAfter(pool) }));
   const retryable = status === 'FAILED_RETRYABLE';
   return {
     outcome: 'failed', error: message, retryable,

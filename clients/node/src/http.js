@@ -24,8 +24,10 @@ import { defaultFingerprint } from './fingerprint.js';
 import { Heartbeat } from './heartbeat.js';
 import { callHook } from './hooks.js';
 import { decodeResponse, encodeResponse, isStoredResponse, jsonResponse, problem, response, storedFailure } from './response.js';
+import { retryLost } from './record.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, REGISTER, RELEASE, jsonParam } from './sql.js';
 import { isClosing, track } from './state.js';
+import { checkOut } from './transaction.js';
 import { parseSteps, runStep, stepKey } from './steps.js';
 import { claimWaiting, groupId } from './wait.js';
 
@@ -169,14 +171,16 @@ async function beginClaim(opts, key, request, signal) {
   });
   if (row.outcome !== 'claimed') return { response: answer(opts, key, row) };
   const beat = new Heartbeat(pool, { key, token: row.token, scope: opts.scope, lease: opts.lease });
-  const record = async (sql, params) => {
+  // Tried again after a lost connection (record.js).
+  const record = async (sql, params, statuses) => {
     await beat.stop();
-    await pool.query(sql, params);
+    await retryLost(pool, { key, token: row.token, scope: opts.scope }, () => pool.query(sql, params), statuses, () => null);
   };
   return {
     exchange: new Exchange(opts, { key, request, token: row.token, attempt: row.attempt, heartbeat: beat, steps: row.steps }, {
-      complete: (stored) => record(COMPLETE, [key, row.token, jsonParam(stored), opts.scope]),
-      fail: (error, retryable) => record(FAIL, [key, row.token, error, retryable, retryable ? opts.retryIn : null, opts.scope]),
+      complete: (stored) => record(COMPLETE, [key, row.token, jsonParam(stored), opts.scope], ['COMPLETED']),
+      fail: (error, retryable) => record(FAIL, [key, row.token, error, retryable, retryable ? opts.retryIn : null, opts.scope],
+        ['FAILED_RETRYABLE', 'FAILED_FINAL']),
       discard: () => beat.stop(),
       // Shutdown: the key goes back (not an attempt), the retry runs anew.
       stop: async () => {
@@ -192,7 +196,7 @@ async function beginClaim(opts, key, request, signal) {
 // transaction stays open for the handler; otherwise it commits (nothing
 // was written) and the connection goes back to the pool.
 async function tryInTransaction(opts, key, request) {
-  const client = await opts.pool.connect();
+  const { client, release } = await checkOut(opts.pool);
   let row;
   try {
     await client.query('BEGIN');
@@ -206,28 +210,29 @@ async function tryInTransaction(opts, key, request) {
     }
   } catch (err) {
     await client.query('ROLLBACK').catch(() => {});
-    client.release();
+    release();
     throw err;
   }
   if (row.outcome !== 'registered' && row.outcome !== 'claimed') {
-    client.release();
+    release();
     return { row };
   }
   return {
     row,
     client,
+    release,
     abandon: async () => {
       try {
         await client.query('ROLLBACK');
       } finally {
-        client.release();
+        release();
       }
     },
   };
 }
 
 async function beginInTransaction(opts, key, request, signal) {
-  const { row, client } = await claimWaiting(opts.pool, {
+  const { row, client, release } = await claimWaiting(opts.pool, {
     id: groupId(opts.mode, opts.scope, key, request, opts.lease),
     wait: opts.mode === 'register' ? 0 : opts.wait,
     signal,
@@ -241,7 +246,7 @@ async function beginInTransaction(opts, key, request, signal) {
       await client.query(sql);
     } finally {
       released = true;
-      client.release();
+      release();
     }
   };
   const context = { key, request, token: row.token, attempt: row.attempt, client, steps: row.steps };

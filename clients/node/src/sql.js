@@ -48,4 +48,6 @@ export const OUTBOX_RELEASE = 'SELECT idempotency.outbox_release(ARRAY[$1::bigin
 export const OUTBOX_NACK = `SELECT idempotency.outbox_nack($1::bigint, $2, retryable => $3,
                                    retry_in => make_interval(secs => $4::float8))::text AS state`;
 export const LISTEN = 'LISTEN idempotency_outbox';
+// What a record whose answer was lost left (record.js).
+export const KEY_RECORD = 'SELECT status::text AS status, token::text AS token, result FROM idempotency.idem_get($1, $2)';
 export const BACKEND_PID = 'SELECT pg_catalog.pg_backend_pid() AS pid';
