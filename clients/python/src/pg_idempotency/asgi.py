@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import psycopg
 
-from . import _sql
+from . import _record, _sql
 from ._state import JobState, dict_cursor
 from ._steps import AsyncStep, StepHolder, arun_step, step_key
 from .aclaim import start_beat, stop_beat
@@ -224,11 +224,12 @@ class IdempotencyMiddleware:
         job.lost = context.lost
 
         async def record(sql, **params):
-            async with pool.connection() as conn:
-                await conn.execute(sql, job.params(**params))
+            statuses = ("COMPLETED",) if sql is _sql.COMPLETE else ("FAILED_RETRYABLE", "FAILED_FINAL")
+            await _record.arecord(pool, job, sql, job.params(**params), statuses)
 
-        async def renew():
-            await record(_sql.HEARTBEAT)
+        async def renew():   # a lost beat: the next one tries again
+            async with pool.connection() as conn:
+                await conn.execute(_sql.HEARTBEAT, job.params())
         done = self.owners.hold(job)
         published = None        # what the duplicates waiting in this process are answered
         beat, stopping = start_beat(job, renew)

@@ -12,7 +12,7 @@ import threading
 import psycopg
 from psycopg.rows import dict_row
 
-from . import _sql
+from . import _record, _sql
 from ._state import JobState
 from ._steps import StepHolder, SyncStep, run_step
 from .asgi import IdempotencyContext
@@ -170,8 +170,12 @@ class SyncIdempotency:
         context.steps, context.connection = job.steps, pool.connection
 
         def record(sql, **params):
-            with pool.connection() as conn:
-                conn.execute(sql, job.params(**params))
+            if sql is _sql.HEARTBEAT:   # a lost beat: the next one tries again
+                with pool.connection() as conn:
+                    conn.execute(sql, job.params(**params))
+                return
+            statuses = ("COMPLETED",) if sql is _sql.COMPLETE else ("FAILED_RETRYABLE", "FAILED_FINAL")
+            _record.record(pool, job, sql, job.params(**params), statuses)
         done = self.owners.hold(job)
         published = None        # what the duplicates waiting in this process are answered
         beat = _Beat(job, lambda: record(_sql.HEARTBEAT))

@@ -1,0 +1,105 @@
+"""Recording how work ended outlives a brief loss of the database (a
+restart, a dropped connection): a record lost that way would leave the key
+held until its lease ends, and its work would run again. The middlewares,
+which record on a pool, try again when a try fails without an answer from
+the server: 0.1 s later and then twice as long each time up to 1 s, for at
+most 10 s. A try whose answer was lost may have committed: the next one
+then finds the key no longer PROCESSING (IK003), and the key itself says
+whether this claim's record is the one it holds."""
+
+import asyncio
+import time
+
+import psycopg
+
+PATIENCE = 10.0
+
+KEY_RECORD = "SELECT status::text, token FROM idempotency.idem_get(%(key)s, %(scope)s)"
+
+
+def lost_connection(exc):
+    """The statement may not have reached the server, or its answer did not
+    come back: a connection error without a SQLSTATE (the network, a closed
+    connection, no connection from the pool in time), or a connection
+    failure or a server shutting down."""
+    code = getattr(exc, "sqlstate", None)
+    if code is None:
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+    return code.startswith("08") or code in ("57P01", "57P02", "57P03")
+
+
+def _connection(pool, timeout):
+    """A connection of ``pool`` within ``timeout`` seconds (a pool of another
+    kind, without the argument: within its own)."""
+    try:
+        return pool.connection(timeout=timeout)
+    except TypeError:
+        return pool.connection()
+
+
+class _Tries:
+    """The schedule of the tries, and what a lost answer means."""
+
+    def __init__(self, job, statuses):
+        self.job, self.statuses = job, statuses
+        self.deadline = time.monotonic() + PATIENCE
+        self.pause, self.lost = 0.1, False
+
+    def left(self):
+        return max(0.1, self.deadline - time.monotonic())
+
+    def holds_record(self, row):
+        return row is not None and row[0] in self.statuses and row[1] == self.job.token
+
+    def next_pause(self, exc):
+        """The pause before the next try, or None to give up (raise exc)."""
+        if not lost_connection(exc) or time.monotonic() + self.pause > self.deadline:
+            return None
+        self.lost = True
+        pause, self.pause = self.pause, min(self.pause * 2, 1.0)
+        return pause
+
+
+def record(pool, job, sql, params, statuses):
+    """Runs ``sql`` on a connection of ``pool``, tried again after a lost
+    connection; ``statuses``: the key's states the record leaves."""
+    tries = _Tries(job, statuses)
+    while True:
+        try:
+            with _connection(pool, tries.left()) as conn:
+                conn.execute(sql, params)
+            return
+        except psycopg.Error as exc:
+            if tries.lost and getattr(exc, "sqlstate", None) == "IK003":
+                try:
+                    with _connection(pool, tries.left()) as conn:
+                        if tries.holds_record(conn.execute(KEY_RECORD, job.params()).fetchone()):
+                            return
+                except psycopg.Error:
+                    pass
+            pause = tries.next_pause(exc)
+            if pause is None:
+                raise
+            time.sleep(pause)
+
+
+async def arecord(pool, job, sql, params, statuses):
+    """``record`` on an AsyncConnectionPool."""
+    tries = _Tries(job, statuses)
+    while True:
+        try:
+            async with _connection(pool, tries.left()) as conn:
+                await conn.execute(sql, params)
+            return
+        except psycopg.Error as exc:
+            if tries.lost and getattr(exc, "sqlstate", None) == "IK003":
+                try:
+                    async with _connection(pool, tries.left()) as conn:
+                        if tries.holds_record(await (await conn.execute(KEY_RECORD, job.params())).fetchone()):
+                            return
+                except psycopg.Error:
+                    pass
+            pause = tries.next_pause(exc)
+            if pause is None:
+                raise
+            await asyncio.sleep(pause)
