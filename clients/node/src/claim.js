@@ -5,6 +5,7 @@
 import { defaultClassify, isStaleToken } from './errors.js';
 import { Heartbeat } from './heartbeat.js';
 import { callHook } from './hooks.js';
+import { checkSeconds } from './options.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, NEXT_ATTEMPT, RELEASE, jsonParam } from './sql.js';
 import { isClosing, track } from './state.js';
 import { retryLost } from './record.js';
@@ -51,7 +52,7 @@ export class Job {
   // the business writes) or in a statement of its own, tried again after a
   // lost connection (record.js).
   async complete(result = null, client = this.pool) {
-    const params = [this.key, this.token, jsonParam(result), this.scope];
+    const params = [this.key, this.token, storable(result), this.scope];
     if (client === this.pool) {
       await retryLost(this.pool, this, () => this.pool.query(COMPLETE, params), ['COMPLETED'], () => null);
     } else {
@@ -78,6 +79,23 @@ export class Job {
   }
 }
 
+// A result that is not JSON (a BigInt, a cycle): nothing was recorded.
+export class UnstorableResult extends TypeError {
+  constructor(cause) {
+    super(`the result cannot be stored as JSON: ${cause?.message ?? cause}`);
+    this.name = 'UnstorableResult';
+    this.cause = cause;
+  }
+}
+
+function storable(result) {
+  try {
+    return jsonParam(result);
+  } catch (err) {
+    throw new UnstorableResult(err);
+  }
+}
+
 // claim(pool, { key, request, scope, lease, wait, heartbeat, classify,
 // signal, onReplay, onConflict, onFenced }, work) resolves to one of:
 //   { outcome: 'completed', result, replayed }     done now, or a duplicate of finished work
@@ -92,7 +110,10 @@ export class Job {
 // With `wait`, a key held by another worker is waited for without holding
 // a connection of the pool (see wait.js).
 export async function claim(pool, options, work) {
-  const { key, request = null, scope = 'default', lease = DEFAULT_LEASE, wait = null, signal = null } = options;
+  const { key, request = null, scope = 'default', wait = null, signal = null } = options;
+  const lease = options.lease ?? DEFAULT_LEASE;
+  checkSeconds('lease', lease, { positive: true });
+  if (wait !== null && wait !== undefined) checkSeconds('wait', wait);
   if (isClosing(pool)) return { outcome: 'in_progress', retryAfter: 1 };
   const params = [key, jsonParam(request), lease, scope, null];
   const { row } = await claimWaiting(pool, {
@@ -179,6 +200,9 @@ async function run(pool, options, row, work) {
       return { outcome: 'completed', result: job.result, replayed: false };
     } catch (err) {
       if (isStaleToken(err)) return fenced(err);
+      // Left held, the key would run its work again once the lease ended,
+      // to the same end: it fails for good.
+      if (err instanceof UnstorableResult) return await fail(pool, job, err, 'final');
       throw err;
     }
   } finally {

@@ -12,9 +12,11 @@ export class Heartbeat {
     this.lost = null;
     this.beat = Promise.resolve();
     this.renew = () => pool.query(HEARTBEAT, [key, token, lease, scope]);
+    // A third of the lease, never under 10 ms: an absurdly short lease
+    // must not flood the database.
     this.timer = setInterval(() => {
       this.beat = this.beat.then(() => this.once());
-    }, (lease * 1000) / 3);
+    }, Math.max(10, (lease * 1000) / 3));
   }
 
   async once() {

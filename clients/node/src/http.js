@@ -28,6 +28,7 @@ import { retryLost } from './record.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, REGISTER, RELEASE, jsonParam } from './sql.js';
 import { isClosing, track } from './state.js';
 import { checkOut } from './transaction.js';
+import { checkSeconds, given } from './options.js';
 import { parseSteps, runStep, stepKey } from './steps.js';
 import { claimWaiting, groupId } from './wait.js';
 
@@ -63,10 +64,22 @@ export function httpOptions(options = {}) {
     onConflict: null,
     onMismatch: null,
     onFenced: null,
-    ...options,
+    ...given(options),
   };
   if (!opts.pool) throw new TypeError('idempotency: the pool option is required');
   if (!MODES.has(opts.mode)) throw new TypeError(`idempotency: unknown mode ${opts.mode}`);
+  checkSeconds('lease', opts.lease, { positive: true });
+  checkSeconds('wait', opts.wait);
+  checkSeconds('retryIn', opts.retryIn);
+  for (const name of ['fingerprint', 'classify', 'completedResponse', 'failedResponse', 'expiredResponse']) {
+    if (typeof opts[name] !== 'function') throw new TypeError(`idempotency: ${name} must be a function`);
+  }
+  for (const name of ['header', 'replayHeader', 'scope']) {
+    if (typeof opts[name] !== 'string' || opts[name] === '') throw new TypeError(`idempotency: ${name} must be a non-empty string`);
+  }
+  if (!Array.isArray(opts.methods) || !opts.methods.every((m) => typeof m === 'string')) {
+    throw new TypeError("idempotency: methods must be an array of HTTP methods, such as ['POST']");
+  }
   opts.methods = opts.methods.map((m) => m.toUpperCase());
   return opts;
 }
