@@ -11,7 +11,8 @@ from psycopg import pq
 from . import _sql
 from ._state import JobState, dict_cursor, exit_action
 from ._steps import AsyncStep, StepHolder, arun_step
-from .errors import NotClaimed, is_stale_token
+from ._options import seconds
+from .errors import FinalError, NotClaimed, is_stale_token
 from .hooks import Hooks
 from .pooler import abehind_pooler
 from .waiting import aasked_again, apoll
@@ -154,10 +155,10 @@ class aclaim:
     def __init__(self, conn, key, request=None, *, scope="default", lease=30, wait=None,
                  heartbeat=True, classify=None, reraise=False, connect=None,
                  on_replay=None, on_conflict=None, on_fenced=None):
-        self.job = AsyncJob(conn, key, request, scope, lease, classify)
+        self.job = AsyncJob(conn, key, request, scope, seconds("lease", lease, 30, positive=True), classify)
         self.hooks = Hooks(on_replay, on_conflict, on_fenced)
         self.stopping = None
-        self.wait = wait
+        self.wait = seconds("wait", wait, None)
         self.reraise = reraise
         self.in_transaction = conn.info.transaction_status != pq.TransactionStatus.IDLE
         self.heartbeat = heartbeat and not self.in_transaction
@@ -197,7 +198,12 @@ class aclaim:
         action = exit_action(job, exc, self.in_transaction)
         try:
             if action == "complete":
-                await job.complete(job.result)
+                try:
+                    await job.complete(job.result)
+                except (TypeError, ValueError) as unstorable:   # json.dumps: a datetime, a cycle
+                    # Left held, the key would run its work again once the
+                    # lease ended, to the same end: it fails for good.
+                    await job._fail(FinalError(f"the result cannot be stored as JSON: {unstorable}"))
             elif action == "fail":
                 await job._fail(exc)
             elif action == "fence":

@@ -28,6 +28,7 @@ from typing import Any, Optional
 import psycopg
 
 from . import _record, _sql
+from ._options import seconds
 from ._state import JobState, dict_cursor
 from ._steps import AsyncStep, StepHolder, arun_step, step_key
 from .aclaim import start_beat, stop_beat
@@ -171,9 +172,9 @@ class IdempotencyMiddleware:
         self.methods = {m.upper() for m in methods}
         self.header = header.lower().encode("latin-1")
         self.replay_header = replay_header.lower()
-        self.lease = lease
-        self.wait = wait
-        self.retry_in = retry_in
+        self.lease = seconds("lease", lease, 30, positive=True)
+        self.wait = seconds("wait", wait, 0)
+        self.retry_in = seconds("retry_in", retry_in, None)   # None: the extension's backoff
         self.fingerprint = fingerprint
         self.classify = classify
         self.completed_response = completed_response or (lambda result: json_response(200, result))
