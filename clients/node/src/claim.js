@@ -7,7 +7,7 @@ import { Heartbeat } from './heartbeat.js';
 import { callHook } from './hooks.js';
 import { checkSeconds } from './options.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, NEXT_ATTEMPT, RELEASE, jsonParam } from './sql.js';
-import { isClosing, track } from './state.js';
+import { claimWhileOpen, isClosing, track } from './state.js';
 import { retryLost } from './record.js';
 import { parseSteps, runStep, stepKey } from './steps.js';
 import { withTransaction } from './transaction.js';
@@ -121,8 +121,9 @@ export async function claim(pool, options, work) {
     wait,
     signal,
     attempt: async () => {
-      const { rows: [claimed] } = await pool.query(CLAIM, params);
-      return { row: claimed, abandon: () => pool.query(RELEASE, [key, claimed.token, scope]) };
+      const giveBack = (claimed) => pool.query(RELEASE, [key, claimed.token, scope]);
+      const claimed = await claimWhileOpen(pool, async () => (await pool.query(CLAIM, params)).rows[0], giveBack);
+      return { row: claimed, abandon: () => giveBack(claimed) };
     },
   });
   const event = { key, scope, outcome: row.outcome };

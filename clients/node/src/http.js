@@ -26,7 +26,7 @@ import { callHook } from './hooks.js';
 import { decodeResponse, encodeResponse, isStoredResponse, jsonResponse, problem, response, storedFailure } from './response.js';
 import { retryLost } from './record.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, REGISTER, RELEASE, jsonParam } from './sql.js';
-import { isClosing, track } from './state.js';
+import { claimWhileOpen, isClosing, track } from './state.js';
 import { checkOut } from './transaction.js';
 import { checkSeconds, given } from './options.js';
 import { parseSteps, runStep, stepKey } from './steps.js';
@@ -175,11 +175,9 @@ async function beginClaim(opts, key, request, signal) {
     wait: opts.wait,
     signal,
     attempt: async () => {
-      const { rows: [claimed] } = await pool.query(CLAIM, params);
-      return {
-        row: claimed,
-        abandon: () => pool.query(RELEASE, [key, claimed.token, opts.scope]),
-      };
+      const giveBack = (claimed) => pool.query(RELEASE, [key, claimed.token, opts.scope]);
+      const claimed = await claimWhileOpen(pool, async () => (await pool.query(CLAIM, params)).rows[0], giveBack);
+      return { row: claimed, abandon: () => giveBack(claimed) };
     },
   });
   if (row.outcome !== 'claimed') return { response: answer(opts, key, row) };

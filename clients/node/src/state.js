@@ -6,7 +6,7 @@ const states = new WeakMap();
 export function stateOf(pool) {
   let state = states.get(pool);
   if (!state) {
-    state = { groups: new Map(), trying: new Map(), owners: new Set(), closing: false };
+    state = { groups: new Map(), trying: new Map(), owners: new Set(), claims: new Set(), closing: false };
     states.set(pool, state);
   }
   return state;
@@ -21,6 +21,24 @@ export function track(pool, owner) {
   return () => owners.delete(owner);
 }
 
+// A claim on its way to the server (claimRow() resolves to its row), so
+// that a shutdown cannot miss it: shutdown waits for the claims under way,
+// and a key claimed once the shutdown began is given back at once
+// (release(row)) and answered as in progress, its work never started.
+export function claimWhileOpen(pool, claimRow, release) {
+  const state = stateOf(pool);
+  const claiming = (async () => {
+    const row = await claimRow();
+    if (row.outcome !== 'claimed' || !state.closing) return row;
+    await release(row).catch(() => {});   // not given back: its lease ends it
+    return { ...row, outcome: 'in_progress', retry_after: 1 };
+  })();
+  state.claims.add(claiming);
+  const done = () => state.claims.delete(claiming);
+  claiming.then(done, done);
+  return claiming;
+}
+
 // shutdown(pool, { timeout }): what a stopping server calls once it stopped
 // accepting requests. Requests waiting for a key stop waiting and are
 // answered at once (409 with Retry-After); new requests get 503; running
@@ -32,6 +50,7 @@ export async function shutdown(pool, { timeout = 10 } = {}) {
   const state = stateOf(pool);
   state.closing = true;
   for (const group of state.groups.values()) group.leaveAll();
+  await Promise.allSettled([...state.claims]);
   const pending = [...state.owners];
   let timer;
   const expired = new Promise((resolve) => { timer = setTimeout(resolve, Math.max(0, timeout) * 1000); });

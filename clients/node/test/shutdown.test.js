@@ -87,3 +87,27 @@ describe('a client that disconnects', () => {
     assert.equal((await runsOf(base))[key], 2);
   });
 });
+
+// A claim still on its way to the server when the shutdown begins: the
+// shutdown waits for it, and the key it claims is given back at once, its
+// work never started. (The shutdown used to look only at the work already
+// running: such a key was left PROCESSING when the process exited.)
+describe('shutdown with claims under way', () => {
+  test('a key claimed after the shutdown began is given back, its work not run', async () => {
+    const { claim, shutdown } = await import('../src/index.js');
+    const slow = Object.create(pool);   // a pool of its own for the client's state, slow to claim
+    slow.query = async (text, params) => {
+      if (String(text).includes('idem_claim')) await new Promise((resolve) => setTimeout(resolve, 300));
+      return pool.query(text, params);
+    };
+    const key = newKey('under-way');
+    let ran = false;
+    const claiming = claim(slow, { key, scope: 'shutdown.claims' }, async () => { ran = true; return 'ran'; });
+    await new Promise((resolve) => setTimeout(resolve, 50));   // the claim is on its way
+    await shutdown(slow, { timeout: 2 });
+    const answer = await claiming;
+    assert.equal(answer.outcome, 'in_progress');
+    assert.equal(ran, false);
+    assert.notEqual((await keyRow(pool, key, 'shutdown.claims'))?.status, 'PROCESSING');
+  });
+});
