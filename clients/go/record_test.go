@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -9,16 +10,21 @@ import (
 	idempotency "github.com/idempotency/idempotency/clients/go"
 )
 
+// throughProxy: a pool through a proxy that cuts connections, and a
+// claim's options without a heartbeat (whose statements would meet the cuts).
+func throughProxy(t *testing.T) (*cutProxy, *sql.DB, context.Context, *idempotency.ClaimOptions) {
+	proxy := newCutProxy(t)
+	opts := &idempotency.ClaimOptions{Scope: "go.outage", Lease: 20 * time.Second, NoHeartbeat: true}
+	return proxy, proxy.db(t), testContext(t, 30*time.Second), opts
+}
+
 // The connection is cut as the work ends, and the server refuses new ones
 // for a second (a restart): the complete is tried again until it goes
 // through, instead of leaving the key held until its lease ends and the
 // work to run again.
 func TestRunRecordsThroughABriefOutage(t *testing.T) {
-	proxy := newCutProxy(t)
-	db := proxy.db(t)
-	ctx := testContext(t, 30*time.Second)
+	proxy, db, ctx, opts := throughProxy(t)
 	key := newKey(t)
-	opts := &idempotency.ClaimOptions{Scope: "go.outage", Lease: 20 * time.Second, NoHeartbeat: true}
 	runs := 0
 	done, err := idempotency.Run(ctx, db, key, nil, opts, func(context.Context, *idempotency.Claimed) (any, error) {
 		runs++
@@ -51,11 +57,8 @@ func TestRunRecordsThroughABriefOutage(t *testing.T) {
 // the next try finds the key completed with this claim's token, which is
 // this record, not another worker's (IK003 without it).
 func TestRunRecordWhoseAnswerWasLost(t *testing.T) {
-	proxy := newCutProxy(t)
-	db := proxy.db(t)
-	ctx := testContext(t, 30*time.Second)
+	proxy, db, ctx, opts := throughProxy(t)
 	key := newKey(t)
-	opts := &idempotency.ClaimOptions{Scope: "go.outage", Lease: 20 * time.Second, NoHeartbeat: true}
 	done, err := idempotency.Run(ctx, db, key, nil, opts, func(context.Context, *idempotency.Claimed) (any, error) {
 		proxy.cutAfterNextStatement()
 		return map[string]int{"charge": 7}, nil
