@@ -44,9 +44,9 @@ func (c *Claimed) AssertOwner(ctx context.Context, tx *sql.Tx) error {
 // Complete stores result (any JSON value) in a statement of its own; every
 // duplicate gets it back. A lost connection is tried again (record.go).
 func (c *Claimed) Complete(ctx context.Context, result any) error {
-	value, err := jsonParam(result)
+	value, err := storable(result)
 	if err != nil {
-		return &unstorableResult{err}
+		return err
 	}
 	lost, err := retryLost(ctx, func(ctx context.Context) error { return c.completeWith(ctx, c.db, value) })
 	if lost && errors.Is(err, ErrWrongState) {
@@ -65,9 +65,9 @@ func (c *Claimed) CompleteTx(ctx context.Context, tx *sql.Tx, result any) error 
 }
 
 func (c *Claimed) complete(ctx context.Context, q Queryer, result any) error {
-	value, err := jsonParam(result)
+	value, err := storable(result)
 	if err != nil {
-		return &unstorableResult{err}
+		return err
 	}
 	return c.completeWith(ctx, q, value)
 }
@@ -96,6 +96,15 @@ func (e *unstorableResult) Error() string {
 	return "the result cannot be stored as JSON: " + e.err.Error()
 }
 func (e *unstorableResult) Unwrap() error { return e.err }
+
+// storable: result as the parameter idem_complete takes, or *unstorableResult.
+func storable(result any) (any, error) {
+	value, err := jsonParam(result)
+	if err != nil {
+		return nil, &unstorableResult{err}
+	}
+	return value, nil
+}
 
 // Transaction runs fn in a transaction fenced by the token, then completes
 // the key with fn's result in that same transaction and commits. An error

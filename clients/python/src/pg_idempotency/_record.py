@@ -12,7 +12,12 @@ import time
 
 import psycopg
 
+from . import _sql
+
 PATIENCE = 10.0
+
+# The states of a key that each record leaves.
+_RECORDED = {_sql.COMPLETE: ("COMPLETED",), _sql.FAIL: ("FAILED_RETRYABLE", "FAILED_FINAL")}
 
 KEY_RECORD = "SELECT status::text, token FROM idempotency.idem_get(%(key)s, %(scope)s)"
 
@@ -40,8 +45,8 @@ def _connection(pool, timeout):
 class _Tries:
     """The schedule of the tries, and what a lost answer means."""
 
-    def __init__(self, job, statuses):
-        self.job, self.statuses = job, statuses
+    def __init__(self, job, sql):
+        self.job, self.statuses = job, _RECORDED[sql]
         self.deadline = time.monotonic() + PATIENCE
         self.pause, self.lost = 0.1, False
 
@@ -60,10 +65,10 @@ class _Tries:
         return pause
 
 
-def record(pool, job, sql, params, statuses):
-    """Runs ``sql`` on a connection of ``pool``, tried again after a lost
-    connection; ``statuses``: the key's states the record leaves."""
-    tries = _Tries(job, statuses)
+def record(pool, job, sql, params):
+    """Runs ``sql`` (COMPLETE or FAIL) on a connection of ``pool``, tried
+    again after a lost connection."""
+    tries = _Tries(job, sql)
     while True:
         try:
             with _connection(pool, tries.left()) as conn:
@@ -83,9 +88,9 @@ def record(pool, job, sql, params, statuses):
             time.sleep(pause)
 
 
-async def arecord(pool, job, sql, params, statuses):
+async def arecord(pool, job, sql, params):
     """``record`` on an AsyncConnectionPool."""
-    tries = _Tries(job, statuses)
+    tries = _Tries(job, sql)
     while True:
         try:
             async with _connection(pool, tries.left()) as conn:

@@ -225,8 +225,7 @@ class IdempotencyMiddleware:
         job.lost = context.lost
 
         async def record(sql, **params):
-            statuses = ("COMPLETED",) if sql is _sql.COMPLETE else ("FAILED_RETRYABLE", "FAILED_FINAL")
-            await _record.arecord(pool, job, sql, job.params(**params), statuses)
+            await _record.arecord(pool, job, sql, job.params(**params))
 
         async def renew():   # a lost beat: the next one tries again
             async with pool.connection() as conn:

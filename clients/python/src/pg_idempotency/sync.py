@@ -173,15 +173,14 @@ class SyncIdempotency:
         context.steps, context.connection = job.steps, pool.connection
 
         def record(sql, **params):
-            if sql is _sql.HEARTBEAT:   # a lost beat: the next one tries again
-                with pool.connection() as conn:
-                    conn.execute(sql, job.params(**params))
-                return
-            statuses = ("COMPLETED",) if sql is _sql.COMPLETE else ("FAILED_RETRYABLE", "FAILED_FINAL")
-            _record.record(pool, job, sql, job.params(**params), statuses)
+            _record.record(pool, job, sql, job.params(**params))
+
+        def renew():   # a lost beat: the next one tries again
+            with pool.connection() as conn:
+                conn.execute(_sql.HEARTBEAT, job.params())
         done = self.owners.hold(job)
         published = None        # what the duplicates waiting in this process are answered
-        beat = _Beat(job, lambda: record(_sql.HEARTBEAT))
+        beat = _Beat(job, renew)
         beat.start()
         try:
             try:
