@@ -19,8 +19,8 @@ type Handler func(ctx context.Context, d Delivery) error
 type ConsumeOptions struct {
 	Name         string        // the relay name recorded on the events ("go-consumer-PID"); the slot number is appended
 	Concurrency  int           // slots claiming and handling at once: 1
-	Batch        int           // events each slot claims at a time: 1
-	Lease        time.Duration // how long a claimed event is the slot's: 60 s
+	Batch        int           // events each slot claims at a time: 1 (at most 10,000)
+	Lease        time.Duration // how long a claimed event is the slot's: 60 s (at most idempotency.max_lease)
 	PollInterval time.Duration // how long an idle slot waits before claiming again: 1 s
 	// Wake, when given, ends an idle wait at once (feed it from a LISTEN on
 	// idempotency_outbox with your driver; database/sql has no LISTEN).
@@ -37,19 +37,19 @@ func (o *ConsumeOptions) normalized() ConsumeOptions {
 	if n.Name == "" {
 		n.Name = fmt.Sprintf("go-consumer-%d", os.Getpid())
 	}
-	if n.Concurrency <= 0 {
+	if n.Concurrency == 0 {
 		n.Concurrency = 1
 	}
-	if n.Batch <= 0 {
+	if n.Batch == 0 {
 		n.Batch = 1
 	}
-	if n.Lease <= 0 {
+	if n.Lease == 0 {
 		n.Lease = 60 * time.Second
 	}
-	if n.PollInterval <= 0 {
+	if n.PollInterval == 0 {
 		n.PollInterval = time.Second
 	}
-	if n.StopTimeout <= 0 {
+	if n.StopTimeout == 0 {
 		n.StopTimeout = 10 * time.Second
 	}
 	if n.OnError == nil {
@@ -58,14 +58,37 @@ func (o *ConsumeOptions) normalized() ConsumeOptions {
 	return n
 }
 
+// check: values that would fail every claim whatever the server's
+// settings are Consume's error at once, rather than claims made in vain.
+func (o *ConsumeOptions) check() error {
+	if o.Concurrency < 0 {
+		return fmt.Errorf("idempotency: ConsumeOptions.Concurrency must not be negative, not %d", o.Concurrency)
+	}
+	if o.Batch < 1 || o.Batch > maxBatch {
+		return fmt.Errorf("idempotency: ConsumeOptions.Batch must be from 1 to %d, not %d", maxBatch, o.Batch)
+	}
+	return firstError(checkLease("ConsumeOptions.Lease", o.Lease),
+		checkNotNegative("ConsumeOptions.PollInterval", o.PollInterval),
+		checkNotNegative("ConsumeOptions.StopTimeout", o.StopTimeout))
+}
+
 // Consume claims events of topics (all the role may claim when empty) and
 // runs handler for each, then acks or nacks it (Settle). Events of one
 // (topic, key) come one at a time, in order: the outbox hands out a key's
 // next event only once the previous one is settled. It returns once ctx
 // has ended and the events in hand are settled (a graceful stop); events
-// claimed but not started go back at once (outbox_release).
+// claimed but not started go back at once (outbox_release). It returns an
+// error at once for options out of range, and stops as on ctx's end when
+// outbox_claim refuses its options (22023: a Lease over the server's
+// idempotency.max_lease), which it would do at every claim.
 func Consume(ctx context.Context, db *sql.DB, topics []string, handler Handler, opts *ConsumeOptions) error {
 	o := opts.normalized()
+	if err := o.check(); err != nil {
+		return err
+	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	refused := make(chan error, 1)
 	topicsParam, err := jsonParam(topics)
 	if err != nil {
 		return err
@@ -91,7 +114,14 @@ func Consume(ctx context.Context, db *sql.DB, topics []string, handler Handler, 
 	var slots sync.WaitGroup
 	for i := 0; i < o.Concurrency; i++ {
 		slots.Add(1)
-		s := slot{db: db, relay: fmt.Sprintf("%s/%d", o.Name, i), topics: topicsParam, handler: handler, o: o}
+		s := slot{db: db, relay: fmt.Sprintf("%s/%d", o.Name, i), topics: topicsParam, handler: handler, o: o,
+			refused: func(err error) {
+				select {
+				case refused <- err:
+				default: // another slot's refusal says the same
+				}
+				stop()
+			}}
 		go func() {
 			defer slots.Done()
 			s.loop(ctx, work)
@@ -99,7 +129,12 @@ func Consume(ctx context.Context, db *sql.DB, topics []string, handler Handler, 
 	}
 	slots.Wait()
 	close(stopped)
-	return nil
+	select {
+	case err := <-refused:
+		return err
+	default:
+		return nil
+	}
 }
 
 type slot struct {
@@ -108,11 +143,17 @@ type slot struct {
 	topics  any
 	handler Handler
 	o       ConsumeOptions
+	refused func(error) // the claim's arguments were refused: stop consuming
 }
 
 func (s slot) loop(ctx, work context.Context) {
 	for ctx.Err() == nil {
 		batch, err := claimDeliveries(ctx, s.db, s.relay, s.o.Batch, s.o, s.topics)
+		if SQLState(err) == "22023" {
+			s.refused(fmt.Errorf("idempotency: outbox_claim refused the consumer's claim (Batch %d, Lease %v): %w",
+				s.o.Batch, s.o.Lease, err))
+			return
+		}
 		if err != nil && ctx.Err() == nil {
 			s.o.OnError(err)
 		}

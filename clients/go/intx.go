@@ -58,10 +58,3 @@ func InTx(ctx context.Context, db *sql.DB, key string, request any, opts *ClaimO
 	_, result := job.state()
 	return &Completed{Result: result}, nil
 }
-
-func firstError(err error, otherwise error) error {
-	if err != nil {
-		return err
-	}
-	return otherwise
-}

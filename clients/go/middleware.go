@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -75,9 +76,9 @@ type MiddlewareOptions struct {
 	Methods      []string      // the methods covered: POST and PATCH
 	Header       string        // "Idempotency-Key"
 	ReplayHeader string        // "Idempotent-Replayed"
-	Lease        time.Duration // 30 s, renewed by a heartbeat while the handler runs
+	Lease        time.Duration // 30 s, renewed by a heartbeat while the handler runs; at most idempotency.max_lease
 	Wait         time.Duration // how long a duplicate waits for the running one before its 409
-	RetryIn      time.Duration // when a retryable failure may run again (0: at once)
+	RetryIn      time.Duration // when a retryable failure may run again (0: at once; at most 36,000 days)
 	Fingerprint  Fingerprint
 	Classify     func(status int) Kind
 	// The answers for keys a worker completed or failed (no stored response).
@@ -110,7 +111,7 @@ func (o *MiddlewareOptions) normalized() MiddlewareOptions {
 	if n.ReplayHeader == "" {
 		n.ReplayHeader = "Idempotent-Replayed"
 	}
-	if n.Lease <= 0 {
+	if n.Lease == 0 {
 		n.Lease = defaultLease
 	}
 	if n.Fingerprint == nil {
@@ -185,8 +186,8 @@ func RequestOf(ctx context.Context) json.RawMessage { return stateOf(ctx).reques
 // (for the fingerprint) and handed on.
 func Middleware(db *sql.DB, opts *MiddlewareOptions) func(http.Handler) http.Handler {
 	o := opts.normalized()
-	if o.Mode != ModeClaim && o.Mode != ModeTransaction && o.Mode != ModeRegister {
-		panic("idempotency: unknown middleware mode " + strconv.Quote(string(o.Mode)))
+	if err := o.check(); err != nil {
+		panic(err)
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -241,6 +242,17 @@ func Middleware(db *sql.DB, opts *MiddlewareOptions) func(http.Handler) http.Han
 			o.serveTx(w, r, next, key, st)
 		})
 	}
+}
+
+// check: a mistake in the options panics when the middleware is made, as
+// it would fail every request.
+func (o *MiddlewareOptions) check() error {
+	if o.Mode != ModeClaim && o.Mode != ModeTransaction && o.Mode != ModeRegister {
+		return fmt.Errorf("idempotency: unknown middleware mode %q", o.Mode)
+	}
+	return firstError(checkLease("MiddlewareOptions.Lease", o.Lease),
+		checkNotNegative("MiddlewareOptions.Wait", o.Wait),
+		checkRetryIn("MiddlewareOptions.RetryIn", o.RetryIn))
 }
 
 // begin claims (or registers) the key as the mode says. Register mode does

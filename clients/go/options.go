@@ -1,0 +1,52 @@
+package idempotency
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// The bounds the extension puts on what it is given (docs/keys.md, 22023)
+// that hold whatever its settings. They are checked when the middleware or
+// the consumer is made: a value out of them would fail every request or
+// claim instead. A lease is also at most idempotency.max_lease (1 day by
+// default); a superuser may raise that up to maxLease, so only the server
+// checks it.
+const (
+	maxLease   = math.MaxInt32 * time.Millisecond // the highest idempotency.max_lease
+	maxRetryIn = 36000 * 24 * time.Hour           // retry_in: 100 years of 360 days
+	maxBatch   = 10000                            // outbox_claim's batch
+)
+
+// checkLease: at least a microsecond (an interval counts microseconds:
+// less would be 0, which no lease is) and at most maxLease.
+func checkLease(name string, d time.Duration) error {
+	if d < time.Microsecond || d > maxLease {
+		return fmt.Errorf("idempotency: %s must be from 1µs to %v, not %v", name, maxLease, d)
+	}
+	return nil
+}
+
+func checkRetryIn(name string, d time.Duration) error {
+	if d < 0 || d > maxRetryIn {
+		return fmt.Errorf("idempotency: %s must be from 0 to %v (36,000 days), not %v", name, maxRetryIn, d)
+	}
+	return nil
+}
+
+func checkNotNegative(name string, d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("idempotency: %s must not be negative, not %v", name, d)
+	}
+	return nil
+}
+
+// firstError: the first of errs that is not nil.
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
