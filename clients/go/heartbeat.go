@@ -14,6 +14,12 @@ import (
 // also stops with ctx. Other errors (a dropped connection) are transient:
 // the next beat tries again.
 func (c *Claimed) KeepAlive(ctx context.Context) (context.Context, func()) {
+	return c.keepAlive(ctx, nil)
+}
+
+// keepAlive is KeepAlive; failed, when given, hears each beat that failed
+// for another reason than a lost lease.
+func (c *Claimed) keepAlive(ctx context.Context, failed func(error)) (context.Context, func()) {
 	work, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -33,6 +39,9 @@ func (c *Claimed) KeepAlive(ctx context.Context) (context.Context, func()) {
 				c.mu.Unlock()
 				cancel()
 				return
+			}
+			if err != nil && failed != nil && work.Err() == nil { // not the stop itself
+				failed(err)
 			}
 		}
 	}()

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"math"
 	"net/http"
 	"strconv"
@@ -89,6 +90,10 @@ type MiddlewareOptions struct {
 	// ExpiredProblem, a 410, unless set.
 	ExpiredResponse                            func(key string) Response
 	OnReplay, OnConflict, OnMismatch, OnFenced func(Event)
+	// OnError hears each error the middleware keeps from the client: a
+	// claim or a record that failed (answered with a 500), a heartbeat that
+	// failed; wrapped with the key and what was being done. nil: log.Print.
+	OnError func(error)
 }
 
 func (o *MiddlewareOptions) normalized() MiddlewareOptions {
@@ -130,6 +135,9 @@ func (o *MiddlewareOptions) normalized() MiddlewareOptions {
 		n.FailedResponse = func(message string) Response {
 			return Problem(http.StatusInternalServerError, "Request failed", message)
 		}
+	}
+	if n.OnError == nil {
+		n.OnError = func(err error) { log.Print(err) }
 	}
 	return n
 }
@@ -218,11 +226,15 @@ func Middleware(db *sql.DB, opts *MiddlewareOptions) func(http.Handler) http.Han
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			req, err := jsonParam(o.Fingerprint(r, body))
 			if err != nil {
+				o.report("fingerprinting the request", key, err)
 				Problem(http.StatusInternalServerError, "Internal error", "The request could not be fingerprinted.").write(w)
 				return
 			}
 			t, err := o.begin(r.Context(), db, key, req)
 			if err != nil {
+				if r.Context().Err() == nil { // a client that went away is no error of the database
+					o.report("claiming", key, err)
+				}
 				Problem(http.StatusInternalServerError, "Internal error", "The key could not be claimed.").write(w)
 				return
 			}
@@ -285,7 +297,7 @@ func (o *MiddlewareOptions) covers(method string) bool {
 // response, sends it.
 func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next http.Handler, st *requestState) {
 	job := st.claim
-	ctx, stop := job.KeepAlive(r.Context())
+	ctx, stop := job.keepAlive(r.Context(), func(err error) { o.report("renewing the lease", job.Key, err) })
 	finished := false
 	defer func() {
 		if finished {
@@ -295,7 +307,9 @@ func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next h
 		stop()
 		record, cancel := recordingContext(r.Context())
 		defer cancel()
-		job.Fail(record, Retry(errors.New("the handler panicked"), o.RetryIn)) //nolint:errcheck
+		if _, err := job.Fail(record, Retry(errors.New("the handler panicked"), o.RetryIn)); err != nil {
+			o.report("failing it after the handler panicked", job.Key, err)
+		}
 	}()
 	rec := newRecorder()
 	next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, stateKey{}, st)))
@@ -312,6 +326,7 @@ func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next h
 			return
 		}
 		if !errors.Is(err, ErrFenced) {
+			o.report("recording the response", job.Key, err)
 			Problem(http.StatusInternalServerError, "Internal error", "The response could not be recorded.").write(w)
 			return
 		}
@@ -431,6 +446,13 @@ func retryAfterSeconds(res Result) int {
 func withStatus(e Event, status int) Event {
 	e.Status = status
 	return e
+}
+
+// report tells OnError of an error the middleware answers for, naming the
+// key and what was being done; a hook that panics changes nothing.
+func (o *MiddlewareOptions) report(doing, key string, err error) {
+	defer func() { recover() }() //nolint:errcheck
+	o.OnError(fmt.Errorf("idempotency: key %q (scope %q), %s: %w", key, o.Scope, doing, err))
 }
 
 // hook calls a logging hook; one that panics changes nothing.

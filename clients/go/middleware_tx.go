@@ -32,6 +32,8 @@ func (o *MiddlewareOptions) serveTx(w http.ResponseWriter, r *http.Request, next
 	if err := o.settleTx(r.Context(), st, resp); err != nil {
 		if errors.Is(err, ErrFenced) {
 			o.hook(o.OnFenced, Event{Key: key, Scope: o.Scope, Mode: o.Mode, During: "record", Err: err})
+		} else if r.Context().Err() == nil { // a client that went away rolls back on purpose
+			o.report("recording the response", key, err)
 		}
 		Problem(http.StatusInternalServerError, "Internal error", "The response could not be recorded.").write(w)
 		return
