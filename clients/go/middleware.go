@@ -191,7 +191,9 @@ func RequestOf(ctx context.Context) json.RawMessage { return stateOf(ctx).reques
 // How the key is held while the handler runs depends on opts.Mode (claim,
 // transaction, register). In claim mode the handler's context is cancelled
 // when its lease is lost or the client goes away. The body is read whole
-// (for the fingerprint) and handed on.
+// (for the fingerprint) and handed on. It panics for an unknown Mode, and
+// for a Lease, Wait or RetryIn that the extension would refuse whatever its
+// settings (options.go).
 func Middleware(db *sql.DB, opts *MiddlewareOptions) func(http.Handler) http.Handler {
 	o := opts.normalized()
 	if err := o.check(); err != nil {
