@@ -2,7 +2,7 @@
 // heartbeat keeps the lease, and record how it ended: complete (the result
 // is stored and replayed to every duplicate), fail (retryable or final), or
 // nothing at all when the key was taken over meanwhile (fenced).
-import { defaultClassify, isStaleToken } from './errors.js';
+import { classifyOr, defaultClassify, isStaleToken, retryInOrNull } from './errors.js';
 import { Heartbeat } from './heartbeat.js';
 import { callHook } from './hooks.js';
 import { checkSeconds } from './options.js';
@@ -79,7 +79,8 @@ export class Job {
   }
 }
 
-// A result that is not JSON (a BigInt, a cycle): nothing was recorded.
+// A result that is not JSON (a BigInt, a cycle), or holds a string with a
+// NUL character (PostgreSQL's jsonb cannot): nothing was recorded.
 export class UnstorableResult extends TypeError {
   constructor(cause) {
     super(`the result cannot be stored as JSON: ${cause?.message ?? cause}`);
@@ -88,12 +89,18 @@ export class UnstorableResult extends TypeError {
   }
 }
 
+// JSON's \u0000 escape, not preceded by an escaped backslash.
+const NUL_ESCAPE = /(^|[^\\])(\\\\)*\\u0000/;
+
 function storable(result) {
+  let text;
   try {
-    return jsonParam(result);
+    text = jsonParam(result);
   } catch (err) {
     throw new UnstorableResult(err);
   }
+  if (text !== null && NUL_ESCAPE.test(text)) throw new UnstorableResult('a string holds a NUL character (\\u0000)');
+  return text;
 }
 
 // claim(pool, { key, request, scope, lease, wait, heartbeat, classify,
@@ -194,7 +201,13 @@ async function run(pool, options, row, work) {
     try {
       if (error) {
         if (isStaleToken(error)) return fenced(error);
-        return await fail(pool, job, error, classify(error));
+        // A classify that throws: the key fails as by default, then claim
+        // rejects with classify's error.
+        let classifyError = null;
+        const kind = classifyOr(classify, defaultClassify, error, (err) => { classifyError = err; });
+        const failed = await fail(pool, job, error, kind);
+        if (classifyError) throw classifyError;
+        return failed;
       }
       if (job.finished === 'released') return { outcome: 'released' };
       if (job.finished !== 'completed') await job.complete(value ?? null);
@@ -214,7 +227,8 @@ async function run(pool, options, row, work) {
 
 async function fail(pool, job, error, kind) {
   const message = String(error?.message ?? error);
-  const retryIn = kind === 'final' ? null : error?.retryIn ?? null;
+  // An error's retryIn the extension would refuse: its backoff instead.
+  const retryIn = kind === 'final' ? null : retryInOrNull(error?.retryIn);
   const dueAfter = async (client) => (await client.query(NEXT_ATTEMPT, [job.key, job.scope])).rows[0]?.retry_after ?? null;
   const { status, retryAfter } = await retryLost(pool, job, () => withTransaction(pool, async (client) => {
     const { rows: [failed] } = await client.query(FAIL,

@@ -10,14 +10,26 @@ export class FinalError extends Error {
   }
 }
 
+// The longest retry_in the extension takes: 36,000 days.
+const MAX_RETRY_IN = 36000 * 86400;
+
+// A retryIn the extension takes (seconds from 0 to 36,000 days), or null.
+export function retryInOrNull(value) {
+  return typeof value === 'number' && value >= 0 && value <= MAX_RETRY_IN ? value : null;
+}
+
 // Throw it from a job to fail the key and ask for a retry after `retryIn`
-// seconds (instead of the extension's backoff).
+// seconds (instead of the extension's backoff). A retryIn the extension
+// would refuse is refused here, where its caller is.
 export class RetryableError extends Error {
   constructor(message, { retryIn = null, ...options } = {}) {
+    if (retryIn !== null && retryIn !== undefined && retryInOrNull(retryIn) === null) {
+      throw new RangeError(`idempotency: retryIn must be a number of seconds from 0 to ${MAX_RETRY_IN} (36,000 days), not ${String(retryIn)}`);
+    }
     super(message, options);
     this.name = 'RetryableError';
     this.retryable = true;
-    this.retryIn = retryIn;
+    this.retryIn = retryIn ?? null;
   }
 }
 
@@ -29,4 +41,16 @@ export function isStaleToken(err) {
 // The default classification of a job's error: 'final' or 'retryable'.
 export function defaultClassify(err) {
   return err?.retryable === false ? 'final' : 'retryable';
+}
+
+// classify(subject), or fallback(subject) when classify throws (report
+// hears why): the key or event must still be recorded, or it would stay
+// held and its work run again once the lease ended.
+export function classifyOr(classify, fallback, subject, report) {
+  try {
+    return classify(subject);
+  } catch (err) {
+    report(err);
+    return fallback(subject);
+  }
 }

@@ -58,6 +58,11 @@ export interface IdempotencyOptions {
   onMismatch?: (event: IdempotencyEvent & { status: 422 }) => void;
   /** The handler's lease was lost (its heartbeat found out, or recording its response did). */
   onFenced?: (event: { key: string; scope: string; mode: string; error: string; during: 'heartbeat' | 'record' }) => void;
+  /**
+   * A `classify` that threw (the response was classified by default) or a
+   * response that could not be recorded (answered 500). Default: console.error.
+   */
+  onError?: (event: { key: string; scope: string; mode: string; error: unknown; during: 'classify' | 'record' }) => void;
 }
 
 /** What the hooks are told. */

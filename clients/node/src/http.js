@@ -22,6 +22,7 @@
 //                  requests replay what it stored.
 import { defaultFingerprint } from './fingerprint.js';
 import { Heartbeat } from './heartbeat.js';
+import { classifyOr } from './errors.js';
 import { callHook } from './hooks.js';
 import { decodeResponse, encodeResponse, isStoredResponse, jsonResponse, problem, response, storedFailure } from './response.js';
 import { retryLost } from './record.js';
@@ -64,6 +65,7 @@ export function httpOptions(options = {}) {
     onConflict: null,
     onMismatch: null,
     onFenced: null,
+    onError: (event) => console.error(`idempotency: key ${JSON.stringify(event.key)}: ${event.during}:`, event.error),
     ...given(options),
   };
   if (!opts.pool) throw new TypeError('idempotency: the pool option is required');
@@ -349,7 +351,7 @@ export class Exchange {
     if (this.settled) return response;
     this.settled = true;
     try {
-      const kind = this.opts.classify(response);
+      const kind = classifyOr(this.opts.classify, defaultClassify, response, (err) => this.reportError(err, 'classify'));
       const stored = encodeResponse(response);
       if (kind === 'complete') await this.steps.complete(stored);
       else await this.steps.fail(kind === 'final' ? JSON.stringify(stored) : `HTTP ${response.status}`, kind !== 'final');
@@ -360,7 +362,10 @@ export class Exchange {
       if (err.code === '22001' && this.opts.mode === 'claim') return this.failTooLarge();
       // IK001: the lease was lost and another request holds the key; this
       // response is still the truth about the work this request did.
-      if (err.code !== 'IK001') return problem(500, 'Internal error', 'The response could not be recorded.');
+      if (err.code !== 'IK001') {
+        this.reportError(err, 'record');
+        return problem(500, 'Internal error', 'The response could not be recorded.');
+      }
       callHook(this.opts.onFenced, { key: this.key, scope: this.opts.scope, mode: this.opts.mode, error: err.message, during: 'record' });
     } finally {
       this.done();
@@ -368,10 +373,15 @@ export class Exchange {
     return response;
   }
 
+  reportError(error, during) {
+    callHook(this.opts.onError, { key: this.key, scope: this.opts.scope, mode: this.opts.mode, error, during });
+  }
+
   async failTooLarge() {
     try {
       await this.steps.fail(TOO_LARGE, false);
-    } catch {
+    } catch (err) {
+      this.reportError(err, 'record');
       return problem(500, 'Internal error', 'The response could not be recorded.');
     }
     return this.opts.failedResponse(TOO_LARGE);

@@ -1,6 +1,6 @@
 // The transactional outbox: enqueue in the caller's transaction, and a
 // consumer loop for those who use the outbox as a job queue.
-import { defaultClassify, isStaleToken } from './errors.js';
+import { classifyOr, defaultClassify, isStaleToken, retryInOrNull } from './errors.js';
 import { BACKEND_PID, ENQUEUE, LISTEN, OUTBOX_ACK, OUTBOX_CLAIM, OUTBOX_NACK, OUTBOX_RELEASE, jsonParam } from './sql.js';
 
 // Enqueues on `client`: pass the client of your transaction and the event
@@ -17,11 +17,12 @@ const CLAIM_OUTCOMES = new Set(['completed', 'failed', 'in_progress', 'retry_lat
 // ['nack', error, retryable, retryIn], ['release', retryIn] (pending again
 // after retryIn seconds, its attempt not counted) or ['leave'] (it comes
 // back when its lease ends). A handler may return what claim() resolved to.
-export function settlement(value, error, classify = defaultClassify) {
+// A classify that throws: the default classification (onError hears why).
+export function settlement(value, error, classify = defaultClassify, onError = () => {}) {
   if (error) {
     if (isStaleToken(error)) return ['leave'];
-    const final = classify(error) === 'final';
-    return ['nack', String(error?.message ?? error), !final, final ? null : error?.retryIn ?? null];
+    const final = classifyOr(classify, defaultClassify, error, onError) === 'final';
+    return ['nack', String(error?.message ?? error), !final, final ? null : retryInOrNull(error?.retryIn)];
   }
   if (!value || typeof value !== 'object' || !CLAIM_OUTCOMES.has(value.outcome)) return ['ack'];
   switch (value.outcome) {
@@ -108,7 +109,7 @@ export class Consumer {
     } catch (err) {
       error = err;
     }
-    const [action, ...args] = settlement(value, error, this.classify);
+    const [action, ...args] = settlement(value, error, this.classify, this.onError);
     if (action === 'release') await this.holdBeforeRelease(args[0]);
     try {
       if (action === 'ack') await this.pool.query(OUTBOX_ACK, [event.id]);

@@ -29,8 +29,9 @@ export function encodeResponse({ status, headers, body }) {
       kept[name.toLowerCase()] = Array.isArray(value) ? value.map(String) : String(value);
     }
   }
+  // Stored as text when it is UTF-8 without NUL (which jsonb cannot hold).
   const text = body.toString('utf8');
-  if (Buffer.from(text, 'utf8').equals(body)) return { status, headers: kept, body: text };
+  if (!text.includes('\u0000') && Buffer.from(text, 'utf8').equals(body)) return { status, headers: kept, body: text };
   return { status, headers: kept, body: body.toString('base64'), encoding: 'base64' };
 }
 

@@ -119,6 +119,46 @@ describe('claim', () => {
     assert.equal(failed.retryable, false);
   });
 
+  test('a classify that throws: the key fails as by default, and claim rejects with its error', async () => {
+    const key = newKey();
+    let runs = 0;
+    const broken = new Error('classify is broken');
+    await assert.rejects(claim(pool, { key, classify: () => { throw broken; } }, async () => {
+      runs += 1;
+      throw new Error('provider down');
+    }), (err) => err === broken);
+    const row = await keyRow(pool, key);
+    assert.equal(row.status, 'FAILED_RETRYABLE', 'not left PROCESSING until its lease ends');
+    assert.equal(runs, 1);
+  });
+
+  test('a retryIn the extension refuses: RetryableError refuses it; any other error\'s is ignored', async () => {
+    for (const retryIn of [-1, Infinity, NaN, '5', 36000 * 86400 + 1]) {
+      assert.throws(() => new RetryableError('x', { retryIn }), RangeError, String(retryIn));
+    }
+    assert.equal(new RetryableError('x', { retryIn: 0 }).retryIn, 0);
+    assert.equal(new RetryableError('x').retryIn, null);
+    const key = newKey();
+    const failed = await claim(pool, { key }, async () => { throw Object.assign(new Error('slow'), { retryIn: -5 }); });
+    assert.equal(failed.outcome, 'failed');
+    assert.equal(failed.retryable, true);
+    assert.equal((await keyRow(pool, key)).status, 'FAILED_RETRYABLE');
+  });
+
+  test('a result holding a NUL character fails the key for good: the work runs once', async () => {
+    const key = newKey();
+    let runs = 0;
+    const work = async () => { runs += 1; return { text: 'a\u0000b' }; };
+    const first = await claim(pool, { key }, work);
+    assert.equal(first.outcome, 'failed');
+    assert.equal(first.retryable, false);
+    assert.match(first.error, /NUL/);
+    assert.equal((await claim(pool, { key }, work)).replayed, true);
+    assert.equal(runs, 1);
+    assert.equal((await claim(pool, { key: newKey() }, async () => ({ text: 'a\\u0000b' }))).outcome, 'completed',
+      'a backslash followed by u0000 is not a NUL');
+  });
+
   test('release() gives the key back without counting an attempt', async () => {
     const key = newKey();
     assert.deepEqual(await claim(pool, { key }, (job) => job.release()), { outcome: 'released' });

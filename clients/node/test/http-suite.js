@@ -15,6 +15,17 @@ export function httpSuite(framework, startServer) {
     const ran = (key) => runs.get(key) ?? 0;
     const count = (key) => runs.set(key, ran(key) + 1).get(key);
     const charges = new Map();       // per step key: how many charges the provider saw
+    const errors = [];               // what onError heard
+    const onError = (event) => errors.push(event);
+    const brokenClassify = () => { throw new Error('classify is broken'); };
+    // A pool whose idem_complete is refused (as a revoked grant would be).
+    const refusing = {
+      query: (text, params) => (/idem_complete/.test(text)
+        ? Promise.reject(Object.assign(new Error('permission denied for function idem_complete'), { code: '42501' }))
+        : pool.query(text, params)),
+      connect: () => pool.connect(),
+      get ending() { return pool.ending; },
+    };
     let server;
 
     const routes = [
@@ -112,6 +123,24 @@ export function httpSuite(framework, startServer) {
           count(idempotency.key);
           return { status: 200, headers: { 'content-type': 'text/plain' }, body: Buffer.alloc(1200000, 'x') };
         },
+      },
+      {
+        path: '/nul', options: { scope: `${framework}.nul` },
+        handler: async ({ idempotency }) => ({
+          status: 200, headers: { 'content-type': 'text/plain' }, body: Buffer.from(`a\u0000b${count(idempotency.key)}`),
+        }),
+      },
+      {
+        path: '/misclassified', options: { scope: `${framework}.misclassified`, classify: brokenClassify, onError },
+        handler: async ({ idempotency }) => ({ status: 201, json: { run: count(idempotency.key) } }),
+      },
+      {
+        path: '/misclassified-tx', options: { scope: `${framework}.misclassified`, mode: 'transaction', classify: brokenClassify, onError },
+        handler: async ({ idempotency }) => ({ status: 201, json: { run: count(idempotency.key) } }),
+      },
+      {
+        path: '/unrecorded', options: { scope: `${framework}.unrecorded`, pool: refusing, onError },
+        handler: async ({ idempotency }) => ({ status: 201, json: { run: count(idempotency.key) } }),
       },
       {
         path: '/optional', options: { scope: `${framework}.optional`, required: false },
@@ -273,6 +302,45 @@ export function httpSuite(framework, startServer) {
       assert.equal(again.status, 503);
       assert.equal(again.replayed, true);
       assert.equal(ran(key), 1);
+    });
+
+    test('a body with a NUL character is stored and replayed byte for byte', async () => {
+      const key = newKey();
+      const first = await post('/nul', key, {});
+      assert.equal(first.status, 200);
+      assert.ok(first.bytes.equals(Buffer.from('a\u0000b1')), first.text);
+      const again = await post('/nul', key, {});
+      assert.equal(again.replayed, true);
+      assert.ok(again.bytes.equals(first.bytes));
+      assert.equal(ran(key), 1);
+    });
+
+    for (const [mode, path] of [['claim', '/misclassified'], ['transaction', '/misclassified-tx']]) {
+      test(`${mode} mode: a classify that throws: the default classification records the response, onError hears why`, async () => {
+        const key = newKey();
+        const first = await post(path, key, {});
+        assert.equal(first.status, 201);
+        const { rows: [row] } = await pool.query('SELECT status::text FROM idempotency.idem_get($1, $2)', [key, `${framework}.misclassified`]);
+        assert.equal(row?.status, 'COMPLETED', 'not left PROCESSING (claim) or uncommitted (transaction)');
+        const again = await post(path, key, {});
+        assert.equal(again.replayed, true);
+        assert.ok(again.bytes.equals(first.bytes));
+        assert.equal(ran(key), 1);
+        const heard = errors.find((e) => e.key === key);
+        assert.equal(heard?.during, 'classify');
+        assert.equal(heard.mode, mode);
+        assert.match(String(heard.error?.message), /classify is broken/);
+      });
+    }
+
+    test('a response that cannot be recorded: 500, and onError hears the database\'s error', async () => {
+      const key = newKey();
+      const first = await post('/unrecorded', key, {});
+      assert.equal(first.status, 500);
+      assert.match(first.text, /could not be recorded/);
+      const heard = errors.find((e) => e.key === key);
+      assert.equal(heard?.during, 'record');
+      assert.equal(heard.error?.code, '42501');
     });
 
     test('a response larger than the server stores fails the key for good: the handler runs once', async () => {

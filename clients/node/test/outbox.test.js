@@ -61,6 +61,13 @@ describe('settlement', () => {
     assert.deepEqual(settlement(undefined, new RetryableError('slow', { retryIn: 3 })), ['nack', 'slow', true, 3]);
     assert.deepEqual(settlement(undefined, new FinalError('bad')), ['nack', 'bad', false, null]);
     assert.deepEqual(settlement(undefined, Object.assign(new Error('stale'), { code: 'IK001' })), ['leave']);
+    assert.deepEqual(settlement(undefined, Object.assign(new Error('odd'), { retryIn: -1 })), ['nack', 'odd', true, null],
+      'a retryIn the extension refuses: its backoff instead');
+    const heard = [];
+    const broken = () => { throw new Error('classify is broken'); };
+    assert.deepEqual(settlement(undefined, new FinalError('bad'), broken, (err) => heard.push(err.message)),
+      ['nack', 'bad', false, null], 'a classify that throws: the default classification');
+    assert.deepEqual(heard, ['classify is broken']);
   });
 });
 
