@@ -35,6 +35,10 @@ async def until_held(pool, key, scope):
     raise AssertionError(f"no request held {key} within 20 s")
 
 
+def broken_classify(response):
+    raise RuntimeError("classify is broken")
+
+
 def make_app(pool):
     app = FastAPI()
 
@@ -82,6 +86,18 @@ def make_app(pool):
         runs[request.state.idempotency.key] += 1
         return Response(b"x" * 1200000, media_type="text/plain")
 
+    @app.post("/nul")
+    async def nul(request: Request):
+        runs[request.state.idempotency.key] += 1
+        return Response(b"a\x00b", media_type="text/plain")
+
+    @app.post("/classify-claim")
+    @app.post("/classify-tx")
+    async def misclassified(request: Request):
+        key = request.state.idempotency.key
+        runs[key] += 1
+        return JSONResponse({"run": runs[key]}, status_code=201)
+
     @app.post("/optional")
     async def optional():
         return {"ok": True}
@@ -112,7 +128,11 @@ def make_app(pool):
 
     common = {"pool": pool}
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.orders",
-                       paths=["/orders", "/waiting", "/flaky", "/throws", "/declined", "/binary", "/large"])
+                       paths=["/orders", "/waiting", "/flaky", "/throws", "/declined", "/binary", "/large", "/nul"])
+    app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.misclassified", paths=["/classify-claim"],
+                       classify=broken_classify)
+    app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.misclassified", paths=["/classify-tx"],
+                       mode="transaction", classify=broken_classify)
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.waiting", paths=["/waiting"], wait=10)
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.optional", paths=["/optional"], required=False)
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.tx", paths=["/tx"], mode="transaction")
@@ -247,6 +267,34 @@ def test_a_binary_body_is_replayed_byte_for_byte(new_key):
         again = await post("/binary", key)
         assert again.replayed and again.content == bytes([0, 255, 128, 10, 13])
     scenario(test)
+
+
+def test_a_body_with_a_nul_character_is_stored_and_replayed(new_key):
+    key = new_key()
+
+    async def test(post, pool):
+        first = await post("/nul", key)
+        again = await post("/nul", key)
+        assert (first.status_code, first.content) == (200, b"a\x00b")
+        assert again.replayed and again.content == b"a\x00b"
+    scenario(test)
+    assert runs[key] == 1
+
+
+@pytest.mark.parametrize("path", ["/classify-claim", "/classify-tx"])
+def test_a_classify_that_raises_records_by_default_and_is_logged(new_key, admin, caplog, path):
+    key = new_key()
+
+    async def test(post, pool):
+        first = await post(path, key)
+        assert first.status_code == 201
+        assert key_row(admin, key, "asgi.misclassified")[0] == "COMPLETED"
+        again = await post(path, key)
+        assert again.replayed and again.content == first.content
+    scenario(test)
+    assert runs[key] == 1
+    assert any("classify raised" in r.getMessage() and "classify is broken" in (r.exc_text or "")
+               for r in caplog.records)
 
 
 def test_a_response_larger_than_the_server_stores_fails_the_key_for_good(new_key, admin):

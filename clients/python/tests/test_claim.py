@@ -159,6 +159,42 @@ def test_classify_decides_which_errors_are_final(conn, new_key):
     assert job.retryable is False
 
 
+def test_a_classify_that_raises_fails_the_key_by_default_and_is_logged(conn, admin, new_key, caplog):
+    def broken(exc):
+        raise RuntimeError("classify is broken")
+    key = new_key()
+    with idem.claim(conn, key, classify=broken) as job:
+        raise ValueError("provider down")
+    assert (job.outcome, job.retryable) == ("failed", True)
+    assert key_row(admin, key) == ("FAILED_RETRYABLE", 1)
+    assert any("classify raised" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("retry_in", [-1, float("inf"), float("nan"), "5", True, 36000 * 86400 + 1])
+def test_retryable_error_refuses_a_retry_in_the_extension_would(retry_in):
+    with pytest.raises(ValueError, match="retry_in must be"):
+        idem.RetryableError("x", retry_in=retry_in)
+
+
+def test_another_errors_retry_in_out_of_range_is_ignored(conn, admin, new_key):
+    class Slow(Exception):
+        retry_in = -5
+    key = new_key()
+    assert idem.RetryableError("x", retry_in=0).retry_in == 0
+    with idem.claim(conn, key) as job:
+        raise Slow("slow")
+    assert (job.outcome, job.retryable) == ("failed", True)
+    assert key_row(admin, key) == ("FAILED_RETRYABLE", 1)
+
+
+def test_a_result_with_a_nul_character_fails_the_key_for_good(conn, admin, new_key):
+    key = new_key()
+    job = run_once(conn, key, {"text": "a\x00b"})
+    assert (job.outcome, job.retryable) == ("failed", False) and "NUL" in job.error
+    assert key_row(admin, key) == ("FAILED_FINAL", 1)
+    assert run_once(conn, new_key(), {"text": "a\\u0000b"}).outcome == "completed"
+
+
 def test_reraise_lets_the_error_through_after_recording_it(conn, admin, new_key):
     key = new_key()
     with pytest.raises(KeyError):

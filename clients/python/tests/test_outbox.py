@@ -54,6 +54,17 @@ def test_settlement_maps_outcomes_and_errors():
     assert idem.settlement(None, idem.FinalError("bad")) == ("nack", "bad", False, None)
 
 
+def test_settlement_of_a_bad_retry_in_or_a_classify_that_raises(caplog):
+    class Odd(Exception):
+        retry_in = -1
+    assert idem.settlement(None, Odd("odd")) == ("nack", "odd", True, None), "the extension's backoff instead"
+
+    def broken(exc):
+        raise RuntimeError("classify is broken")
+    assert idem.settlement(None, idem.FinalError("bad"), broken) == ("nack", "bad", False, None)
+    assert any("classify raised" in r.getMessage() for r in caplog.records)
+
+
 def run_consumer(consumer, handler):
     thread = threading.Thread(target=consumer.run, args=(handler,), daemon=True)
     thread.start()

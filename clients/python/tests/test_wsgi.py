@@ -33,6 +33,21 @@ def flask_app(pool):
                 on_conflict=seen.append, on_replay=seen.append)
     Idempotency(app, pool=pool, scope="flask.waiting", paths=["/waiting"], wait=10)
     Idempotency(app, pool=pool, scope="flask.tx", paths=["/tx"], mode="transaction")
+    Idempotency(app, pool=pool, scope="flask.nul", paths=["/nul"])
+    Idempotency(app, pool=pool, scope="flask.misclassified", paths=["/classify-claim"], classify=broken_classify)
+    Idempotency(app, pool=pool, scope="flask.misclassified", paths=["/classify-tx"], mode="transaction",
+                classify=broken_classify)
+
+    @app.post("/nul")
+    def nul():
+        runs[context().key] += 1
+        return flask.Response(b"a\x00b", mimetype="text/plain")
+
+    @app.post("/classify-claim")
+    @app.post("/classify-tx")
+    def misclassified():
+        runs[context().key] += 1
+        return flask.jsonify(run=runs[context().key]), 201
 
     @app.post("/orders")
     def orders():
@@ -67,6 +82,10 @@ def flask_app(pool):
         return flask.jsonify(written=True), 201
     app.seen = seen
     return app
+
+
+def broken_classify(response):
+    raise RuntimeError("classify is broken")
 
 
 def post(client, path, key, body=None):
@@ -139,6 +158,29 @@ def test_flask_transaction_mode(flask_app, admin):
     assert post(client, "/tx", failing, {"fail": True}).status_code == 500
     assert effects(admin, ok) == ["flask"] and effects(admin, failing) == []
     assert key_row(admin, failing, "flask.tx") is None
+
+
+def test_flask_a_body_with_a_nul_character_is_stored_and_replayed(flask_app):
+    client = flask_app.test_client()
+    key = f"f-{uuid.uuid4()}"
+    first, again = post(client, "/nul", key), post(client, "/nul", key)
+    assert (first.status_code, first.data) == (200, b"a\x00b")
+    assert (again.headers.get("Idempotent-Replayed"), again.data) == ("true", b"a\x00b")
+    assert runs[key] == 1
+
+
+@pytest.mark.parametrize("path", ["/classify-claim", "/classify-tx"])
+def test_flask_a_classify_that_raises_records_by_default_and_is_logged(flask_app, admin, caplog, path):
+    client = flask_app.test_client()
+    key = f"f-{uuid.uuid4()}"
+    first = post(client, path, key)
+    assert first.status_code == 201
+    assert key_row(admin, key, "flask.misclassified")[0] == "COMPLETED"
+    again = post(client, path, key)
+    assert (again.headers.get("Idempotent-Replayed"), again.data) == ("true", first.data)
+    assert runs[key] == 1
+    assert any("classify raised" in r.getMessage() and "classify is broken" in (r.exc_text or "")
+               for r in caplog.records)
 
 
 def test_django(pool):

@@ -1,12 +1,26 @@
 """The SQL the client runs: every call into the extension, in one place.
 Durations travel as seconds and become intervals here."""
 
+import json
+import re
+
 from psycopg.types.json import Jsonb
+
+# JSON's \u0000 escape, not preceded by an escaped backslash.
+_NUL_ESCAPE = re.compile(r'(?<!\\)(?:\\\\)*\\u0000')
+
+
+def _dumps(value):
+    text = json.dumps(value)
+    if _NUL_ESCAPE.search(text):
+        raise ValueError("a string holds a NUL character (\\u0000), which jsonb cannot hold")
+    return text
 
 
 def jsonb(value):
-    """A jsonb parameter (None stays NULL)."""
-    return None if value is None else Jsonb(value)
+    """A jsonb parameter (None stays NULL). Dumped when the statement runs:
+    a value json cannot hold raises TypeError or ValueError then."""
+    return None if value is None else Jsonb(value, dumps=_dumps)
 
 
 # result_expired (extension 0.7.0): the answer came from the key's

@@ -5,7 +5,7 @@ from psycopg.rows import dict_row
 
 from . import _sql
 from ._steps import parse_steps, step_key
-from .errors import default_classify, is_stale_token
+from .errors import classify_or, default_classify, is_stale_token, retry_in_or_none
 
 
 class JobState:
@@ -72,8 +72,9 @@ class JobState:
 
     def failure(self, exc):
         """The idem_fail parameters for an error raised by the block."""
-        final = self.classify(exc) == "final"
-        retry_in = None if final else getattr(exc, "retry_in", None)
+        final = classify_or(self.classify, default_classify, exc) == "final"
+        # An error's retry_in the extension would refuse: its backoff instead.
+        retry_in = None if final else retry_in_or_none(getattr(exc, "retry_in", None))
         return self.params(error=str(exc) or type(exc).__name__, retryable=not final, retry_in=retry_in)
 
     def failed(self, status, retry_after, exc):

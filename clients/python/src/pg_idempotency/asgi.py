@@ -35,8 +35,9 @@ from .aclaim import start_beat, stop_beat
 from .hooks import Hooks
 from .pooler import awith_unprepared
 from .waiting import AsyncOwners, answered_row
+from .errors import classify_or
 from .http import (TOO_LARGE, Response, answer, default_classify, default_fingerprint, encode_response,
-                   json_response, problem)
+                   json_response, problem, unrecorded)
 
 _MODES = ("claim", "transaction", "register")
 _SAVEPOINT = "idempotent_handler"
@@ -251,7 +252,7 @@ class IdempotencyMiddleware:
                 raise
             await stop_beat(beat, stopping)
             response = recorder.response()
-            kind = self.classify(response)
+            kind = classify_or(self.classify, default_classify, response)
             stored = encode_response(response)
             try:
                 if kind == "complete":
@@ -273,10 +274,10 @@ class IdempotencyMiddleware:
                         await record(_sql.FAIL, error=TOO_LARGE, retryable=False, retry_in=None)
                         published = answered_row(job, "failed", error=TOO_LARGE)
                         response = self.failed_response(TOO_LARGE)
-                    except psycopg.Error:
-                        response = problem(500, "Internal error", "The response could not be recorded.")
+                    except psycopg.Error as again:
+                        response = unrecorded(job.key, again)
                 elif getattr(exc, "sqlstate", None) != "IK001":
-                    response = problem(500, "Internal error", "The response could not be recorded.")
+                    response = unrecorded(job.key, exc)
                 else:
                     job.fenced(exc)
                     self.hooks.fenced(job, **self._http(scope, response.status))
@@ -307,8 +308,8 @@ class IdempotencyMiddleware:
                             raise psycopg.Rollback(tx)  # as if the request never came; the response is sent
                 except _AppFailed as failed:
                     raise failed.error
-                except psycopg.Error:
-                    ran["response"] = problem(500, "Internal error", "The response could not be recorded.")
+                except psycopg.Error as exc:
+                    ran["response"] = unrecorded(job.key, exc)
                 finally:
                     if "done" in ran:
                         self.owners.release(job, ran.pop("done"))
@@ -334,7 +335,7 @@ class IdempotencyMiddleware:
         except Exception as exc:
             raise _AppFailed(exc) from exc      # rolls everything back
         response = recorder.response()
-        kind = self.classify(response)
+        kind = classify_or(self.classify, default_classify, response)
         if kind == "retryable" or (kind == "final" and registering):
             return response, False
         if kind == "final":

@@ -1,5 +1,20 @@
 """The errors a caller raises or catches, and how a job's error is classified."""
 
+import logging
+import math
+
+log = logging.getLogger("pg_idempotency")
+
+# The longest retry_in the extension takes: 36,000 days.
+MAX_RETRY_IN = 36000 * 86400
+
+
+def retry_in_or_none(value):
+    """A retry_in the extension takes (seconds from 0 to 36,000 days), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) and 0 <= value <= MAX_RETRY_IN else None
+
 
 class FinalError(Exception):
     """Raise it in a job to fail the key for good (no retry)."""
@@ -9,11 +24,15 @@ class FinalError(Exception):
 
 class RetryableError(Exception):
     """Raise it in a job to fail the key and ask for a retry after
-    ``retry_in`` seconds (instead of the extension's backoff)."""
+    ``retry_in`` seconds (instead of the extension's backoff). A retry_in
+    the extension would refuse is refused here, where its caller is."""
 
     retryable = True
 
     def __init__(self, message="", retry_in=None):
+        if retry_in is not None and retry_in_or_none(retry_in) is None:
+            raise ValueError(f"retry_in must be a number of seconds from 0 to {MAX_RETRY_IN} (36,000 days), "
+                             f"not {retry_in!r}")
         super().__init__(message)
         self.retry_in = retry_in
 
@@ -26,6 +45,17 @@ def is_stale_token(exc):
 def default_classify(exc):
     """'final' for errors that say so (``retryable = False``), else 'retryable'."""
     return "final" if getattr(exc, "retryable", True) is False else "retryable"
+
+
+def classify_or(classify, fallback, subject):
+    """classify(subject), or fallback(subject) when classify raises (logged):
+    the key or event must still be recorded, or it would stay held and its
+    work run again once the lease ended."""
+    try:
+        return classify(subject)
+    except Exception:
+        log.exception("pg_idempotency: classify raised; the default classification applies")
+        return fallback(subject)
 
 
 class NotClaimed(Exception):

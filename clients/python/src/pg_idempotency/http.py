@@ -2,13 +2,15 @@
 the classification of responses, and responses as they are stored and
 replayed. A stored response is the jsonb ``{status, headers, body,
 encoding?}`` (body: the text, or its base64 with encoding "base64" when it
-is not UTF-8); the Node.js client stores the same."""
+is not UTF-8 or holds a NUL character); the Node.js client stores the same."""
 
 import base64
 import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+
+from .errors import log
 
 # Headers that describe one transfer, not the response: never replayed.
 TRANSIENT_HEADERS = {"connection", "content-length", "date", "keep-alive", "transfer-encoding",
@@ -36,6 +38,13 @@ def problem(status, title, detail, headers=None):
     """An RFC 9457 problem document."""
     return Response(status, {"content-type": "application/problem+json", **(headers or {})},
                     json.dumps({"title": title, "status": status, "detail": detail}).encode())
+
+
+def unrecorded(key, exc):
+    """The answer to a response that could not be recorded (the key stays
+    held until its lease ends), logged with the database's error."""
+    log.error("pg_idempotency: key %r: the response could not be recorded: %s", key, exc)
+    return problem(500, "Internal error", "The response could not be recorded.")
 
 
 def canonical_json(value):
@@ -71,11 +80,15 @@ def encode_response(response):
     for name, value in response.headers.items():
         if name.lower() not in TRANSIENT_HEADERS:
             headers[name.lower()] = value
+    # Stored as text when it is UTF-8 without NUL (which jsonb cannot hold).
     try:
-        return {"status": response.status, "headers": headers, "body": response.body.decode("utf-8")}
+        text = response.body.decode("utf-8")
+        if "\x00" not in text:
+            return {"status": response.status, "headers": headers, "body": text}
     except UnicodeDecodeError:
-        return {"status": response.status, "headers": headers,
-                "body": base64.b64encode(response.body).decode(), "encoding": "base64"}
+        pass
+    return {"status": response.status, "headers": headers,
+            "body": base64.b64encode(response.body).decode(), "encoding": "base64"}
 
 
 def is_stored_response(value):

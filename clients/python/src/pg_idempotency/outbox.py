@@ -12,7 +12,7 @@ import psycopg
 
 from . import _sql
 from ._state import JobState, dict_cursor
-from .errors import NotClaimed, default_classify, is_stale_token
+from .errors import NotClaimed, classify_or, default_classify, is_stale_token, retry_in_or_none
 from .hooks import Hooks
 from .pooler import aconnect, connect
 
@@ -41,15 +41,16 @@ def settlement(value, error, classify=default_classify):
     again after retry_in seconds, its attempt not counted) or ('leave',) (it
     comes back when its lease ends). A handler may return the Job of its
     claim, or let the claim's NotClaimed through (the same as returning its
-    job)."""
+    job). A classify that raises is logged, and the default classification
+    applies."""
     if isinstance(error, NotClaimed):
         value, error = error.job, None
     if error is not None:
         if is_stale_token(error):
             return ("leave",)
-        final = classify(error) == "final"
+        final = classify_or(classify, default_classify, error) == "final"
         return ("nack", str(error) or type(error).__name__, not final,
-                None if final else getattr(error, "retry_in", None))
+                None if final else retry_in_or_none(getattr(error, "retry_in", None)))
     if not isinstance(value, JobState):
         return ("ack",)
     outcome = value.outcome

@@ -19,7 +19,9 @@ from ._steps import StepHolder, SyncStep, run_step
 from .asgi import IdempotencyContext
 from .hooks import Hooks
 from .pooler import with_unprepared
-from .http import TOO_LARGE, answer, default_classify, default_fingerprint, encode_response, json_response, problem
+from .errors import classify_or
+from .http import (TOO_LARGE, answer, default_classify, default_fingerprint, encode_response, json_response, problem,
+                   unrecorded)
 from .waiting import ThreadOwners, answered_row
 
 _MODES = ("claim", "transaction")
@@ -193,7 +195,7 @@ class SyncIdempotency:
                     pass    # taken over, or the database is gone: the lease ends it
                 raise
             beat.stop()
-            kind = self.classify(response)
+            kind = classify_or(self.classify, default_classify, response)
             stored = encode_response(response)
             try:
                 if kind == "complete":
@@ -213,10 +215,10 @@ class SyncIdempotency:
                         record(_sql.FAIL, error=TOO_LARGE, retryable=False, retry_in=None)
                         published = answered_row(job, "failed", error=TOO_LARGE)
                         response = self.failed_response(TOO_LARGE)
-                    except psycopg.Error:
-                        response = problem(500, "Internal error", "The response could not be recorded.")
+                    except psycopg.Error as again:
+                        response = unrecorded(job.key, again)
                 elif getattr(exc, "sqlstate", None) != "IK001":
-                    response = problem(500, "Internal error", "The response could not be recorded.")
+                    response = unrecorded(job.key, exc)
                 else:
                     job.fenced(exc)
                     self.hooks.fenced(job, status=response.status, **http)
@@ -244,8 +246,8 @@ class SyncIdempotency:
                             raise psycopg.Rollback(tx)
                 except _AppFailed as failed:
                     raise failed.error
-                except psycopg.Error:
-                    ran["response"] = problem(500, "Internal error", "The response could not be recorded.")
+                except psycopg.Error as exc:
+                    ran["response"] = unrecorded(job.key, exc)
                 finally:
                     if "done" in ran:
                         self.owners.release(job, ran.pop("done"))
@@ -263,7 +265,7 @@ class SyncIdempotency:
             response = call(context)
         except Exception as exc:
             raise _AppFailed(exc) from exc
-        kind = self.classify(response)
+        kind = classify_or(self.classify, default_classify, response)
         if kind == "retryable":
             return response, False
         if kind == "final":
