@@ -110,6 +110,28 @@ func TestRunRecordsHowTheWorkEnded(t *testing.T) {
 	}
 }
 
+// Work that asks for a retry delay the extension refuses (negative, or
+// over 36,000 days) fails its key retryably after the extension's
+// backoff: passed on, the delay made idem_fail fail (22023) and the key
+// stayed held until its lease ended, so that the work ran again then.
+func TestRunRetryDelayOutOfRangeGetsTheBackoff(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	for _, d := range []time.Duration{-time.Second, 36001 * 24 * time.Hour} {
+		key := newKey(t)
+		_, err := idempotency.Run(ctx, db, key, nil, nil, func(context.Context, *idempotency.Claimed) (any, error) {
+			return nil, idempotency.Retry(errors.New("provider busy"), d)
+		})
+		var failed *idempotency.Failed
+		if !errors.As(err, &failed) || !failed.Retryable || failed.RetryAfter <= 0 || failed.RetryAfter > time.Minute {
+			t.Fatalf("Retry(err, %v): %v", d, err)
+		}
+		if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_RETRYABLE" {
+			t.Fatalf("Retry(err, %v) left the key %s", d, status)
+		}
+	}
+}
+
 // Work whose value cannot be stored as JSON fails its key for good, at
 // once: left held, the key would run its work again once the lease ended,
 // to the same end.

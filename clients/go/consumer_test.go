@@ -115,6 +115,50 @@ func TestConsumersKeepPerKeyOrder(t *testing.T) {
 	t.Logf("handled by consumer: %v", by)
 }
 
+// A handler that asks for a retry delay the extension refuses (negative,
+// or over 36,000 days) gets its event nacked after the outbox's backoff:
+// passed on, the delay made outbox_nack fail (22023), and the event came
+// back only once its lease (60 s) ended.
+func TestConsumerRetryDelayOutOfRangeGetsTheBackoff(t *testing.T) {
+	db, admin := openDB(t), adminDB(t)
+	for _, d := range []time.Duration{-time.Second, 36001 * 24 * time.Hour} {
+		topic := "go.retry-range." + newKey(t)
+		id, err := idempotency.Enqueue(context.Background(), db, topic, map[string]int{"n": 1}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		deliveries := 0
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- idempotency.Consume(ctx, db, []string{topic}, func(context.Context, idempotency.Delivery) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if deliveries++; deliveries == 1 {
+					return idempotency.Retry(errors.New("provider busy"), d)
+				}
+				return nil
+			}, &idempotency.ConsumeOptions{PollInterval: 20 * time.Millisecond,
+				OnError: func(err error) { t.Errorf("Retry(err, %v): %v", d, err) }})
+		}()
+		var state string
+		eventually(t, 15*time.Second, fmt.Sprintf("the event nacked with Retry(err, %v) delivered", d), func() bool {
+			if err := admin.QueryRow(`SELECT state::text FROM idempotency.outbox WHERE id = $1`, id).Scan(&state); err != nil {
+				t.Fatal(err)
+			}
+			return state == "delivered"
+		})
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if deliveries != 2 {
+			t.Fatalf("Retry(err, %v): %d deliveries", d, deliveries)
+		}
+	}
+}
+
 // Stopping a consumer lets the event in hand finish and be acked.
 func TestConsumerStopsGracefully(t *testing.T) {
 	db := openDB(t)

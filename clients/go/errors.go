@@ -76,6 +76,8 @@ func Final(err error) error { return &FinalError{Err: err} }
 
 // RetryableError asks for a retry after RetryIn instead of the extension's
 // backoff. Make one with Retry. Any error not marked final is retryable.
+// A RetryIn the extension refuses (negative, or over 36,000 days) is
+// ignored: the error is retryable after the extension's backoff.
 type RetryableError struct {
 	Err     error
 	RetryIn time.Duration
@@ -84,8 +86,21 @@ type RetryableError struct {
 func (e *RetryableError) Error() string { return e.Err.Error() }
 func (e *RetryableError) Unwrap() error { return e.Err }
 
-// Retry marks err as retryable after d (0: at once).
+// Retry marks err as retryable after d (0: at once). A d the extension
+// refuses (negative, or over 36,000 days) is ignored: err is still
+// retryable, after the extension's backoff, instead of a record that fails
+// and leaves the key (or the event) held until its lease ends.
 func Retry(err error, d time.Duration) error { return &RetryableError{Err: err, RetryIn: d} }
+
+// retryDelay: the delay err asks for with a RetryableError, when the
+// extension takes it; nil otherwise (the extension's backoff).
+func retryDelay(err error) *time.Duration {
+	var retryable *RetryableError
+	if !errors.As(err, &retryable) || !retryInTaken(retryable.RetryIn) {
+		return nil
+	}
+	return &retryable.RetryIn
+}
 
 func isFinal(err error) bool {
 	var final *FinalError

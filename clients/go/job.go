@@ -175,9 +175,8 @@ func (c *Claimed) failOnce(ctx context.Context, cause error) (*Failed, error) {
 func (c *Claimed) fail(ctx context.Context, q Queryer, cause error) (*Failed, error) {
 	final := isFinal(cause)
 	var retryIn any
-	var retryable *RetryableError
-	if !final && errors.As(cause, &retryable) {
-		retryIn = retryable.RetryIn.Seconds()
+	if d := retryDelay(cause); !final && d != nil {
+		retryIn = d.Seconds()
 	}
 	var status string
 	if err := q.QueryRowContext(ctx, sqlFail, c.Key, c.Token, errorText(cause), !final, retryIn, c.Scope).

@@ -27,8 +27,11 @@ func checkLease(name string, d time.Duration) error {
 	return nil
 }
 
+// retryInTaken: whether retry_in takes d (idem_fail's and outbox_nack's).
+func retryInTaken(d time.Duration) bool { return d >= 0 && d <= maxRetryIn }
+
 func checkRetryIn(name string, d time.Duration) error {
-	if d < 0 || d > maxRetryIn {
+	if !retryInTaken(d) {
 		return fmt.Errorf("idempotency: %s must be from 0 to %v (36,000 days), not %v", name, maxRetryIn, d)
 	}
 	return nil

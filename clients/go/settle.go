@@ -27,7 +27,8 @@ type Settlement struct {
 //	ErrReleased                                 nack, back after the outbox's backoff
 //	*Mismatch, or an error marked Final         nack for good: a dead letter
 //	ErrFenced                                   leave: the worker that took the key over holds it
-//	any other error                             nack, retryable (Retry's delay when given)
+//	any other error                             nack, retryable (Retry's delay when given and in
+//	                                            0..36,000 days; otherwise the outbox's backoff)
 func Settle(err error) Settlement {
 	if err == nil {
 		return Settlement{Action: "ack"}
@@ -37,7 +38,6 @@ func Settle(err error) Settlement {
 		inProgress *InProgress
 		retryLater *RetryLater
 		mismatch   *Mismatch
-		retryable  *RetryableError
 	)
 	switch {
 	case errors.Is(err, ErrFenced):
@@ -64,8 +64,6 @@ func Settle(err error) Settlement {
 		return Settlement{Action: "nack", Error: "the event does not carry the request its key was used with"}
 	case isFinal(err):
 		return Settlement{Action: "nack", Error: errorText(err)}
-	case errors.As(err, &retryable):
-		return Settlement{Action: "nack", Error: errorText(err), Retryable: true, RetryIn: &retryable.RetryIn}
 	}
-	return Settlement{Action: "nack", Error: errorText(err), Retryable: true}
+	return Settlement{Action: "nack", Error: errorText(err), Retryable: true, RetryIn: retryDelay(err)}
 }
