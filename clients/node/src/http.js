@@ -148,14 +148,26 @@ function answer(opts, key, row) {
 const stopping = () => problem(503, 'Server shutting down', 'The server is stopping; retry the request.',
   { 'retry-after': '1' });
 
+// A header's value as Node reads it (each byte a character, latin-1) read
+// as the UTF-8 its bytes are, so that a key is the same characters a
+// worker, or the Go client, would use for it; null when they are not UTF-8.
+function headerText(value) {
+  if (typeof value !== 'string' || !/[\x80-\xff]/.test(value) || /[^\x00-\xff]/.test(value)) return value;
+  const bytes = Buffer.from(value, 'latin1');
+  const text = bytes.toString('utf8');
+  return Buffer.from(text, 'utf8').equals(bytes) ? text : null;
+}
+
 // begin(opts, { method, key, path, body, signal }) resolves to { response }
 // to send now, or { exchange } when the handler is to run (pass it the
 // context, then call exchange.finish(response) or exchange.abort(error);
 // exchange.disconnect() when the client went away), or {} when the request
 // does not take part (method not covered, optional key absent). `signal`
 // aborts a wait when the client goes away.
-export async function begin(opts, { method, key, path, body, signal = null }) {
+export async function begin(opts, { method, key: header, path, body, signal = null }) {
   if (!opts.methods.includes(method)) return {};
+  const key = headerText(header);
+  if (key === null) return { response: problem(400, 'Idempotency-Key is not UTF-8', 'A key is UTF-8 text.') };
   if (!key) {
     if (!opts.required) return {};
     return { response: problem(400, 'Idempotency-Key is missing', `This request requires an ${opts.header} header.`) };

@@ -192,6 +192,20 @@ export function httpSuite(framework, startServer) {
       assert.equal(ran(key), 1);
     });
 
+    test('a key sent as UTF-8 is stored as those characters, as a worker or the Go client would use it; other bytes: 400', async () => {
+      const key = `ключ-${newKey()}-✓`;
+      const header = Buffer.from(key, 'utf8').toString('latin1');   // the bytes on the wire
+      const first = await post('/orders', header, { item: 'u' });
+      assert.equal(first.status, 201);
+      const { rows: [row] } = await pool.query('SELECT status::text FROM idempotency.idem_get($1, $2)', [key, `${framework}.orders`]);
+      assert.equal(row?.status, 'COMPLETED');
+      assert.equal((await post('/orders', header, { item: 'u' })).replayed, true);
+      assert.equal(ran(key), 1);
+      const latin = await post('/orders', 'caf\xe9', { item: 'l' });   // one byte 0xE9: not UTF-8
+      assert.equal(latin.status, 400);
+      assert.match(latin.text, /not UTF-8/);
+    });
+
     test('the same JSON with other key order and spacing is the same request', async () => {
       const key = newKey();
       await post('/orders', key, '{"item": "a", "qty": 2}');

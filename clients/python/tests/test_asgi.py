@@ -269,6 +269,20 @@ def test_a_binary_body_is_replayed_byte_for_byte(new_key):
     scenario(test)
 
 
+def test_a_key_sent_as_utf8_is_stored_as_those_characters_other_bytes_400(new_key, admin):
+    key = f"ключ-{new_key()}-✓"
+
+    async def test(post, pool):
+        first = await post("/orders", key.encode())
+        assert first.status_code == 201
+        assert key_row(admin, key, "asgi.orders")[0] == "COMPLETED"
+        assert (await post("/orders", key.encode())).replayed
+        latin = await post("/orders", b"caf\xe9")      # one byte 0xE9: not UTF-8
+        assert latin.status_code == 400 and b"not UTF-8" in latin.content
+    scenario(test)
+    assert runs[key] == 1
+
+
 def test_a_body_with_a_nul_character_is_stored_and_replayed(new_key):
     key = new_key()
 

@@ -160,6 +160,18 @@ def test_flask_transaction_mode(flask_app, admin):
     assert key_row(admin, failing, "flask.tx") is None
 
 
+def test_flask_a_key_sent_as_utf8_is_stored_as_those_characters_other_bytes_400(flask_app, admin):
+    client = flask_app.test_client()
+    key = f"ключ-{uuid.uuid4()}-✓"
+    wire = key.encode().decode("latin-1")       # WSGI's environ: the bytes read as latin-1
+    assert post(client, "/orders", wire).status_code == 201
+    assert key_row(admin, key, "flask.orders")[0] == "COMPLETED"
+    assert post(client, "/orders", wire).headers.get("Idempotent-Replayed") == "true"
+    assert runs[key] == 1
+    latin = post(client, "/orders", "caf\xe9")      # one byte 0xE9: not UTF-8
+    assert latin.status_code == 400 and b"not UTF-8" in latin.data
+
+
 def test_flask_a_body_with_a_nul_character_is_stored_and_replayed(flask_app):
     client = flask_app.test_client()
     key = f"f-{uuid.uuid4()}"

@@ -36,8 +36,8 @@ from .hooks import Hooks
 from .pooler import awith_unprepared
 from .waiting import AsyncOwners, answered_row
 from .errors import classify_or
-from .http import (TOO_LARGE, Response, answer, default_classify, default_fingerprint, encode_response,
-                   json_response, problem, unrecorded)
+from .http import (NOT_UTF8, TOO_LARGE, Response, answer, default_classify, default_fingerprint, encode_response,
+                   header_text, json_response, problem, unrecorded)
 
 _MODES = ("claim", "transaction", "register")
 _SAVEPOINT = "idempotent_handler"
@@ -192,7 +192,9 @@ class IdempotencyMiddleware:
                 self.paths and not scope["path"].startswith(self.paths)):
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers", []))
-        key = headers.get(self.header, b"").decode("latin-1")
+        key = header_text(headers.get(self.header, b""))
+        if key is None:
+            return await _send(send, problem(400, *NOT_UTF8))
         if not key:
             if not self.required:
                 return await self.app(scope, receive, send)

@@ -40,6 +40,25 @@ def problem(status, title, detail, headers=None):
                     json.dumps({"title": title, "status": status, "detail": detail}).encode())
 
 
+def header_text(value):
+    """A header's value as the UTF-8 text its bytes are, so that a key is the
+    same characters a worker, or the Go client, would use for it; None when
+    they are not UTF-8. Takes the bytes (ASGI) or the latin-1 text of WSGI's
+    environ."""
+    if isinstance(value, str):
+        try:
+            value = value.encode("latin-1")
+        except UnicodeEncodeError:
+            return value            # already text beyond latin-1: not bytes read one by one
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+NOT_UTF8 = ("Idempotency-Key is not UTF-8", "A key is UTF-8 text.")
+
+
 def unrecorded(key, exc):
     """The answer to a response that could not be recorded (the key stays
     held until its lease ends), logged with the database's error."""

@@ -20,8 +20,8 @@ from .asgi import IdempotencyContext
 from .hooks import Hooks
 from .pooler import with_unprepared
 from .errors import classify_or
-from .http import (TOO_LARGE, answer, default_classify, default_fingerprint, encode_response, json_response, problem,
-                   unrecorded)
+from .http import (NOT_UTF8, TOO_LARGE, answer, default_classify, default_fingerprint, encode_response, json_response, problem,
+                   header_text, unrecorded)
 from .waiting import ThreadOwners, answered_row
 
 _MODES = ("claim", "transaction")
@@ -138,6 +138,9 @@ class SyncIdempotency:
         """The response to a covered request; ``call(context)`` runs the
         app and returns its ``pg_idempotency.http.Response`` (``context`` is
         None for a request without a key that is let through)."""
+        key = header_text(key or "")
+        if key is None:
+            return problem(400, *NOT_UTF8)
         if not key:
             if not self.required:
                 return call(None)
