@@ -3,7 +3,9 @@ package idempotency_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -154,6 +156,43 @@ func TestRunFailsAResultThatIsNotJSON(t *testing.T) {
 	}
 	if _, err := idempotency.Run(ctx, db, key, nil, nil, work); !errors.As(err, &failed) || !failed.Replayed || runs != 1 {
 		t.Fatalf("a duplicate: %v, %d runs", err, runs)
+	}
+}
+
+// Work whose value holds a string with a NUL character fails its key for
+// good, as a value that is not JSON does: jsonb cannot hold U+0000
+// (22P05), and the key stayed held until its lease ended, so that the work
+// ran again, to the same end. A backslash followed by u0000 is no NUL: it
+// is stored.
+func TestRunFailsAResultHoldingANUL(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	for _, value := range []any{map[string][]string{"names": {"a\x00b"}}, json.RawMessage(`["\u0000"]`)} {
+		key := newKey(t)
+		runs := 0
+		work := func(context.Context, *idempotency.Claimed) (any, error) {
+			runs++
+			return value, nil
+		}
+		_, err := idempotency.Run(ctx, db, key, nil, nil, work)
+		var failed *idempotency.Failed
+		if !errors.As(err, &failed) || failed.Retryable || !strings.Contains(failed.Message, "NUL") {
+			t.Fatalf("a result holding a NUL (%s): %v", value, err)
+		}
+		if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" {
+			t.Fatalf("a result holding a NUL (%s) left the key %s", value, status)
+		}
+		if _, err := idempotency.Run(ctx, db, key, nil, nil, work); !errors.As(err, &failed) || !failed.Replayed || runs != 1 {
+			t.Fatalf("a duplicate: %v, %d runs", err, runs)
+		}
+	}
+	notNUL := map[string]string{`\u0000`: `a\u0000b\\`} // backslashes, not NULs
+	done, err := idempotency.Run(ctx, db, newKey(t), nil, nil, func(context.Context, *idempotency.Claimed) (any, error) {
+		return notNUL, nil
+	})
+	var back map[string]string
+	if err != nil || done.Decode(&back) != nil || !reflect.DeepEqual(back, notNUL) {
+		t.Fatalf("a backslash and u0000: %v %v", back, err)
 	}
 }
 

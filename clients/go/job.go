@@ -89,7 +89,8 @@ func (c *Claimed) recordFinished(finished string, stored sql.NullString) {
 }
 
 // unstorableResult: a result that is not JSON (a channel, a function, a
-// cycle); nothing was recorded.
+// cycle), or holds a string with a NUL character (which jsonb cannot);
+// nothing was recorded.
 type unstorableResult struct{ err error }
 
 func (e *unstorableResult) Error() string {
@@ -97,11 +98,16 @@ func (e *unstorableResult) Error() string {
 }
 func (e *unstorableResult) Unwrap() error { return e.err }
 
+var errHoldsNUL = errors.New(`a string holds a NUL character (\u0000), which jsonb cannot hold`)
+
 // storable: result as the parameter idem_complete takes, or *unstorableResult.
 func storable(result any) (any, error) {
 	value, err := jsonParam(result)
 	if err != nil {
 		return nil, &unstorableResult{err}
+	}
+	if text, ok := value.(string); ok && holdsNUL(text) {
+		return nil, &unstorableResult{errHoldsNUL}
 	}
 	return value, nil
 }

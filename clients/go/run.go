@@ -16,7 +16,8 @@ type Work func(ctx context.Context, job *Claimed) (any, error)
 // or earlier: Replayed), and otherwise an error that errors.Is recognises:
 //
 //	the work returned a value        completed with it (unless it completed the key itself)
-//	... that is not JSON             *Failed (ErrFailed), final: a channel or a cycle cannot be stored
+//	... that is not JSON             *Failed (ErrFailed), final: a channel, a cycle or a string
+//	                                 with a NUL character (jsonb cannot hold U+0000) cannot be stored
 //	the work returned an error       *Failed (ErrFailed): idem_fail, final when marked with Final
 //	the lease was lost meanwhile     ErrFenced: nothing recorded, the writes rolled back
 //	job.Release was called           ErrReleased
