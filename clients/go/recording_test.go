@@ -127,3 +127,32 @@ func TestMiddlewareResponseTooLargeToStore(t *testing.T) {
 			retry.status, retry.body, retry.header.Get("Idempotent-Replayed"), runs.Load())
 	}
 }
+
+// A body that holds a NUL byte (which jsonb cannot hold as text) is stored
+// in base64, in the format the three clients share ({"encoding":
+// "base64"}), and replayed byte for byte, in claim and transaction modes.
+func TestMiddlewareBodyHoldingANUL(t *testing.T) {
+	db := openDB(t)
+	body := []byte("a\x00b")
+	for _, mode := range []idempotency.Mode{idempotency.ModeClaim, idempotency.ModeTransaction} {
+		scope := "go.nul-body." + string(mode)
+		server, runs := modeServer(t, db, &idempotency.MiddlewareOptions{Scope: scope, Mode: mode},
+			func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/plain")
+				w.Write(body) //nolint:errcheck
+			})
+		key := newKey(t)
+		first := post(t, server.URL, key, `{}`)
+		replay := post(t, server.URL, key, `{}`)
+		if first.status != http.StatusOK || !bytes.Equal(first.body, body) || replay.status != http.StatusOK ||
+			!bytes.Equal(replay.body, body) || replay.header.Get("Idempotent-Replayed") != "true" || runs(key) != 1 {
+			t.Fatalf("%s mode: first %d %q, replay %d %q, %d runs", mode, first.status, first.body,
+				replay.status, replay.body, runs(key))
+		}
+		var encoding, stored string
+		if err := db.QueryRow(`SELECT result->>'encoding', result->>'body' FROM idempotency.idem_get($1, $2)`,
+			key, scope).Scan(&encoding, &stored); err != nil || encoding != "base64" || stored != "YQBi" {
+			t.Fatalf("%s mode: stored %q %q %v", mode, encoding, stored, err)
+		}
+	}
+}
