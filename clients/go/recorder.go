@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"net/http"
+	"strings"
 )
 
 // recorder holds what the handler writes, so that the response is recorded
@@ -40,5 +41,22 @@ func (r *recorder) response() Response {
 	if _, set := header["Content-Type"]; !set && len(r.body) > 0 {
 		header.Set("Content-Type", http.DetectContentType(r.body))
 	}
+	withoutNUL(header)
 	return Response{Status: status, Header: header, Body: r.body}
+}
+
+// withoutNUL makes header storable (jsonb cannot hold U+0000, and a
+// response that cannot be recorded leaves its key held): a NUL in a value
+// becomes a space, as RFC 9110 (5.5) lets a recipient do, and a name that
+// holds one, which net/http does not send, is dropped.
+func withoutNUL(header http.Header) {
+	for name, values := range header {
+		if strings.IndexByte(name, 0) >= 0 {
+			delete(header, name)
+			continue
+		}
+		for i, v := range values {
+			values[i] = strings.ReplaceAll(v, "\x00", " ")
+		}
+	}
 }

@@ -156,3 +156,33 @@ func TestMiddlewareBodyHoldingANUL(t *testing.T) {
 		}
 	}
 }
+
+// A header value that holds a NUL byte is recorded, sent and replayed
+// with a space in its place (as RFC 9110 lets a recipient do), and a
+// header whose name holds one is dropped (net/http drops a name that is
+// no token): jsonb cannot hold U+0000, and the response was answered with
+// a 500 while its key stayed held until its lease ended, so that the
+// handler ran again.
+func TestMiddlewareHeaderHoldingANUL(t *testing.T) {
+	db := openDB(t)
+	for _, mode := range []idempotency.Mode{idempotency.ModeClaim, idempotency.ModeTransaction} {
+		scope := "go.nul-header." + string(mode)
+		server, runs := modeServer(t, db, &idempotency.MiddlewareOptions{Scope: scope, Mode: mode},
+			func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("X-Note", "a\x00b")
+				w.Header()["X-\x00"] = []string{"c"}
+				w.WriteHeader(http.StatusCreated)
+			})
+		key := newKey(t)
+		first := post(t, server.URL, key, `{}`)
+		if status, _ := keyStatus(t, db, key, scope); status != "COMPLETED" {
+			t.Fatalf("%s mode: the first answer %d %s left the key %s", mode, first.status, first.body, status)
+		}
+		replay := post(t, server.URL, key, `{}`)
+		if first.status != http.StatusCreated || first.header.Get("X-Note") != "a b" ||
+			replay.status != http.StatusCreated || replay.header.Get("X-Note") != "a b" || runs(key) != 1 {
+			t.Fatalf("%s mode: first %d %v, replay %d %v, %d runs", mode, first.status, first.header,
+				replay.status, replay.header, runs(key))
+		}
+	}
+}
