@@ -134,6 +134,29 @@ func TestRunRetryDelayOutOfRangeGetsTheBackoff(t *testing.T) {
 	}
 }
 
+// Work whose error's message holds a NUL byte or is not UTF-8 fails its
+// key retryably, the message stored with U+FFFD in their place: passed on
+// as it was, text PostgreSQL cannot hold made idem_fail fail (22021), and
+// the key stayed held until its lease ended, so that the work ran again.
+func TestRunErrorMessageHoldingANUL(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	for _, message := range []string{"bad\x00byte", "bad\xffbyte"} {
+		key := newKey(t)
+		_, err := idempotency.Run(ctx, db, key, nil, nil, func(context.Context, *idempotency.Claimed) (any, error) {
+			return nil, errors.New(message)
+		})
+		var failed *idempotency.Failed
+		if !errors.As(err, &failed) || !failed.Retryable || failed.Message != "bad\uFFFDbyte" {
+			t.Fatalf("an error %q: %v", message, err)
+		}
+		var stored string
+		if err := db.QueryRow(`SELECT last_error FROM idempotency.idem_get($1)`, key).Scan(&stored); err != nil || stored != failed.Message {
+			t.Fatalf("an error %q: stored %q %v", message, stored, err)
+		}
+	}
+}
+
 // Work whose value cannot be stored as JSON fails its key for good, at
 // once: left held, the key would run its work again once the lease ended,
 // to the same end.

@@ -120,43 +120,70 @@ func TestConsumersKeepPerKeyOrder(t *testing.T) {
 // passed on, the delay made outbox_nack fail (22023), and the event came
 // back only once its lease (60 s) ended.
 func TestConsumerRetryDelayOutOfRangeGetsTheBackoff(t *testing.T) {
-	db, admin := openDB(t), adminDB(t)
 	for _, d := range []time.Duration{-time.Second, 36001 * 24 * time.Hour} {
-		topic := "go.retry-range." + newKey(t)
-		id, err := idempotency.Enqueue(context.Background(), db, topic, map[string]int{"n": 1}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var mu sync.Mutex
-		deliveries := 0
-		ctx, stop := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() {
-			done <- idempotency.Consume(ctx, db, []string{topic}, func(context.Context, idempotency.Delivery) error {
-				mu.Lock()
-				defer mu.Unlock()
-				if deliveries++; deliveries == 1 {
-					return idempotency.Retry(errors.New("provider busy"), d)
-				}
-				return nil
-			}, &idempotency.ConsumeOptions{PollInterval: 20 * time.Millisecond,
-				OnError: func(err error) { t.Errorf("Retry(err, %v): %v", d, err) }})
-		}()
-		var state string
-		eventually(t, 15*time.Second, fmt.Sprintf("the event nacked with Retry(err, %v) delivered", d), func() bool {
-			if err := admin.QueryRow(`SELECT state::text FROM idempotency.outbox WHERE id = $1`, id).Scan(&state); err != nil {
-				t.Fatal(err)
-			}
-			return state == "delivered"
-		})
-		stop()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		if deliveries != 2 {
-			t.Fatalf("Retry(err, %v): %d deliveries", d, deliveries)
+		nackedOnce(t, fmt.Sprintf("Retry(err, %v)", d), idempotency.Retry(errors.New("provider busy"), d))
+	}
+}
+
+// A handler error whose message holds a NUL byte or is not UTF-8 gets its
+// event nacked, the message stored with U+FFFD in their place: passed on
+// as it was, text PostgreSQL cannot hold made outbox_nack fail (22021),
+// and the event came back only once its lease (60 s) ended.
+func TestConsumerErrorMessageHoldingANUL(t *testing.T) {
+	for _, message := range []string{"bad\x00byte", "bad\xffbyte"} {
+		if stored := nackedOnce(t, fmt.Sprintf("%q", message), errors.New(message)); stored != "bad\uFFFDbyte" {
+			t.Fatalf("%q stored as %q", message, stored)
 		}
 	}
+}
+
+// nackedOnce consumes an event whose handler returns handlerErr, then
+// nil: the event must be nacked, handled again after the outbox's backoff
+// and acked, with no error on the way. It returns the error the nack
+// stored.
+func nackedOnce(t *testing.T, what string, handlerErr error) (lastError string) {
+	t.Helper()
+	db, admin := openDB(t), adminDB(t)
+	topic := "go.nacked-once." + newKey(t)
+	id, err := idempotency.Enqueue(context.Background(), db, topic, map[string]int{"n": 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	deliveries := 0
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- idempotency.Consume(ctx, db, []string{topic}, func(context.Context, idempotency.Delivery) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if deliveries++; deliveries == 1 {
+				return handlerErr
+			}
+			return nil
+		}, &idempotency.ConsumeOptions{PollInterval: 20 * time.Millisecond,
+			OnError: func(err error) { t.Errorf("%s: %v", what, err) }})
+	}()
+	defer func() { // the consumer ends before the test does, even a failed one
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	var state string
+	eventually(t, 15*time.Second, "the event nacked with "+what+" delivered", func() bool {
+		if err := admin.QueryRow(`SELECT state::text, coalesce(last_error, '') FROM idempotency.outbox WHERE id = $1`, id).
+			Scan(&state, &lastError); err != nil {
+			t.Fatal(err)
+		}
+		return state == "delivered"
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if deliveries != 2 {
+		t.Fatalf("%s: %d deliveries", what, deliveries)
+	}
+	return lastError
 }
 
 // Stopping a consumer lets the event in hand finish and be acked.

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -107,9 +108,13 @@ func isFinal(err error) bool {
 	return errors.As(err, &final)
 }
 
+// errorText is err's message as idem_fail and outbox_nack store it: text
+// cannot hold a NUL byte or bytes that are not UTF-8 (22021), which become
+// U+FFFD; passed on, they failed the record and left the key (or the
+// event) held until its lease ended.
 func errorText(err error) string {
 	if err == nil {
 		return "unknown error"
 	}
-	return fmt.Sprint(err)
+	return strings.ReplaceAll(strings.ToValidUTF8(fmt.Sprint(err), "\uFFFD"), "\x00", "\uFFFD")
 }
