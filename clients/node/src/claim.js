@@ -2,7 +2,7 @@
 // heartbeat keeps the lease, and record how it ended: complete (the result
 // is stored and replayed to every duplicate), fail (retryable or final), or
 // nothing at all when the key was taken over meanwhile (fenced).
-import { classifyOr, defaultClassify, isStaleToken, retryInOrNull } from './errors.js';
+import { classifyOr, defaultClassify, errorText, isStaleToken, retryInOrNull } from './errors.js';
 import { Heartbeat } from './heartbeat.js';
 import { callHook } from './hooks.js';
 import { checkSeconds } from './options.js';
@@ -226,7 +226,7 @@ async function run(pool, options, row, work) {
 }
 
 async function fail(pool, job, error, kind) {
-  const message = String(error?.message ?? error);
+  const message = errorText(error);
   // An error's retryIn the extension would refuse: its backoff instead.
   const retryIn = kind === 'final' ? null : retryInOrNull(error?.retryIn);
   const dueAfter = async (client) => (await client.query(NEXT_ATTEMPT, [job.key, job.scope])).rows[0]?.retry_after ?? null;

@@ -33,6 +33,12 @@ export class RetryableError extends Error {
   }
 }
 
+// An error's message as the extension stores it: text cannot hold NUL,
+// which becomes U+FFFD rather than fail the record and leave the key held.
+export function errorText(error, fallback = '') {
+  return String(error?.message ?? error ?? fallback).replaceAll('\u0000', '\uFFFD');
+}
+
 // IK001: the token is stale; the key (or lock) was taken over.
 export function isStaleToken(err) {
   return err?.code === 'IK001';

@@ -22,7 +22,7 @@
 //                  requests replay what it stored.
 import { defaultFingerprint } from './fingerprint.js';
 import { Heartbeat } from './heartbeat.js';
-import { classifyOr } from './errors.js';
+import { classifyOr, errorText } from './errors.js';
 import { callHook } from './hooks.js';
 import { decodeResponse, encodeResponse, isStoredResponse, jsonResponse, problem, response, storedFailure } from './response.js';
 import { retryLost } from './record.js';
@@ -404,7 +404,7 @@ export class Exchange {
     if (this.settled) return;
     this.settled = true;
     try {
-      if (this.opts.mode === 'claim') await this.steps.fail(String(error?.message ?? error ?? 'aborted'), true).catch(() => {});
+      if (this.opts.mode === 'claim') await this.steps.fail(errorText(error, 'aborted'), true).catch(() => {});
       else await this.steps.discard().catch(() => {});
     } finally {
       this.done();

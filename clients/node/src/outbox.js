@@ -1,6 +1,6 @@
 // The transactional outbox: enqueue in the caller's transaction, and a
 // consumer loop for those who use the outbox as a job queue.
-import { classifyOr, defaultClassify, isStaleToken, retryInOrNull } from './errors.js';
+import { classifyOr, defaultClassify, errorText, isStaleToken, retryInOrNull } from './errors.js';
 import { BACKEND_PID, ENQUEUE, LISTEN, OUTBOX_ACK, OUTBOX_CLAIM, OUTBOX_NACK, OUTBOX_RELEASE, jsonParam } from './sql.js';
 
 // Enqueues on `client`: pass the client of your transaction and the event
@@ -22,7 +22,7 @@ export function settlement(value, error, classify = defaultClassify, onError = (
   if (error) {
     if (isStaleToken(error)) return ['leave'];
     const final = classifyOr(classify, defaultClassify, error, onError) === 'final';
-    return ['nack', String(error?.message ?? error), !final, final ? null : retryInOrNull(error?.retryIn)];
+    return ['nack', errorText(error), !final, final ? null : retryInOrNull(error?.retryIn)];
   }
   if (!value || typeof value !== 'object' || !CLAIM_OUTCOMES.has(value.outcome)) return ['ack'];
   switch (value.outcome) {

@@ -159,6 +159,15 @@ describe('claim', () => {
       'a backslash followed by u0000 is not a NUL');
   });
 
+  test('an error whose message holds a NUL fails the key, the NUL stored as U+FFFD', async () => {
+    const key = newKey();
+    const failed = await claim(pool, { key }, async () => { throw new Error('bad\u0000byte'); });
+    assert.equal(failed.outcome, 'failed');
+    assert.equal(failed.error, 'bad\uFFFDbyte');
+    const row = await keyRow(pool, key);
+    assert.equal(row.status, 'FAILED_RETRYABLE', 'not left PROCESSING until its lease ends');
+  });
+
   test('release() gives the key back without counting an attempt', async () => {
     const key = newKey();
     assert.deepEqual(await claim(pool, { key }, (job) => job.release()), { outcome: 'released' });

@@ -68,6 +68,8 @@ describe('settlement', () => {
     assert.deepEqual(settlement(undefined, new FinalError('bad'), broken, (err) => heard.push(err.message)),
       ['nack', 'bad', false, null], 'a classify that throws: the default classification');
     assert.deepEqual(heard, ['classify is broken']);
+    assert.deepEqual(settlement(undefined, new Error('bad\u0000byte')), ['nack', 'bad\uFFFDbyte', true, null],
+      'text cannot hold NUL');
   });
 });
 

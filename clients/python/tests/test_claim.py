@@ -195,6 +195,15 @@ def test_a_result_with_a_nul_character_fails_the_key_for_good(conn, admin, new_k
     assert run_once(conn, new_key(), {"text": "a\\u0000b"}).outcome == "completed"
 
 
+@pytest.mark.parametrize("message, stored", [("bad\x00byte", "bad\ufffdbyte"), ("bad\udcffbyte", "bad?byte")])
+def test_an_error_message_text_cannot_hold_is_stored_replaced(conn, admin, new_key, message, stored):
+    key = new_key()
+    with idem.claim(conn, key) as job:
+        raise RuntimeError(message)
+    assert (job.outcome, job.error) == ("failed", stored)
+    assert key_row(admin, key) == ("FAILED_RETRYABLE", 1)
+
+
 def test_reraise_lets_the_error_through_after_recording_it(conn, admin, new_key):
     key = new_key()
     with pytest.raises(KeyError):

@@ -63,6 +63,7 @@ def test_settlement_of_a_bad_retry_in_or_a_classify_that_raises(caplog):
         raise RuntimeError("classify is broken")
     assert idem.settlement(None, idem.FinalError("bad"), broken) == ("nack", "bad", False, None)
     assert any("classify raised" in r.getMessage() for r in caplog.records)
+    assert idem.settlement(None, RuntimeError("bad\x00byte")) == ("nack", "bad\ufffdbyte", True, None)
 
 
 def run_consumer(consumer, handler):

@@ -5,7 +5,7 @@ from psycopg.rows import dict_row
 
 from . import _sql
 from ._steps import parse_steps, step_key
-from .errors import classify_or, default_classify, is_stale_token, retry_in_or_none
+from .errors import classify_or, default_classify, error_text, is_stale_token, retry_in_or_none
 
 
 class JobState:
@@ -75,12 +75,12 @@ class JobState:
         final = classify_or(self.classify, default_classify, exc) == "final"
         # An error's retry_in the extension would refuse: its backoff instead.
         retry_in = None if final else retry_in_or_none(getattr(exc, "retry_in", None))
-        return self.params(error=str(exc) or type(exc).__name__, retryable=not final, retry_in=retry_in)
+        return self.params(error=error_text(exc), retryable=not final, retry_in=retry_in)
 
     def failed(self, status, retry_after, exc):
         self.outcome = "failed"
         self.exception = exc
-        self.error = str(exc) or type(exc).__name__
+        self.error = error_text(exc)
         self.retryable = status == "FAILED_RETRYABLE"
         self.retry_after = max(0.0, retry_after or 0.0) if self.retryable else None
 

@@ -35,7 +35,7 @@ from .aclaim import start_beat, stop_beat
 from .hooks import Hooks
 from .pooler import awith_unprepared
 from .waiting import AsyncOwners, answered_row
-from .errors import classify_or
+from .errors import classify_or, error_text
 from .http import (NOT_UTF8, TOO_LARGE, Response, answer, default_classify, default_fingerprint, encode_response,
                    header_text, json_response, problem, unrecorded)
 
@@ -245,7 +245,7 @@ class IdempotencyMiddleware:
                 # Raised, or cancelled (a client gone, a server stopping):
                 # a retryable failure, so that a retry runs at once. Bounded
                 # and shielded: a second cancel cannot leave the key held.
-                error = str(exc) or type(exc).__name__
+                error = error_text(exc)
                 try:
                     await asyncio.wait_for(asyncio.shield(record(
                         _sql.FAIL, error=error, retryable=True, retry_in=self.retry_in)), 5)

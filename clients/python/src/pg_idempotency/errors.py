@@ -37,6 +37,14 @@ class RetryableError(Exception):
         self.retry_in = retry_in
 
 
+def error_text(exc):
+    """An exception's message as the extension stores it: text cannot hold
+    NUL (it becomes U+FFFD) or lone surrogates, rather than fail the record
+    and leave the key held."""
+    text = (str(exc) or type(exc).__name__).replace("\x00", "\ufffd")
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def is_stale_token(exc):
     """IK001: the token is stale; the key (or lock) was taken over."""
     return getattr(exc, "sqlstate", None) == "IK001"

@@ -12,7 +12,7 @@ import psycopg
 
 from . import _sql
 from ._state import JobState, dict_cursor
-from .errors import NotClaimed, classify_or, default_classify, is_stale_token, retry_in_or_none
+from .errors import NotClaimed, classify_or, default_classify, error_text, is_stale_token, retry_in_or_none
 from .hooks import Hooks
 from .pooler import aconnect, connect
 
@@ -49,7 +49,7 @@ def settlement(value, error, classify=default_classify):
         if is_stale_token(error):
             return ("leave",)
         final = classify_or(classify, default_classify, error) == "final"
-        return ("nack", str(error) or type(error).__name__, not final,
+        return ("nack", error_text(error), not final,
                 None if final else retry_in_or_none(getattr(error, "retry_in", None)))
     if not isinstance(value, JobState):
         return ("ack",)

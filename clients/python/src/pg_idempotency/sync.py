@@ -19,7 +19,7 @@ from ._steps import StepHolder, SyncStep, run_step
 from .asgi import IdempotencyContext
 from .hooks import Hooks
 from .pooler import with_unprepared
-from .errors import classify_or
+from .errors import classify_or, error_text
 from .http import (NOT_UTF8, TOO_LARGE, answer, default_classify, default_fingerprint, encode_response, json_response, problem,
                    header_text, unrecorded)
 from .waiting import ThreadOwners, answered_row
@@ -193,7 +193,7 @@ class SyncIdempotency:
             except BaseException as exc:
                 beat.stop()
                 try:
-                    record(_sql.FAIL, error=str(exc) or type(exc).__name__, retryable=True, retry_in=self.retry_in)
+                    record(_sql.FAIL, error=error_text(exc), retryable=True, retry_in=self.retry_in)
                 except psycopg.Error:
                     pass    # taken over, or the database is gone: the lease ends it
                 raise
