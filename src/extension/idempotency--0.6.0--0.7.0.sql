@@ -9,6 +9,18 @@
 -- A TRUNCATE of idempotency_keys or outbox has the counts recounted.
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '0.7.0'" to load this file. \quit
 
+-- ------------------------------------------------------------------ locks
+
+-- The update changes the keys table (a trigger, then new columns) and puts
+-- a trigger on the outbox. Taken as it goes, the keys table's lock would
+-- grow from SHARE ROW EXCLUSIVE to ACCESS EXCLUSIVE while an application's
+-- statement that had read the table waited to write it: a deadlock. Taken
+-- whole at once, first, the update waits for the statements before it and
+-- holds nothing meanwhile; the keys table before the outbox, the order of a
+-- transaction that completes a key and enqueues its event.
+LOCK TABLE idempotency.idempotency_keys IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE idempotency.outbox IN SHARE ROW EXCLUSIVE MODE;
+
 -- ---------------------------------------------------------------- counts
 
 -- A function's result columns cannot change in place: the views leave them

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "pg/access/status_enum.hpp"
 #include "pg/boundary/args.hpp"
+#include "pg/boundary/call_result.hpp"
 #include "pg/boundary/guard.hpp"
 #include "pg/boundary/settings.hpp"
 #include "pg/keys/fingerprint.hpp"
@@ -435,9 +436,7 @@ Datum register_body(FunctionCallInfo fcinfo) {
 // result_expired true; every other column NULL (the tombstone keeps none
 // of them). NULL when the installed table has no result_expired column.
 Datum tombstone_row(FunctionCallInfo fcinfo, const KeyId& id, const Tombstone& tombstone) {
-    TupleDesc desc = nullptr;
-    if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE)
-        elog(ERROR, "idempotency: idem_get must return the keys table's row type");
+    const TupleDesc desc = call_result_desc(fcinfo);
     Datum* values = static_cast<Datum*>(palloc0(desc->natts * sizeof(Datum)));
     bool* nulls = static_cast<bool*>(palloc(desc->natts * sizeof(bool)));
     bool flagged = false;
@@ -467,7 +466,7 @@ Datum tombstone_row(FunctionCallInfo fcinfo, const KeyId& id, const Tombstone& t
 Datum get_body(FunctionCallInfo fcinfo) {
     const KeyId id = key_id_arg(fcinfo, 0, 1);
     Datum row = 0;
-    if (key_row(id, &row)) return row;
+    if (key_row(id, &row)) return row_as_planned(row, call_result_desc(fcinfo));
     Tombstone tombstone;
     if (read_tombstone(id, &tombstone)) return tombstone_row(fcinfo, id, tombstone);
     PG_RETURN_NULL();

@@ -1,6 +1,7 @@
 #include "pg/keys/outcome.hpp"
 
 #include "pg/access/status_enum.hpp"
+#include "pg/boundary/call_result.hpp"
 
 namespace idem::pg {
 
@@ -23,9 +24,8 @@ Datum interval_datum(Micros value) {
 }  // namespace
 
 Datum outcome_datum(FunctionCallInfo fcinfo, const OutcomeFields& fields) {
-    TupleDesc desc = nullptr;
-    if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE ||
-        desc->natts < kResultExpired || desc->natts > kColumns)
+    const TupleDesc desc = call_result_desc(fcinfo);
+    if (desc->natts < kResultExpired || desc->natts > kColumns)
         elog(ERROR, "idempotency: function must return idem_outcome");
 
     Datum values[kColumns];
