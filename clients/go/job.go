@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -89,11 +90,17 @@ func (c *Claimed) recordFinished(finished string, stored sql.NullString) {
 }
 
 // unstorableResult: a result that is not JSON (a channel, a function, a
-// cycle), or holds a string with a NUL character (which jsonb cannot);
-// nothing was recorded.
-type unstorableResult struct{ err error }
+// cycle), or holds a string with a NUL character (which jsonb cannot), or
+// a step's result larger than idem_step takes; nothing was recorded.
+type unstorableResult struct {
+	step string // the step's name; "" for the work's result
+	err  error
+}
 
 func (e *unstorableResult) Error() string {
+	if e.step != "" {
+		return fmt.Sprintf("the result of step %q cannot be stored: %v", e.step, e.err)
+	}
 	return "the result cannot be stored as JSON: " + e.err.Error()
 }
 func (e *unstorableResult) Unwrap() error { return e.err }
@@ -104,10 +111,10 @@ var errHoldsNUL = errors.New(`a string holds a NUL character (\u0000), which jso
 func storable(result any) (any, error) {
 	value, err := jsonParam(result)
 	if err != nil {
-		return nil, &unstorableResult{err}
+		return nil, &unstorableResult{err: err}
 	}
 	if text, ok := value.(string); ok && holdsNUL(text) {
-		return nil, &unstorableResult{errHoldsNUL}
+		return nil, &unstorableResult{err: errHoldsNUL}
 	}
 	return value, nil
 }

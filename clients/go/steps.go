@@ -85,7 +85,11 @@ func (c *Claimed) StepKey(name string) string { return StepKey(c.Scope, c.Key, n
 // Step runs the step name unless it finished before: fn in a transaction
 // of its own, then the step's record (idem_step) in it, and commits. It
 // returns the step's result: the stored one when the step had finished.
-// ErrFenced when the key was taken over: the step's writes roll back.
+// ErrFenced when the key was taken over: the step's writes roll back. A
+// result that can never be recorded (not JSON, a string with a NUL
+// character, larger than idempotency.max_step_bytes) is an error marked
+// Final, saying why: the work that returns it fails its key for good,
+// instead of running the step's function again at every attempt.
 func (c *Claimed) Step(ctx context.Context, name string, fn StepFunc) (json.RawMessage, error) {
 	if result, done := c.finishedStep(name); done {
 		return result, nil
@@ -132,15 +136,40 @@ func (c *Claimed) runStep(ctx context.Context, tx *sql.Tx, name string, fn StepF
 	if err != nil {
 		return FinishedStep{}, err
 	}
-	result, err := json.Marshal(value)
+	result, err := storableStep(name, value)
 	if err != nil {
 		return FinishedStep{}, err
 	}
 	var n int
 	if err := tx.QueryRowContext(ctx, sqlStep, c.Key, c.Token, name, string(result), c.Scope).Scan(&n); err != nil {
+		if SQLState(err) == "22001" { // the name was checked: the result is too large
+			return FinishedStep{}, unstorableStep(name, fmt.Errorf(
+				"it is larger than the server stores for a step (idempotency.max_step_bytes): %w", err))
+		}
 		return FinishedStep{}, wrap(err)
 	}
 	return FinishedStep{Name: name, N: n, Attempt: c.Attempt, Result: result}, nil
+}
+
+// storableStep: a step's result as idem_step takes it, or unstorableStep's
+// error.
+func storableStep(name string, value any) ([]byte, error) {
+	result, err := json.Marshal(value)
+	if err != nil {
+		return nil, unstorableStep(name, fmt.Errorf("it is not JSON: %w", err))
+	}
+	if holdsNUL(string(result)) {
+		return nil, unstorableStep(name, errHoldsNUL)
+	}
+	return result, nil
+}
+
+// unstorableStep: the step's result can never be recorded, at any attempt,
+// so the error is marked Final: failed retryably, the key would run the
+// step's function (its external call too) again at every attempt, to the
+// same end.
+func unstorableStep(name string, err error) error {
+	return Final(&unstorableResult{step: name, err: err})
 }
 
 func (c *Claimed) recorded(step FinishedStep) {

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,5 +133,58 @@ func TestALateWorkerIsFencedAtItsNextStep(t *testing.T) {
 	}
 	if err := taker.Complete(ctx, "taker"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A step whose result can never be recorded (not JSON, a string with a NUL
+// character, more than idempotency.max_step_bytes) fails its key for good
+// at the first attempt, its message saying why: failed retryably, the key
+// ran the step's function (a charge) again at every attempt, to the same
+// end. In InTx's transaction too, which the refused idem_step aborted.
+func TestAStepWhoseResultCannotBeStoredFailsItsKeyForGood(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	for _, c := range []struct {
+		value any
+		why   string
+	}{
+		{make(chan int), "not JSON"},
+		{map[string]string{"charge_id": "ch_\x00"}, "NUL"},
+		{strings.Repeat("x", 17*1024), "larger than the server stores for a step (idempotency.max_step_bytes)"},
+	} {
+		key := newKey(t)
+		runs := 0
+		work := func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+			if _, err := job.Step(ctx, "charge", func(context.Context, *sql.Tx, string) (any, error) {
+				runs++
+				return c.value, nil
+			}); err != nil {
+				return nil, err
+			}
+			return "done", nil
+		}
+		_, err := idempotency.Run(ctx, db, key, nil, nil, work)
+		var failed *idempotency.Failed
+		if !errors.As(err, &failed) || failed.Retryable || !strings.Contains(failed.Message, c.why) ||
+			!strings.Contains(failed.Message, `step "charge"`) {
+			t.Fatalf("a step's result (%s): %v", c.why, err)
+		}
+		if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" || runs != 1 {
+			t.Fatalf("a step's result (%s): the key %s, the step ran %d times", c.why, status, runs)
+		}
+		if _, err := idempotency.Run(ctx, db, key, nil, nil, work); !errors.As(err, &failed) || !failed.Replayed || runs != 1 {
+			t.Fatalf("a duplicate (%s): %v, the step ran %d times", c.why, err, runs)
+		}
+
+		key = newKey(t)
+		_, err = idempotency.InTx(ctx, db, key, nil, nil, func(ctx context.Context, tx *sql.Tx, job *idempotency.Claimed) (any, error) {
+			return job.StepTx(ctx, tx, "charge", func(context.Context, *sql.Tx, string) (any, error) { return c.value, nil })
+		})
+		if !errors.As(err, &failed) || failed.Retryable || !strings.Contains(failed.Message, c.why) {
+			t.Fatalf("a step's result in InTx (%s): %v", c.why, err)
+		}
+		if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" {
+			t.Fatalf("a step's result in InTx (%s) left the key %s", c.why, status)
+		}
 	}
 }
