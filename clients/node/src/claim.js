@@ -2,11 +2,11 @@
 // heartbeat keeps the lease, and record how it ended: complete (the result
 // is stored and replayed to every duplicate), fail (retryable or final), or
 // nothing at all when the key was taken over meanwhile (fenced).
-import { classifyOr, defaultClassify, errorText, isStaleToken, retryInOrNull } from './errors.js';
+import { UnstorableResult, classifyOr, defaultClassify, errorText, isStaleToken, retryInOrNull } from './errors.js';
 import { Heartbeat } from './heartbeat.js';
 import { callHook } from './hooks.js';
 import { checkSeconds } from './options.js';
-import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, NEXT_ATTEMPT, RELEASE, jsonParam } from './sql.js';
+import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, NEXT_ATTEMPT, RELEASE, jsonParam, storable } from './sql.js';
 import { claimWhileOpen, isClosing, track } from './state.js';
 import { retryLost } from './record.js';
 import { parseSteps, runStep, stepKey } from './steps.js';
@@ -77,30 +77,6 @@ export class Job {
     await this.pool.query(RELEASE, [this.key, this.token, this.scope]);
     this.finished = 'released';
   }
-}
-
-// A result that is not JSON (a BigInt, a cycle), or holds a string with a
-// NUL character (PostgreSQL's jsonb cannot): nothing was recorded.
-export class UnstorableResult extends TypeError {
-  constructor(cause) {
-    super(`the result cannot be stored as JSON: ${cause?.message ?? cause}`);
-    this.name = 'UnstorableResult';
-    this.cause = cause;
-  }
-}
-
-// JSON's \u0000 escape, not preceded by an escaped backslash.
-const NUL_ESCAPE = /(^|[^\\])(\\\\)*\\u0000/;
-
-function storable(result) {
-  let text;
-  try {
-    text = jsonParam(result);
-  } catch (err) {
-    throw new UnstorableResult(err);
-  }
-  if (text !== null && NUL_ESCAPE.test(text)) throw new UnstorableResult('a string holds a NUL character (\\u0000)');
-  return text;
 }
 
 // claim(pool, { key, request, scope, lease, wait, heartbeat, classify,
@@ -204,7 +180,9 @@ async function run(pool, options, row, work) {
         // A classify that throws: the key fails as by default, then claim
         // rejects with classify's error.
         let classifyError = null;
-        const kind = classifyOr(classify, defaultClassify, error, (err) => { classifyError = err; });
+        // A result (a step's) that cannot be stored would be so again.
+        const kind = error instanceof UnstorableResult
+          ? 'final' : classifyOr(classify, defaultClassify, error, (err) => { classifyError = err; });
         const failed = await fail(pool, job, error, kind);
         if (classifyError) throw classifyError;
         return failed;

@@ -39,6 +39,19 @@ export function errorText(error, fallback = '') {
   return String(error?.message ?? error ?? fallback).replaceAll('\u0000', '\uFFFD');
 }
 
+// A result that is not JSON (a BigInt, a cycle), holds a string with a
+// NUL character (PostgreSQL's jsonb cannot), or is larger than the server
+// stores: nothing was recorded. It fails the key for good (retryable
+// false): run again, the work would come to the same end.
+export class UnstorableResult extends TypeError {
+  constructor(cause) {
+    super(`the result cannot be stored as JSON: ${cause?.message ?? cause}`);
+    this.name = 'UnstorableResult';
+    this.cause = cause;
+    this.retryable = false;
+  }
+}
+
 // IK001: the token is stale; the key (or lock) was taken over.
 export function isStaleToken(err) {
   return err?.code === 'IK001';

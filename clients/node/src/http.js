@@ -22,7 +22,7 @@
 //                  requests replay what it stored.
 import { defaultFingerprint } from './fingerprint.js';
 import { Heartbeat } from './heartbeat.js';
-import { classifyOr, errorText } from './errors.js';
+import { UnstorableResult, classifyOr, errorText } from './errors.js';
 import { callHook } from './hooks.js';
 import { decodeResponse, encodeResponse, isStoredResponse, jsonResponse, problem, response, storedFailure } from './response.js';
 import { retryLost } from './record.js';
@@ -322,6 +322,7 @@ export class Exchange {
     this.opts = opts;
     this.steps = steps;
     this.settled = false;
+    this.unstorable = null;   // a step's result that could not be stored
     const { key, request, token = null, attempt = null, client = null, heartbeat = null } = context;
     // Multi-step handlers: the steps an earlier attempt finished, and
     // step(name, fn) as a worker's job has it (steps.js): in claim mode in
@@ -343,7 +344,15 @@ export class Exchange {
       steps: holder.steps,
       step: async (name, fn) => {
         if (token === null) throw new Error('idempotency: steps need a claimed key (claim or transaction mode)');
-        return runStep(holder, name, fn);
+        try {
+          return await runStep(holder, name, fn);
+        } catch (err) {
+          // A step's result that cannot be stored would be so at every
+          // attempt, after the step's work: the key fails for good, whatever
+          // response the application makes of the error.
+          if (err instanceof UnstorableResult) this.unstorable = err;
+          throw err;
+        }
       },
       stepKey: (name) => stepKey(opts.scope, key, name),
     };
@@ -363,7 +372,8 @@ export class Exchange {
     if (this.settled) return response;
     this.settled = true;
     try {
-      const kind = classifyOr(this.opts.classify, defaultClassify, response, (err) => this.reportError(err, 'classify'));
+      const kind = this.unstorable ? 'final'
+        : classifyOr(this.opts.classify, defaultClassify, response, (err) => this.reportError(err, 'classify'));
       const stored = encodeResponse(response);
       if (kind === 'complete') await this.steps.complete(stored);
       else await this.steps.fail(kind === 'final' ? JSON.stringify(stored) : `HTTP ${response.status}`, kind !== 'final');
@@ -404,7 +414,7 @@ export class Exchange {
     if (this.settled) return;
     this.settled = true;
     try {
-      if (this.opts.mode === 'claim') await this.steps.fail(errorText(error, 'aborted'), true).catch(() => {});
+      if (this.opts.mode === 'claim') await this.steps.fail(errorText(error, 'aborted'), !this.unstorable).catch(() => {});
       else await this.steps.discard().catch(() => {});
     } finally {
       this.done();

@@ -1,10 +1,26 @@
 // The SQL the client runs: every call into the extension, in one place.
 // Durations travel as seconds (float8) and become intervals here.
+import { UnstorableResult } from './errors.js';
 
 // JSON for a jsonb parameter. node-postgres would turn a JS array into a
 // PostgreSQL array literal, so every value is serialised here.
 export function jsonParam(value) {
   return value === undefined || value === null ? null : JSON.stringify(value);
+}
+
+// JSON's \u0000 escape, not preceded by an escaped backslash.
+const NUL_ESCAPE = /(^|[^\\])(\\\\)*\\u0000/;
+
+// jsonParam of a result to store, or UnstorableResult.
+export function storable(result) {
+  let text;
+  try {
+    text = jsonParam(result);
+  } catch (err) {
+    throw new UnstorableResult(err);
+  }
+  if (text !== null && NUL_ESCAPE.test(text)) throw new UnstorableResult('a string holds a NUL character (\\u0000)');
+  return text;
 }
 
 // result_expired (extension 0.7.0): the answer came from the key's

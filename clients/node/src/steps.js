@@ -3,7 +3,8 @@
 // writes; a claim that resumes the key is given the finished steps, and
 // step() returns a finished step's stored result instead of running it.
 import { createHash } from 'node:crypto';
-import { STEP, jsonParam } from './sql.js';
+import { FinalError, UnstorableResult } from './errors.js';
+import { STEP, storable } from './sql.js';
 import { withTransaction } from './transaction.js';
 
 // The finished steps of a claim's answer (an object name -> { n, attempt,
@@ -13,12 +14,25 @@ export function parseSteps(steps) {
   return new Map(entries.map(([name, { n, attempt, result }]) => [name, { n, attempt, result }]));
 }
 
+// A step's name as idem_step takes it: 1 to 63 bytes of ASCII letters,
+// digits and _ . : - (it is part of the step's key, which providers
+// receive in a header). Checked before the step runs: a name the server
+// refuses would fail the key at every attempt, after the step's work.
+const STEP_NAME = /^[A-Za-z0-9_.:-]{1,63}$/;
+
+function checkStepName(name) {
+  if (typeof name !== 'string' || !STEP_NAME.test(name)) {
+    throw new FinalError(`idempotency: a step's name is 1 to 63 ASCII letters, digits and _ . : -, not ${JSON.stringify(name)}`);
+  }
+}
+
 // The key of a step's external call, to give the provider as its own
 // idempotency key: the same text idem_step_key(key, step, scope) returns,
 // computed here without a round trip (the step's name, a dash, and the
 // first 128 bits of the SHA-256 of scope, key and step, each preceded by
 // its length in bytes and a colon).
 export function stepKey(scope, key, step) {
+  checkStepName(step);
   const hash = createHash('sha256');
   for (const part of [scope, key, step]) {
     const bytes = Buffer.from(part, 'utf8');
@@ -37,7 +51,11 @@ export async function runStep(holder, name, fn) {
   if (steps.has(name)) return steps.get(name).result;
   const record = async (tx) => {
     const result = (await fn(tx, { key: stepKey(scope, key, name) })) ?? null;
-    const { rows: [{ n }] } = await tx.query(STEP, [key, token, name, jsonParam(result), scope]);
+    const { rows: [{ n }] } = await tx.query(STEP, [key, token, name, storable(result), scope]).catch((err) => {
+      // 22001: larger than idempotency.max_step_bytes. Like a result that is
+      // not JSON, it would be so at every attempt, after the step's work.
+      throw err.code === '22001' ? new UnstorableResult(err) : err;
+    });
     return { n, result };
   };
   const done = client ? await record(client) : await withTransaction(pool, record);

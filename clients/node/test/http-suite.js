@@ -125,6 +125,13 @@ export function httpSuite(framework, startServer) {
         },
       },
       {
+        path: '/step-unstorable', options: { scope: `${framework}.step-unstorable` },
+        handler: async ({ idempotency }) => {
+          await idempotency.step('charge', async () => { count(idempotency.key); return { amount: 10n }; });
+          return { status: 201, json: { charged: true } };
+        },
+      },
+      {
         path: '/nul', options: { scope: `${framework}.nul` },
         handler: async ({ idempotency }) => ({
           status: 200, headers: { 'content-type': 'text/plain' }, body: Buffer.from(`a\u0000b${count(idempotency.key)}`),
@@ -314,6 +321,17 @@ export function httpSuite(framework, startServer) {
       await post('/classified', key, {});
       const again = await post('/classified', key, {});
       assert.equal(again.status, 503);
+      assert.equal(again.replayed, true);
+      assert.equal(ran(key), 1);
+    });
+
+    test('a step whose result cannot be stored fails the key for good: the step runs once', async () => {
+      const key = newKey();
+      assert.equal((await post('/step-unstorable', key, {})).status, 500);
+      const { rows: [row] } = await pool.query('SELECT status::text FROM idempotency.idem_get($1, $2)', [key, `${framework}.step-unstorable`]);
+      assert.equal(row?.status, 'FAILED_FINAL');
+      const again = await post('/step-unstorable', key, {});
+      assert.equal(again.status, 500);
       assert.equal(again.replayed, true);
       assert.equal(ran(key), 1);
     });

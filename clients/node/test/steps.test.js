@@ -81,6 +81,39 @@ describe('steps', () => {
     assert.equal(row.steps, null);
   });
 
+  test('a step whose result cannot be stored fails the key for good: the step ran once', async () => {
+    const huge = 'x'.repeat(17000);   // past idempotency.max_step_bytes (16 kB)
+    for (const [what, value, message] of [['not JSON', 10n, /cannot be stored as JSON/], ['a NUL', { s: 'a\u0000b' }, /NUL/],
+      ['too large', { huge }, /cannot be stored/]]) {
+      const key = newKey();
+      let runs = 0;
+      const work = async (j) => j.step('charge', async () => { runs += 1; return value; });
+      const first = await claim(pool, { key }, work);
+      assert.equal(first.outcome, 'failed', what);
+      assert.equal(first.retryable, false, what);
+      assert.match(first.error, message, what);
+      assert.equal((await keyRow(pool, key)).status, 'FAILED_FINAL', what);
+      assert.equal((await claim(pool, { key }, work)).replayed, true, what);
+      assert.equal(runs, 1, what);
+    }
+  });
+
+  test('a step name idem_step refuses fails the key for good before the step runs', async () => {
+    for (const name of ['charge card', '', 'x'.repeat(64), 'café']) {
+      const key = newKey();
+      let runs = 0;
+      const first = await claim(pool, { key }, async (j) => j.step(name, async () => { runs += 1; }));
+      assert.equal(first.outcome, 'failed', name);
+      assert.equal(first.retryable, false, name);
+      assert.match(first.error, /step's name/, name);
+      assert.equal(runs, 0, `${name}: the step ran`);
+      assert.throws(() => stepKey('default', key, name), /step's name/);
+      await assert.rejects(pool.query('SELECT idempotency.idem_step_key($1, $2)', [key, name]), (err) => ['22023', '22001'].includes(err.code),
+        'the server refuses it too');
+    }
+    assert.equal(stepKey('s', 'k', 'a'.repeat(63)).length, 63 + 33, 'a name of 63 bytes is taken');
+  });
+
   test('a step finished in this attempt is not run again', async () => {
     const key = newKey();
     let runs = 0;
