@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // FinishedStep is a step recorded on the key: its place in the order the
@@ -32,13 +33,38 @@ type StepFunc func(ctx context.Context, tx *sql.Tx, stepKey string) (any, error)
 // StepKey is the key of a step's external call: the text
 // idem_step_key(key, step, scope) returns, computed without a round trip
 // (the step's name, a dash and the first 128 bits of the SHA-256 of scope,
-// key and step, each preceded by its length in bytes and a colon).
+// key and step, each preceded by its length in bytes and a colon). It
+// panics for a step's name idem_step_key refuses, which no step can be
+// recorded under: names are the program's constants, and a bad one is a
+// programmer's error, as a bad pattern is to regexp.MustCompile. Check a
+// name that comes from data with CheckStepName first.
 func StepKey(scope, key, step string) string {
+	if err := CheckStepName(step); err != nil {
+		panic(err)
+	}
 	h := sha256.New()
 	for _, part := range []string{scope, key, step} {
 		fmt.Fprintf(h, "%d:%s", len(part), part)
 	}
 	return step + "-" + hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+const stepNameRule = "a step's name is 1 to 63 bytes of ASCII letters, digits and _ . : -"
+
+// CheckStepName is nil for a name idem_step and idem_step_key take (1 to 63
+// bytes of ASCII letters, digits and _ . : -; it is part of the step's key,
+// which providers receive in a header), otherwise an error naming the rule.
+func CheckStepName(name string) error {
+	if name == "" || len(name) > 63 {
+		return fmt.Errorf("idempotency: a step's name of %d bytes: %s", len(name), stepNameRule)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("_.:-", c) >= 0) {
+			return fmt.Errorf("idempotency: step %q (byte %d): %s", name, i+1, stepNameRule)
+		}
+	}
+	return nil
 }
 
 // parseSteps reads the steps of a claim's answer (name -> {n, attempt,
@@ -79,7 +105,8 @@ func (c *Claimed) Steps() []FinishedStep {
 // finished.
 func (c *Claimed) Resumed() bool { return c.resumed }
 
-// StepKey is the key of the step's external call (idem_step_key).
+// StepKey is the key of the step's external call (idem_step_key); it
+// panics for a name CheckStepName refuses.
 func (c *Claimed) StepKey(name string) string { return StepKey(c.Scope, c.Key, name) }
 
 // Step runs the step name unless it finished before: fn in a transaction
@@ -89,8 +116,12 @@ func (c *Claimed) StepKey(name string) string { return StepKey(c.Scope, c.Key, n
 // result that can never be recorded (not JSON, a string with a NUL
 // character, larger than idempotency.max_step_bytes) is an error marked
 // Final, saying why: the work that returns it fails its key for good,
-// instead of running the step's function again at every attempt.
+// instead of running the step's function again at every attempt. So is a
+// name CheckStepName refuses, before fn runs.
 func (c *Claimed) Step(ctx context.Context, name string, fn StepFunc) (json.RawMessage, error) {
+	if err := CheckStepName(name); err != nil {
+		return nil, Final(err)
+	}
 	if result, done := c.finishedStep(name); done {
 		return result, nil
 	}
@@ -113,6 +144,9 @@ func (c *Claimed) Step(ctx context.Context, name string, fn StepFunc) (json.RawM
 // StepTx is Step inside tx, the caller's transaction (in the middleware's
 // transaction mode, TxOf's): the step's record commits with it.
 func (c *Claimed) StepTx(ctx context.Context, tx *sql.Tx, name string, fn StepFunc) (json.RawMessage, error) {
+	if err := CheckStepName(name); err != nil {
+		return nil, Final(err)
+	}
 	if result, done := c.finishedStep(name); done {
 		return result, nil
 	}

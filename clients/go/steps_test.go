@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -185,6 +186,80 @@ func TestAStepWhoseResultCannotBeStoredFailsItsKeyForGood(t *testing.T) {
 		}
 		if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" {
 			t.Fatalf("a step's result in InTx (%s) left the key %s", c.why, status)
+		}
+	}
+}
+
+// A step's name that idem_step refuses (keys.md: 1 to 63 bytes of ASCII
+// letters, digits and _ . : -) fails its key for good before the step's
+// function runs, its message naming the rule: checked only by idem_step,
+// after the function ran, it failed the key retryably, so that the function
+// (its external call too) ran at every attempt and the key never finished.
+// Names idem_step and idem_step_key refuse: empty (22023), a character that
+// is not allowed (22023; a NUL byte no text holds: 22021), longer than 63
+// bytes (22001).
+var badStepNames = []string{"", "charge card", "chargé", "charge/1", "charge\x00", strings.Repeat("a", 64)}
+
+// StepKey computes no key for a name idem_step_key refuses: it panics, as
+// for a programmer's error (its signature is kept); CheckStepName says so
+// with an error. A name of 63 bytes holding every character allowed is
+// taken by both, and by the extension.
+func TestStepKeyRefusesWhatTheExtensionRefuses(t *testing.T) {
+	db := openDB(t)
+	for _, name := range badStepNames {
+		var derived string
+		err := db.QueryRow(`SELECT idempotency.idem_step_key('k', $1)`, name).Scan(&derived)
+		if code := idempotency.SQLState(err); code != "22023" && code != "22001" && code != "22021" {
+			t.Fatalf("the extension's idem_step_key(%q): %q, %v", name, derived, err)
+		}
+		if err := idempotency.CheckStepName(name); err == nil || !strings.Contains(err.Error(), "ASCII letters, digits and _ . : -") {
+			t.Fatalf("CheckStepName(%q): %v", name, err)
+		}
+		func() {
+			defer func() {
+				if p := recover(); p == nil || !strings.Contains(fmt.Sprint(p), "1 to 63 bytes") {
+					t.Fatalf("StepKey(%q) did not panic with the rule: %v", name, p)
+				}
+			}()
+			t.Errorf("StepKey(%q) = %s", name, idempotency.StepKey("default", "k", name))
+		}()
+	}
+	name := "az_AZ.09:-" + strings.Repeat("x", 53)
+	var derived string
+	if err := db.QueryRow(`SELECT idempotency.idem_step_key('k', $1)`, name).Scan(&derived); err != nil {
+		t.Fatal(err)
+	}
+	if err := idempotency.CheckStepName(name); err != nil || idempotency.StepKey("default", "k", name) != derived {
+		t.Fatalf("a name of 63 bytes: %v, %s", err, derived)
+	}
+}
+
+func TestABadStepNameFailsItsKeyBeforeTheStepRuns(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	for _, name := range badStepNames {
+		key := newKey(t)
+		runs := 0
+		step := func(context.Context, *sql.Tx, string) (any, error) {
+			runs++
+			return "charged", nil
+		}
+		_, err := idempotency.Run(ctx, db, key, nil, nil, func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+			return job.Step(ctx, name, step)
+		})
+		var failed *idempotency.Failed
+		if !errors.As(err, &failed) || failed.Retryable || !strings.Contains(failed.Message, "ASCII letters, digits and _ . : -") {
+			t.Fatalf("step %q: %v", name, err)
+		}
+		if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" || runs != 0 {
+			t.Fatalf("step %q: the key %s, the step ran %d times", name, status, runs)
+		}
+		key = newKey(t)
+		_, err = idempotency.InTx(ctx, db, key, nil, nil, func(ctx context.Context, tx *sql.Tx, job *idempotency.Claimed) (any, error) {
+			return job.StepTx(ctx, tx, name, step)
+		})
+		if !errors.As(err, &failed) || failed.Retryable || runs != 0 {
+			t.Fatalf("step %q in InTx: %v, the step ran %d times", name, err, runs)
 		}
 	}
 }
