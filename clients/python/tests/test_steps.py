@@ -13,7 +13,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 import pg_idempotency as idem
-from conftest import SETTINGS, connect, effects, wait_for
+from conftest import SETTINGS, connect, effects, key_row, wait_for
 
 
 def steps_of(admin, key, scope="default"):
@@ -104,6 +104,35 @@ def test_a_worker_that_lost_its_key_is_fenced_at_its_next_step(conn, other, admi
     assert sorted(effects(admin, key)) == ["reserve late"]
 
 
+@pytest.mark.parametrize("what, value, message", [
+    ("not JSON", {"at": object()}, "cannot be stored as JSON"),
+    ("a NUL", {"s": "a\x00b"}, "NUL"),
+    ("too large", {"huge": "x" * 17000}, "cannot be stored"),      # past idempotency.max_step_bytes (16 kB)
+])
+def test_a_step_whose_result_cannot_be_stored_fails_the_key_for_good(conn, admin, new_key, what, value, message):
+    key, runs = new_key(), []
+
+    def work(job):
+        return job.step("charge", lambda s: runs.append(1) or value)
+    job = idem.run_once(conn, key, work)
+    assert (job.outcome, job.retryable) == ("failed", False) and message in job.error
+    assert key_row(admin, key)[0] == "FAILED_FINAL"
+    assert idem.run_once(conn, key, work).replayed and len(runs) == 1
+
+
+@pytest.mark.parametrize("name", ["charge card", "", "x" * 64, "café"])
+def test_a_step_name_idem_step_refuses_fails_the_key_before_the_step_runs(conn, admin, new_key, name):
+    key, runs = new_key(), []
+    job = idem.run_once(conn, key, lambda job: job.step(name, lambda s: runs.append(1)))
+    assert (job.outcome, job.retryable) == ("failed", False) and "step's name" in job.error
+    assert runs == []
+    with pytest.raises(idem.FinalError, match="step's name"):
+        idem.step_key("default", key, name)
+    with pytest.raises(psycopg.Error) as refused:
+        connect(autocommit=True).execute("SELECT idempotency.idem_step_key(%s, %s)", (key, name))
+    assert refused.value.sqlstate in ("22023", "22001"), "the server refuses it too"
+
+
 def test_async_jobs_have_the_same_steps(new_key):
     key, charges = new_key(), Counter()
 
@@ -133,6 +162,26 @@ def test_async_jobs_have_the_same_steps(new_key):
 
 flask = pytest.importorskip("flask", reason="python3-flask is not installed")
 from pg_idempotency.flask import Idempotency, context  # noqa: E402
+
+
+def test_flask_a_step_whose_result_cannot_be_stored_fails_the_key_for_good(admin):
+    runs = Counter()
+    with ConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=1, max_size=3) as pool:
+        app = flask.Flask("steps-unstorable")
+        Idempotency(app, pool=pool, scope="flask.steps-unstorable", paths=["/charge"])
+
+        @app.post("/charge")
+        def charge():
+            ctx = context()
+            ctx.step("charge", lambda s: runs.update([ctx.key]) or {"at": object()})
+            return flask.jsonify(charged=True), 201
+        client = app.test_client()
+        key = f"steps-{uuid.uuid4()}"
+        assert client.post("/charge", json={}, headers={"Idempotency-Key": key}).status_code == 500
+        assert key_row(admin, key, "flask.steps-unstorable")[0] == "FAILED_FINAL"
+        again = client.post("/charge", json={}, headers={"Idempotency-Key": key})
+        assert (again.status_code, again.headers.get("Idempotent-Replayed")) == (500, "true")
+        assert runs[key] == 1
 
 
 def test_flask_a_retried_request_resumes_after_its_finished_steps(admin):

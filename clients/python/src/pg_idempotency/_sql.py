@@ -17,6 +17,15 @@ def _dumps(value):
     return text
 
 
+def jsonb_now(value):
+    """``jsonb(value)`` dumped now: TypeError or ValueError here rather
+    than when the statement runs."""
+    if value is None:
+        return None
+    text = _dumps(value)
+    return Jsonb(value, dumps=lambda _: text)
+
+
 def jsonb(value):
     """A jsonb parameter (None stays NULL). Dumped when the statement runs:
     a value json cannot hold raises TypeError or ValueError then."""

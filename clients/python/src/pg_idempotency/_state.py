@@ -5,7 +5,7 @@ from psycopg.rows import dict_row
 
 from . import _sql
 from ._steps import parse_steps, step_key
-from .errors import classify_or, default_classify, error_text, is_stale_token, retry_in_or_none
+from .errors import UnstorableResult, classify_or, default_classify, error_text, is_stale_token, retry_in_or_none
 
 
 class JobState:
@@ -72,7 +72,8 @@ class JobState:
 
     def failure(self, exc):
         """The idem_fail parameters for an error raised by the block."""
-        final = classify_or(self.classify, default_classify, exc) == "final"
+        # A result (a step's) that cannot be stored would be so again.
+        final = isinstance(exc, UnstorableResult) or classify_or(self.classify, default_classify, exc) == "final"
         # An error's retry_in the extension would refuse: its backoff instead.
         retry_in = None if final else retry_in_or_none(getattr(exc, "retry_in", None))
         return self.params(error=error_text(exc), retryable=not final, retry_in=retry_in)

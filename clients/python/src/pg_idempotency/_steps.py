@@ -15,8 +15,23 @@ job.step(name) as s``."""
 
 import contextlib
 import hashlib
+import re
+
+import psycopg
 
 from . import _sql
+from .errors import FinalError, UnstorableResult
+
+# A step's name as idem_step takes it: 1 to 63 bytes of ASCII letters,
+# digits and _ . : - (it is part of the step's key, which providers receive
+# in a header). Checked before the step runs: a name the server refuses
+# would fail the key at every attempt, after the step's work.
+_STEP_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,63}")
+
+
+def check_step_name(name):
+    if not isinstance(name, str) or not _STEP_NAME.fullmatch(name):
+        raise FinalError(f"idempotency: a step's name is 1 to 63 ASCII letters, digits and _ . : -, not {name!r}")
 
 
 def parse_steps(steps):
@@ -30,7 +45,9 @@ def step_key(scope, key, step):
     idempotency key: the text idem_step_key(key, step, scope) returns,
     computed without a round trip (the step's name, a dash and the first
     128 bits of the SHA-256 of scope, key and step, each preceded by its
-    length in bytes and a colon)."""
+    length in bytes and a colon). A name idem_step_key refuses raises
+    FinalError."""
+    check_step_name(step)
     digest = hashlib.sha256()
     for part in (scope, key, step):
         data = part.encode()
@@ -58,12 +75,14 @@ class StepHolder:
     """The claim a step belongs to: the key, its token, scope and attempt,
     the steps finished so far, and where a step's transaction runs:
     ``connection()`` gives a context manager of a connection (the job's
-    own, a pool's)."""
+    own, a pool's). ``noted(exc)``, when given, hears of a step whose
+    result could not be stored (the middlewares fail the key for good)."""
 
-    def __init__(self, key, token, scope, attempt, steps, connection):
+    def __init__(self, key, token, scope, attempt, steps, connection, noted=None):
         self.key, self.token, self.scope, self.attempt = key, token, scope, attempt
         self.steps = steps
         self.connection = connection
+        self.noted = noted
 
     def begin(self, name):
         if self.token is None:
@@ -73,8 +92,19 @@ class StepHolder:
                     self.steps[name]["result"] if done else None)
 
     def params(self, step):
-        return {"key": self.key, "token": self.token, "step": step.name,
-                "result": _sql.jsonb(step.result), "scope": self.scope}
+        try:
+            result = _sql.jsonb_now(step.result)
+        except (TypeError, ValueError) as exc:      # json.dumps: a datetime, a cycle, a NUL
+            raise self.unstorable(f"the step's result cannot be stored as JSON: {exc}") from exc
+        return {"key": self.key, "token": self.token, "step": step.name, "result": result, "scope": self.scope}
+
+    def unstorable(self, message):
+        """The error of a step whose result cannot be stored: it would be so
+        at every attempt, after the step's work, so the key fails for good."""
+        exc = UnstorableResult(message)
+        if self.noted is not None:
+            self.noted(exc)
+        return exc
 
     def recorded(self, step, n):
         self.steps[step.name] = {"n": n, "attempt": self.attempt, "result": step.result}
@@ -102,8 +132,11 @@ class SyncStep:
         if exc_type is not None:        # the block failed: rolled back, nothing recorded
             self.stack.__exit__(exc_type, exc, tb)
             return False
-        with self.stack:      # commits (an error in the record rolls back) and gives the connection back
-            n = self.step.conn.execute(_sql.STEP, self.holder.params(self.step)).fetchone()[0]
+        try:
+            with self.stack:      # commits (an error in the record rolls back) and gives the connection back
+                n = self.step.conn.execute(_sql.STEP, self.holder.params(self.step)).fetchone()[0]
+        except psycopg.errors.StringDataRightTruncation as exc:    # 22001: over idempotency.max_step_bytes
+            raise self.holder.unstorable(f"the step's result cannot be stored: {exc}") from exc
         self.holder.recorded(self.step, n)
         return False
 
@@ -129,8 +162,11 @@ class AsyncStep:
         if exc_type is not None:
             await self.stack.__aexit__(exc_type, exc, tb)
             return False
-        async with self.stack:
-            row = await (await self.step.conn.execute(_sql.STEP, self.holder.params(self.step))).fetchone()
+        try:
+            async with self.stack:
+                row = await (await self.step.conn.execute(_sql.STEP, self.holder.params(self.step))).fetchone()
+        except psycopg.errors.StringDataRightTruncation as exc:    # 22001: over idempotency.max_step_bytes
+            raise self.holder.unstorable(f"the step's result cannot be stored: {exc}") from exc
         self.holder.recorded(self.step, row[0])
         return False
 

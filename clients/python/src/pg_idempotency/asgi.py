@@ -58,6 +58,12 @@ class IdempotencyContext:
     # Where a step's transaction runs: a connection of the pool (claim mode)
     # or the key's transaction (transaction mode).
     connection: Any = field(default=None, repr=False)
+    # A step's result could not be stored: the key fails for good (it
+    # would at every attempt, after the step's work).
+    unstorable: bool = field(default=False, repr=False)
+
+    def _note_unstorable(self, exc):
+        self.unstorable = True
 
     async def fence(self, conn):
         """Fences a transaction of the handler's own: IK001 once the key was taken over."""
@@ -68,7 +74,8 @@ class IdempotencyContext:
         in a transaction of its own, so that a retry of a failed request
         resumes after the steps that finished; in transaction mode on
         ``conn``, committed with everything else; not in register mode."""
-        holder = StepHolder(self.key, self.token, self.scope, self.attempt, self.steps, self.connection)
+        holder = StepHolder(self.key, self.token, self.scope, self.attempt, self.steps, self.connection,
+                            self._note_unstorable)
         return AsyncStep(holder, name) if fn is None else arun_step(holder, name, fn)
 
     def step_key(self, name):
@@ -248,13 +255,13 @@ class IdempotencyMiddleware:
                 error = error_text(exc)
                 try:
                     await asyncio.wait_for(asyncio.shield(record(
-                        _sql.FAIL, error=error, retryable=True, retry_in=self.retry_in)), 5)
+                        _sql.FAIL, error=error, retryable=not context.unstorable, retry_in=self.retry_in)), 5)
                 except (psycopg.Error, asyncio.TimeoutError, asyncio.CancelledError):
                     pass    # taken over, or the database is gone: the lease ends it
                 raise
             await stop_beat(beat, stopping)
             response = recorder.response()
-            kind = classify_or(self.classify, default_classify, response)
+            kind = "final" if context.unstorable else classify_or(self.classify, default_classify, response)
             stored = encode_response(response)
             try:
                 if kind == "complete":
@@ -337,7 +344,7 @@ class IdempotencyMiddleware:
         except Exception as exc:
             raise _AppFailed(exc) from exc      # rolls everything back
         response = recorder.response()
-        kind = classify_or(self.classify, default_classify, response)
+        kind = "final" if context.unstorable else classify_or(self.classify, default_classify, response)
         if kind == "retryable" or (kind == "final" and registering):
             return response, False
         if kind == "final":

@@ -22,6 +22,12 @@ class FinalError(Exception):
     retryable = False
 
 
+class UnstorableResult(FinalError):
+    """A result that cannot be stored: not JSON, a string with a NUL
+    character, or larger than the server stores. Run again, the work would
+    come to the same end: the key fails for good."""
+
+
 class RetryableError(Exception):
     """Raise it in a job to fail the key and ask for a retry after
     ``retry_in`` seconds (instead of the extension's backoff). A retry_in

@@ -43,7 +43,8 @@ class SyncContext(IdempotencyContext):
         a transaction of its own on a connection of the pool, so that a
         retry of a failed request resumes after the steps that finished; in
         transaction mode on ``conn``, committed with everything else."""
-        holder = StepHolder(self.key, self.token, self.scope, self.attempt, self.steps, self.connection)
+        holder = StepHolder(self.key, self.token, self.scope, self.attempt, self.steps, self.connection,
+                            self._note_unstorable)
         return SyncStep(holder, name) if fn is None else run_step(holder, name, fn)
 
 
@@ -193,12 +194,12 @@ class SyncIdempotency:
             except BaseException as exc:
                 beat.stop()
                 try:
-                    record(_sql.FAIL, error=error_text(exc), retryable=True, retry_in=self.retry_in)
+                    record(_sql.FAIL, error=error_text(exc), retryable=not context.unstorable, retry_in=self.retry_in)
                 except psycopg.Error:
                     pass    # taken over, or the database is gone: the lease ends it
                 raise
             beat.stop()
-            kind = classify_or(self.classify, default_classify, response)
+            kind = "final" if context.unstorable else classify_or(self.classify, default_classify, response)
             stored = encode_response(response)
             try:
                 if kind == "complete":
@@ -268,7 +269,7 @@ class SyncIdempotency:
             response = call(context)
         except Exception as exc:
             raise _AppFailed(exc) from exc
-        kind = classify_or(self.classify, default_classify, response)
+        kind = "final" if context.unstorable else classify_or(self.classify, default_classify, response)
         if kind == "retryable":
             return response, False
         if kind == "final":
