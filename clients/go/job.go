@@ -26,6 +26,9 @@ type Claimed struct {
 	result   []byte
 	steps    map[string]FinishedStep // multi-step work: the steps finished so far (steps.go)
 	resumed  bool                    // the claim resumed after steps an earlier attempt finished
+	// a step's result could not be stored (steps.go): the middleware then
+	// fails the key for good, whatever the handler answered
+	unstorableStep bool
 }
 
 // Resume rebuilds a claim made elsewhere (another process handed over its

@@ -305,11 +305,16 @@ func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next h
 		if finished {
 			return
 		}
-		// The handler panicked: the key fails retryably, the panic goes on.
+		// The handler panicked: the key fails retryably (for good after a
+		// step whose result could not be stored), the panic goes on.
 		stop()
 		record, cancel := recordingContext(r.Context())
 		defer cancel()
-		if _, err := job.Fail(record, Retry(errors.New("the handler panicked"), o.RetryIn)); err != nil {
+		cause := Retry(errors.New("the handler panicked"), o.RetryIn)
+		if job.hadUnstorableStep() {
+			cause = Final(errors.New("the handler panicked"))
+		}
+		if _, err := job.Fail(record, cause); err != nil {
 			o.report("failing it after the handler panicked", job.Key, err)
 		}
 	}()
@@ -353,7 +358,7 @@ func (o *MiddlewareOptions) record(ctx context.Context, job *Claimed, resp Respo
 	if err != nil {
 		return err
 	}
-	switch o.Classify(resp.Status) {
+	switch o.classify(job, resp) {
 	case KindComplete:
 		err = job.Complete(record, json.RawMessage(doc))
 	case KindFinal:
@@ -368,6 +373,16 @@ func (o *MiddlewareOptions) record(ctx context.Context, job *Claimed, resp Respo
 		return errTooLarge
 	}
 	return err
+}
+
+// classify is how resp is recorded on job's key: final whatever the
+// response once a step of the claim could not be stored (it would be so
+// at every attempt, after the step's function ran), else by Classify.
+func (o *MiddlewareOptions) classify(job *Claimed, resp Response) Kind {
+	if job != nil && job.hadUnstorableStep() {
+		return KindFinal
+	}
+	return o.Classify(resp.Status)
 }
 
 // answer is the response to a key that was not claimed.

@@ -18,8 +18,11 @@ import (
 //	retryable (5xx...)   ROLLBACK: as if the request never     ROLLBACK
 //	                     came; the retry runs anew
 //
-// The response is sent only once that is done; if the commit fails, the
-// client gets a 500 (the writes are gone, the response would not be true).
+// After a step whose result could not be stored (StepTx), the response is
+// final whatever its status: the step's function would otherwise run again
+// at every attempt. The response is sent only once that is done; if the
+// commit fails, the client gets a 500 (the writes are gone, the response
+// would not be true).
 // A handler that panics rolls everything back; the panic goes on. The
 // transaction belongs to the request's context: a client that goes away
 // rolls it back.
@@ -43,7 +46,7 @@ func (o *MiddlewareOptions) serveTx(w http.ResponseWriter, r *http.Request, next
 
 func (o *MiddlewareOptions) settleTx(ctx context.Context, st *requestState, resp Response) error {
 	tx, job := st.tx, st.claim
-	kind := o.Classify(resp.Status)
+	kind := o.classify(job, resp)
 	if kind == KindRetryable || (job == nil && kind != KindComplete) {
 		tx.Rollback() //nolint:errcheck // undone either way: an error means the server already did it
 		return nil

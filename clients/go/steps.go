@@ -117,7 +117,9 @@ func (c *Claimed) StepKey(name string) string { return StepKey(c.Scope, c.Key, n
 // character, larger than idempotency.max_step_bytes) is an error marked
 // Final, saying why: the work that returns it fails its key for good,
 // instead of running the step's function again at every attempt. So is a
-// name CheckStepName refuses, before fn runs.
+// name CheckStepName refuses, before fn runs. Under Middleware, a step
+// whose result could not be stored fails the request's key for good
+// whatever the handler answers (or, in claim mode, if it panics).
 func (c *Claimed) Step(ctx context.Context, name string, fn StepFunc) (json.RawMessage, error) {
 	if err := CheckStepName(name); err != nil {
 		return nil, Final(err)
@@ -172,11 +174,13 @@ func (c *Claimed) runStep(ctx context.Context, tx *sql.Tx, name string, fn StepF
 	}
 	result, err := storableStep(name, value)
 	if err != nil {
+		c.noteUnstorableStep()
 		return FinishedStep{}, err
 	}
 	var n int
 	if err := tx.QueryRowContext(ctx, sqlStep, c.Key, c.Token, name, string(result), c.Scope).Scan(&n); err != nil {
 		if SQLState(err) == "22001" { // the name was checked: the result is too large
+			c.noteUnstorableStep()
 			return FinishedStep{}, unstorableStep(name, fmt.Errorf(
 				"it is larger than the server stores for a step (idempotency.max_step_bytes): %w", err))
 		}
@@ -204,6 +208,25 @@ func storableStep(name string, value any) ([]byte, error) {
 // same end.
 func unstorableStep(name string, err error) error {
 	return Final(&unstorableResult{step: name, err: err})
+}
+
+// noteUnstorableStep remembers that a step's result could not be stored.
+// The middleware's handler makes a response of the step's error, which
+// its classification may call retryable (a 500): the key would then run
+// the handler, and the step's function with its external call, again at
+// every attempt, to the same end. The middleware fails it for good instead
+// (hadUnstorableStep).
+func (c *Claimed) noteUnstorableStep() {
+	c.mu.Lock()
+	c.unstorableStep = true
+	c.mu.Unlock()
+}
+
+// hadUnstorableStep: a step of this claim could not be stored.
+func (c *Claimed) hadUnstorableStep() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.unstorableStep
 }
 
 func (c *Claimed) recorded(step FinishedStep) {

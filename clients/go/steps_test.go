@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -260,6 +262,122 @@ func TestABadStepNameFailsItsKeyBeforeTheStepRuns(t *testing.T) {
 		})
 		if !errors.As(err, &failed) || failed.Retryable || runs != 0 {
 			t.Fatalf("step %q in InTx: %v, the step ran %d times", name, err, runs)
+		}
+	}
+}
+
+// Under the middleware a handler makes a response of a step's error,
+// typically a 500, which DefaultClassify calls retryable: the key failed
+// retryably, and the next request with it ran the handler and the step's
+// function again, its external call (a charge) with it, at every attempt.
+// A step of the request's claim whose result cannot be stored fails the key
+// for good whatever the response: in claim and transaction modes the
+// response is stored as the key's final failure and replayed to retries
+// (in transaction mode the handler's writes undone); in claim mode a
+// handler that panics after such a step fails its key for good too. The
+// step's function runs once.
+func TestAMiddlewareStepWhoseResultCannotBeStoredFailsItsKeyForGood(t *testing.T) {
+	db := openDB(t)
+	effectsTable(t, db)
+	var mu sync.Mutex
+	charges := map[string]int{}
+	for _, value := range []struct {
+		value any
+		why   string
+	}{
+		{make(chan int), "not JSON"},
+		{strings.Repeat("x", 17*1024), "larger than the server stores for a step (idempotency.max_step_bytes)"},
+	} {
+		for _, mode := range []idempotency.Mode{idempotency.ModeClaim, idempotency.ModeTransaction} {
+			scope := "go.step-unstorable." + string(mode)
+			// The body asks how the handler answers the step's error:
+			// {"status": N} (500 unless set, with the error's text) or
+			// {"panic": true}. In transaction mode it writes on TxOf first.
+			server, runs := modeServer(t, db, &idempotency.MiddlewareOptions{Scope: scope, Mode: mode},
+				func(w http.ResponseWriter, r *http.Request) {
+					var ask struct {
+						Status int
+						Panic  bool
+					}
+					json.NewDecoder(r.Body).Decode(&ask) //nolint:errcheck // an empty body asks nothing
+					key, ctx, job := r.Header.Get("Idempotency-Key"), r.Context(), idempotency.ClaimOf(r.Context())
+					charge := func(context.Context, *sql.Tx, string) (any, error) {
+						mu.Lock()
+						charges[key]++
+						mu.Unlock()
+						return value.value, nil
+					}
+					var err error
+					if tx := idempotency.TxOf(ctx); tx != nil {
+						if _, err := tx.ExecContext(ctx, `INSERT INTO go_mode_effects VALUES ($1, 'before the step')`, key); err != nil {
+							t.Error(err)
+						}
+						_, err = job.StepTx(ctx, tx, "charge", charge)
+					} else {
+						_, err = job.Step(ctx, "charge", charge)
+					}
+					if err == nil || !strings.Contains(err.Error(), value.why) {
+						t.Errorf("%s: the step's error: %v", scope, err)
+					}
+					if ask.Panic {
+						panic("the handler failed after the step")
+					}
+					if ask.Status == 0 {
+						ask.Status = http.StatusInternalServerError
+					}
+					w.Header().Set("Content-Type", "text/plain")
+					w.WriteHeader(ask.Status)
+					fmt.Fprintf(w, "%d: %v", ask.Status, err)
+				})
+			charged := func(key string) int {
+				mu.Lock()
+				defer mu.Unlock()
+				return charges[key]
+			}
+			statusOf := func(key string) string { // "" when the key has no row (rolled back)
+				var status sql.NullString
+				if err := db.QueryRow(`SELECT status::text FROM idempotency.idem_get($1, $2)`, key, scope).Scan(&status); err != nil {
+					t.Fatal(err)
+				}
+				return status.String
+			}
+			what := func(answer string) string { return fmt.Sprintf("%s, %s, a step's result %s", mode, answer, value.why) }
+			for body, status := range map[string]int{`{}`: http.StatusInternalServerError, `{"status":201}`: http.StatusCreated} {
+				key := newKey(t)
+				first := post(t, server.URL, key, body)
+				if first.status != status || first.header.Get("Idempotent-Replayed") != "" ||
+					!strings.Contains(string(first.body), value.why) {
+					t.Fatalf("%s: %d %s", what(body), first.status, first.body)
+				}
+				if status := statusOf(key); status != "FAILED_FINAL" {
+					t.Fatalf("%s: the key %q", what(body), status)
+				}
+				sameReplay(t, first, post(t, server.URL, key, body), what(body))
+				if runs(key) != 1 || charged(key) != 1 || modeEffects(t, db, key) != 0 {
+					t.Fatalf("%s: the handler ran %d times, the step %d, %d writes kept",
+						what(body), runs(key), charged(key), modeEffects(t, db, key))
+				}
+			}
+			if mode != idempotency.ModeClaim {
+				continue // a panic rolls transaction mode's claim back, as if the request never came
+			}
+			key := newKey(t)
+			req, _ := http.NewRequest(http.MethodPost, server.URL, strings.NewReader(`{"panic":true}`))
+			req.Header.Set("Idempotency-Key", key)
+			req.GetBody = nil // net/http's client would send it again on the broken connection
+			if res, err := http.DefaultClient.Do(req); err == nil {
+				res.Body.Close()
+				t.Fatalf("%s: a panicking handler answered %d", what("a panic"), res.StatusCode)
+			}
+			if status := statusOf(key); status != "FAILED_FINAL" {
+				t.Fatalf("%s: the key %q", what("a panic"), status)
+			}
+			again := post(t, server.URL, key, `{"panic":true}`)
+			if again.status != http.StatusInternalServerError || again.header.Get("Idempotent-Replayed") != "true" ||
+				runs(key) != 1 || charged(key) != 1 {
+				t.Fatalf("%s: the retry %d %v %s, the handler ran %d times, the step %d",
+					what("a panic"), again.status, again.header, again.body, runs(key), charged(key))
+			}
 		}
 	}
 }
