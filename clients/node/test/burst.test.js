@@ -4,8 +4,12 @@
 // Here 200 identical POSTs at once, `wait` 5 s, a pool of 5 connections, a
 // 300 ms handler that makes no database call, through the Express
 // middleware and the web-standard wrapper (each in a server process of its
-// own): the handler runs once, the owner answers within its handler time +
-// 1 s, every duplicate gets the replay or a 409 within `wait` + 1 s.
+// own): the handler runs once, the owner answers within its handler time
+// + half of `wait`, every duplicate gets the replay or a 409 within `wait`
+// + 1 s. Starved behind the waiting duplicates, the owner's complete would
+// wait for their waits to end (`wait` at least): the bounds sit between
+// that and a loaded machine's figures (1.35 s for the owner, measured while
+// three suites shared two cores).
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
 import { newKey } from './helpers.js';
@@ -36,7 +40,7 @@ for (const framework of ['express', 'web']) {
       assert.equal(runs[key], 1, 'the handler ran once');
       assert.equal(other.length, 0, other.map((a) => a.status ?? a.error?.message).join(','));
       assert.equal(owners.length, 1);
-      assert.ok(owners[0].ms <= HANDLER_MS + 1000, `the owner answered after ${Math.round(owners[0].ms)} ms`);
+      assert.ok(owners[0].ms <= HANDLER_MS + WAIT * 500, `the owner answered after ${Math.round(owners[0].ms)} ms`);
       const slowest = Math.max(...[...replays, ...conflicts].map((a) => a.ms));
       assert.ok(slowest <= WAIT * 1000 + 1000, `a duplicate answered after ${Math.round(slowest)} ms`);
       assert.equal(replays.length + conflicts.length, CROWD - 1);
