@@ -61,9 +61,15 @@ await probe.end();
 const runs = new Map();
 const counted = (req) => runs.set(req.path + req.idempotency.key, (runs.get(req.path + req.idempotency.key) ?? 0) + 1);
 const app = express();
-app.post('/slow', idempotency({ pool, scope: 'pooler.express', wait: 30, lease: 2 }), async (req, res) => {
+// The slow routes' lease, 3 s, outlasted by their 5 s of work: the heartbeat
+// keeps it. Its beats (every second) share the pool of 3 with 120 requests
+// at once; a lease of 2 s left a beat 1.3 s to get a connection, which a
+// busy machine sometimes did not (the key was taken over, its work ran
+// twice, and fenced).
+const SLOW_LEASE = 3;
+app.post('/slow', idempotency({ pool, scope: 'pooler.express', wait: 30, lease: SLOW_LEASE }), async (req, res) => {
   counted(req);
-  await new Promise((resolve) => setTimeout(resolve, 5000));   // 2.5 leases: the heartbeat keeps it
+  await new Promise((resolve) => setTimeout(resolve, 5000));   // 1.7 leases: the heartbeat keeps it
   res.status(req.idempotency.signal.aborted ? 500 : 201).json({ ok: true });
 });
 app.post('/tx', idempotency({ pool, scope: 'pooler.express_tx', mode: 'transaction', wait: 30 }), async (req, res) => {
@@ -95,7 +101,7 @@ const count = (runsOf, what) => runsOf.set(what, (runsOf.get(what) ?? 0) + 1);
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const fastify = Fastify();
 fastify.register(async (scope) => {
-  await scope.register(fastifyIdempotency, { pool, scope: 'pooler.fastify', wait: 30, lease: 2 });
+  await scope.register(fastifyIdempotency, { pool, scope: 'pooler.fastify', wait: 30, lease: SLOW_LEASE });
   scope.post('/slow', async (request, reply) => {
     count(fastifyRuns, '/slow' + request.idempotency.key);
     await sleep(5000);
@@ -110,7 +116,7 @@ fastify.register(async (scope) => {
     return reply.code(201).send({ ok: true });
   });
 });
-const webSlow = withIdempotency({ pool, scope: 'pooler.web', wait: 30, lease: 2 }, async (request) => {
+const webSlow = withIdempotency({ pool, scope: 'pooler.web', wait: 30, lease: SLOW_LEASE }, async (request) => {
   count(webRuns, '/slow' + idempotencyOf(request).key);
   await sleep(5000);
   return Response.json({ ok: true }, { status: 201 });
