@@ -91,6 +91,11 @@ def make_app(pool):
         runs[request.state.idempotency.key] += 1
         return Response(b"a\x00b", media_type="text/plain")
 
+    @app.post("/nul-header")
+    async def nul_header(request: Request):
+        runs[request.state.idempotency.key] += 1
+        return Response(b"ok", media_type="text/plain", headers={"x-note": "a\x00b"})
+
     @app.post("/classify-claim")
     @app.post("/classify-tx")
     async def misclassified(request: Request):
@@ -128,7 +133,8 @@ def make_app(pool):
 
     common = {"pool": pool}
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.orders",
-                       paths=["/orders", "/waiting", "/flaky", "/throws", "/declined", "/binary", "/large", "/nul"])
+                       paths=["/orders", "/waiting", "/flaky", "/throws", "/declined", "/binary", "/large", "/nul",
+                              "/nul-header"])
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.misclassified", paths=["/classify-claim"],
                        classify=broken_classify)
     app.add_middleware(IdempotencyMiddleware, **common, scope="asgi.misclassified", paths=["/classify-tx"],
@@ -291,6 +297,18 @@ def test_a_body_with_a_nul_character_is_stored_and_replayed(new_key):
         again = await post("/nul", key)
         assert (first.status_code, first.content) == (200, b"a\x00b")
         assert again.replayed and again.content == b"a\x00b"
+    scenario(test)
+    assert runs[key] == 1
+
+
+def test_a_header_with_a_nul_character_is_stored_with_a_space(new_key):
+    key = new_key()
+
+    async def test(post, pool):
+        first = await post("/nul-header", key)
+        again = await post("/nul-header", key)
+        assert (first.status_code, first.headers.get("x-note")) == (200, "a b")
+        assert again.replayed and again.headers.get("x-note") == "a b"
     scenario(test)
     assert runs[key] == 1
 

@@ -33,7 +33,7 @@ def flask_app(pool):
                 on_conflict=seen.append, on_replay=seen.append)
     Idempotency(app, pool=pool, scope="flask.waiting", paths=["/waiting"], wait=10)
     Idempotency(app, pool=pool, scope="flask.tx", paths=["/tx"], mode="transaction")
-    Idempotency(app, pool=pool, scope="flask.nul", paths=["/nul"])
+    Idempotency(app, pool=pool, scope="flask.nul", paths=["/nul", "/nul-header"])
     Idempotency(app, pool=pool, scope="flask.misclassified", paths=["/classify-claim"], classify=broken_classify)
     Idempotency(app, pool=pool, scope="flask.misclassified", paths=["/classify-tx"], mode="transaction",
                 classify=broken_classify)
@@ -42,6 +42,11 @@ def flask_app(pool):
     def nul():
         runs[context().key] += 1
         return flask.Response(b"a\x00b", mimetype="text/plain")
+
+    @app.post("/nul-header")
+    def nul_header():
+        runs[context().key] += 1
+        return flask.Response(b"ok", mimetype="text/plain", headers={"x-note": "a\x00b"})
 
     @app.post("/classify-claim")
     @app.post("/classify-tx")
@@ -179,6 +184,16 @@ def test_flask_a_body_with_a_nul_character_is_stored_and_replayed(flask_app):
     assert (first.status_code, first.data) == (200, b"a\x00b")
     assert (again.headers.get("Idempotent-Replayed"), again.data) == ("true", b"a\x00b")
     assert runs[key] == 1
+
+
+def test_flask_a_header_with_a_nul_character_is_stored_with_a_space(flask_app, admin):
+    client = flask_app.test_client()
+    key = f"f-{uuid.uuid4()}"
+    first, again = post(client, "/nul-header", key), post(client, "/nul-header", key)
+    assert (first.status_code, first.headers.get("x-note")) == (200, "a b")
+    assert (again.headers.get("Idempotent-Replayed"), again.headers.get("x-note")) == ("true", "a b")
+    assert runs[key] == 1
+    assert key_row(admin, key, "flask.nul") == ("COMPLETED", 1)
 
 
 @pytest.mark.parametrize("path", ["/classify-claim", "/classify-tx"])

@@ -23,6 +23,21 @@ class Response:
     headers: dict = field(default_factory=dict)    # lower-case name: str or list of str
     body: bytes = b""
 
+    def __post_init__(self):
+        self.headers = _without_nul(self.headers)
+
+
+def _without_nul(headers):
+    """The headers, storable: jsonb cannot hold U+0000, and a response that
+    cannot be recorded leaves its key held (its handler ran again at the
+    lease's end). A NUL in a value becomes a space, as RFC 9110 (5.5) lets a
+    recipient do; a name that holds one, which no server sends, is dropped.
+    The response sent is the one recorded."""
+    def clean(value):
+        return value.replace("\x00", " ") if isinstance(value, str) else value
+    return {name: [clean(v) for v in value] if isinstance(value, list) else clean(value)
+            for name, value in headers.items() if "\x00" not in name}
+
 
 # A response the server cannot store (idempotency.max_value_bytes) fails
 # its key for good with this message: left held, the key would run its
