@@ -219,6 +219,34 @@ func TestRunFailsAResultHoldingANUL(t *testing.T) {
 	}
 }
 
+// Work whose value is raw JSON ([]byte, json.RawMessage) that is not JSON,
+// or not UTF-8, fails its key for good: the server refused it (22P02,
+// 22021), and the key stayed held until its lease ended, so that the work
+// ran again, to the same end.
+func TestRunFailsARawResultThatIsNotJSON(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	for _, value := range []any{json.RawMessage(`{"a":`), []byte("not json"), json.RawMessage("\"caf\xe9\"")} {
+		key := newKey(t)
+		runs := 0
+		work := func(context.Context, *idempotency.Claimed) (any, error) {
+			runs++
+			return value, nil
+		}
+		_, err := idempotency.Run(ctx, db, key, nil, nil, work)
+		var failed *idempotency.Failed
+		if !errors.As(err, &failed) || failed.Retryable || !strings.Contains(failed.Message, "cannot be stored") {
+			t.Fatalf("a raw result %q: %v", value, err)
+		}
+		if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" {
+			t.Fatalf("a raw result %q left the key %s", value, status)
+		}
+		if _, err := idempotency.Run(ctx, db, key, nil, nil, work); !errors.As(err, &failed) || !failed.Replayed || runs != 1 {
+			t.Fatalf("a duplicate: %v, %d runs", err, runs)
+		}
+	}
+}
+
 // A claim resumed with an absurd lease (1 ns) gets a heartbeat that beats
 // at most every 10 ms, instead of a ticker that stops the process.
 func TestKeepAliveOfAnAbsurdlyShortLease(t *testing.T) {

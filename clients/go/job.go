@@ -3,10 +3,12 @@ package idempotency
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // Claimed: the caller holds the key's lease. Every call that changes the
@@ -110,13 +112,31 @@ func (e *unstorableResult) Unwrap() error { return e.err }
 
 var errHoldsNUL = errors.New(`a string holds a NUL character (\u0000), which jsonb cannot hold`)
 
+var errNotJSON = errors.New("the raw JSON is not JSON")
+var errNotUTF8 = errors.New("the raw JSON is not UTF-8")
+
 // storable: result as the parameter idem_complete takes, or *unstorableResult.
+// Raw JSON ([]byte, json.RawMessage) passes as is, so it is checked here:
+// the server would refuse it (22P02, 22021) after the work ran.
 func storable(result any) (any, error) {
 	value, err := jsonParam(result)
 	if err != nil {
 		return nil, &unstorableResult{err: err}
 	}
-	if text, ok := value.(string); ok && holdsNUL(text) {
+	text, ok := value.(string)
+	if !ok {
+		return value, nil
+	}
+	switch result.(type) {
+	case json.RawMessage, []byte:
+		if !utf8.ValidString(text) {
+			return nil, &unstorableResult{err: errNotUTF8}
+		}
+		if !json.Valid([]byte(text)) {
+			return nil, &unstorableResult{err: errNotJSON}
+		}
+	}
+	if holdsNUL(text) {
 		return nil, &unstorableResult{err: errHoldsNUL}
 	}
 	return value, nil
