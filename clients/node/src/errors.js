@@ -44,8 +44,8 @@ export function errorText(error, fallback = '') {
 // stores: nothing was recorded. It fails the key for good (retryable
 // false): run again, the work would come to the same end.
 export class UnstorableResult extends TypeError {
-  constructor(cause) {
-    super(`the result cannot be stored as JSON: ${cause?.message ?? cause}`);
+  constructor(cause, what = 'the result cannot be stored as JSON') {
+    super(`${what}: ${cause?.message ?? cause}`);
     this.name = 'UnstorableResult';
     this.cause = cause;
     this.retryable = false;

@@ -54,7 +54,7 @@ export async function runStep(holder, name, fn) {
     const { rows: [{ n }] } = await tx.query(STEP, [key, token, name, storable(result), scope]).catch((err) => {
       // 22001: larger than idempotency.max_step_bytes. Like a result that is
       // not JSON, it would be so at every attempt, after the step's work.
-      throw err.code === '22001' ? new UnstorableResult(err) : err;
+      throw err.code === '22001' ? new UnstorableResult(err, 'the step\'s result cannot be stored') : err;
     });
     return { n, result };
   };
