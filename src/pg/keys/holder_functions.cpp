@@ -126,6 +126,9 @@ Datum fail_body(FunctionCallInfo fcinfo) {
     return status_datum(get_fn_expr_rettype(fcinfo->flinfo), decision.next);
 }
 
+// Longer than an update that found the row free takes: the renewal waited.
+constexpr Micros kWaitedForRow = 10 * 1000;
+
 Datum heartbeat_body(FunctionCallInfo fcinfo) {
     const KeyId id = key_id_arg(fcinfo, 0, 3);
     const std::int64_t token = token_arg(fcinfo, 1);
@@ -135,11 +138,23 @@ Datum heartbeat_body(FunctionCallInfo fcinfo) {
     KeyRow row;
     find_as_holder(HolderCall::Heartbeat, id, token, false, &stored, &row);
     Micros now = 0;
+    bool waited = false;
     for (;;) {
         now = GetCurrentTimestamp();
         const Change change = renew_lease(&row, now + extend);
-        if (change == Change::Done) break;
-        after_change(change, HolderCall::Heartbeat, id, token, &stored, &row);
+        if (change != Change::Done) {
+            after_change(change, HolderCall::Heartbeat, id, token, &stored, &row);
+            continue;
+        }
+        // A renewal that waited for the row (a transaction the holder
+        // fenced held it) is made again from the time it got it: counted
+        // from before the wait, the lease could end before the call
+        // returned, and the key be taken over as soon as that transaction
+        // committed. Now the row is this call's, so the second does not wait.
+        if (waited || GetCurrentTimestamp() - now < kWaitedForRow) break;
+        waited = true;
+        close_key(&row);
+        find_as_holder(HolderCall::Heartbeat, id, token, false, &stored, &row);
     }
     close_key(&row);
     note_due_on_commit(DueKind::KeyLease, now + extend);
