@@ -438,3 +438,49 @@ func TestDuplicateAfterTheResultExpired(t *testing.T) {
 		t.Fatalf("late duplicate of a final failure: %#v %v", answer, err)
 	}
 }
+
+// Work stopped by its caller (ctx cancelled: a worker shutting down) gives
+// the key back without counting an attempt: five stops in a row took a key
+// to its third attempt, with a growing backoff, and would fail it for good
+// at max_attempts. A deadline that passes is a failure, as before.
+func TestRunStoppedByItsCallerGivesTheKeyBack(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	for stop := 0; stop < 3; stop++ {
+		stopping, cancel := context.WithCancel(ctx)
+		started := make(chan struct{})
+		go func() { <-started; cancel() }()
+		_, err := idempotency.Run(stopping, db, key, nil, nil, func(work context.Context, job *idempotency.Claimed) (any, error) {
+			if job.Attempt != 1 {
+				t.Errorf("stop %d: attempt %d", stop, job.Attempt)
+			}
+			close(started)
+			<-work.Done()
+			return nil, work.Err()
+		})
+		cancel()
+		if !errors.Is(err, idempotency.ErrReleased) {
+			t.Fatalf("stop %d: %v", stop, err)
+		}
+	}
+	done, err := idempotency.Run(ctx, db, key, nil, nil, func(_ context.Context, job *idempotency.Claimed) (any, error) {
+		return job.Attempt, nil
+	})
+	var attempt int
+	if err != nil || done.Decode(&attempt) != nil || attempt != 1 {
+		t.Fatalf("after the stops: attempt %d, %v", attempt, err)
+	}
+
+	late := newKey(t)
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = idempotency.Run(short, db, late, nil, nil, func(work context.Context, _ *idempotency.Claimed) (any, error) {
+		<-work.Done()
+		return nil, work.Err()
+	})
+	var failed *idempotency.Failed
+	if !errors.As(err, &failed) || !failed.Retryable {
+		t.Fatalf("a deadline that passed: %v", err)
+	}
+}

@@ -21,6 +21,8 @@ type Work func(ctx context.Context, job *Claimed) (any, error)
 //	the work returned an error       *Failed (ErrFailed): idem_fail, final when marked with Final
 //	the lease was lost meanwhile     ErrFenced: nothing recorded, the writes rolled back
 //	job.Release was called           ErrReleased
+//	ctx was cancelled, and the work  ErrReleased: given back, no attempt counted (a stop is
+//	returned an error                not a failure; a deadline that passed is one)
 //	the sweep failed the key first   ErrWrongState (the lease had run out)
 //	another worker holds the key     *InProgress (ErrInProgress), after opts.Wait
 //	the key waits for its retry      *RetryLater (ErrRetryLater)
@@ -52,6 +54,15 @@ func Run(ctx context.Context, db *sql.DB, key string, request any, opts *ClaimOp
 		return nil, workErr // the caller's own error, after the key was recorded
 	case workErr != nil && errors.Is(workErr, ErrFenced):
 		return nil, workErr
+	case workErr != nil && errors.Is(ctx.Err(), context.Canceled) && job.LeaseLost() == nil:
+		// The caller stopped the work (a worker shutting down), which is
+		// not the work failing: the key is given back without counting an
+		// attempt, so that stops (a deploy's) do not use the attempts up
+		// and fail it for good. A deadline that passed is a failure.
+		if err := job.Release(record); err != nil {
+			return nil, err
+		}
+		return nil, ErrReleased
 	case workErr != nil:
 		failed, err := job.Fail(record, workErr)
 		if err != nil {
