@@ -191,23 +191,7 @@ func TestRunFailsAResultHoldingANUL(t *testing.T) {
 	db := openDB(t)
 	ctx := testContext(t, 30*time.Second)
 	for _, value := range []any{map[string][]string{"names": {"a\x00b"}}, json.RawMessage(`["\u0000"]`)} {
-		key := newKey(t)
-		runs := 0
-		work := func(context.Context, *idempotency.Claimed) (any, error) {
-			runs++
-			return value, nil
-		}
-		_, err := idempotency.Run(ctx, db, key, nil, nil, work)
-		var failed *idempotency.Failed
-		if !errors.As(err, &failed) || failed.Retryable || !strings.Contains(failed.Message, "NUL") {
-			t.Fatalf("a result holding a NUL (%s): %v", value, err)
-		}
-		if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" {
-			t.Fatalf("a result holding a NUL (%s) left the key %s", value, status)
-		}
-		if _, err := idempotency.Run(ctx, db, key, nil, nil, work); !errors.As(err, &failed) || !failed.Replayed || runs != 1 {
-			t.Fatalf("a duplicate: %v, %d runs", err, runs)
-		}
+		runFailsForGood(t, ctx, db, value, "NUL")
 	}
 	notNUL := map[string]string{`\u0000`: `a\u0000b\\`} // backslashes, not NULs
 	done, err := idempotency.Run(ctx, db, newKey(t), nil, nil, func(context.Context, *idempotency.Claimed) (any, error) {
@@ -227,23 +211,31 @@ func TestRunFailsARawResultThatIsNotJSON(t *testing.T) {
 	db := openDB(t)
 	ctx := testContext(t, 30*time.Second)
 	for _, value := range []any{json.RawMessage(`{"a":`), []byte("not json"), json.RawMessage("\"caf\xe9\"")} {
-		key := newKey(t)
-		runs := 0
-		work := func(context.Context, *idempotency.Claimed) (any, error) {
-			runs++
-			return value, nil
-		}
-		_, err := idempotency.Run(ctx, db, key, nil, nil, work)
-		var failed *idempotency.Failed
-		if !errors.As(err, &failed) || failed.Retryable || !strings.Contains(failed.Message, "cannot be stored") {
-			t.Fatalf("a raw result %q: %v", value, err)
-		}
-		if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" {
-			t.Fatalf("a raw result %q left the key %s", value, status)
-		}
-		if _, err := idempotency.Run(ctx, db, key, nil, nil, work); !errors.As(err, &failed) || !failed.Replayed || runs != 1 {
-			t.Fatalf("a duplicate: %v, %d runs", err, runs)
-		}
+		runFailsForGood(t, ctx, db, value, "cannot be stored")
+	}
+}
+
+// runFailsForGood: Run with work that returns value fails its key for good,
+// its message saying says, and a duplicate gets that failure without the
+// work running again.
+func runFailsForGood(t *testing.T, ctx context.Context, db *sql.DB, value any, says string) {
+	t.Helper()
+	key := newKey(t)
+	runs := 0
+	work := func(context.Context, *idempotency.Claimed) (any, error) {
+		runs++
+		return value, nil
+	}
+	_, err := idempotency.Run(ctx, db, key, nil, nil, work)
+	var failed *idempotency.Failed
+	if !errors.As(err, &failed) || failed.Retryable || !strings.Contains(failed.Message, says) {
+		t.Fatalf("a result %q: %v", value, err)
+	}
+	if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" {
+		t.Fatalf("a result %q left the key %s", value, status)
+	}
+	if _, err := idempotency.Run(ctx, db, key, nil, nil, work); !errors.As(err, &failed) || !failed.Replayed || runs != 1 {
+		t.Fatalf("a duplicate of %q: %v, %d runs", value, err, runs)
 	}
 }
 
