@@ -6,7 +6,9 @@ extern "C" {
 
 namespace idem::pg {
 
-TupleDesc call_result_desc(FunctionCallInfo fcinfo) {
+namespace {
+
+TupleDesc result_desc_now(FunctionCallInfo fcinfo) {
     const Oid type = fcinfo->flinfo->fn_expr != nullptr ? get_fn_expr_rettype(fcinfo->flinfo)
                                                         : InvalidOid;
     TupleDesc desc = nullptr;
@@ -24,6 +26,21 @@ TupleDesc call_result_desc(FunctionCallInfo fcinfo) {
     planned->tdtypeid = RECORDOID;
     planned->tdtypmod = -1;
     return BlessTupleDesc(planned);
+}
+
+}  // namespace
+
+TupleDesc call_result_desc(FunctionCallInfo fcinfo) {
+    // Made once per call site (its FmgrInfo), in the memory of that call
+    // site: the planned row type and the declared one cannot change under
+    // it, and the calls of one statement (a claim per row) need no copy each.
+    FmgrInfo* flinfo = fcinfo->flinfo;
+    if (flinfo->fn_extra == nullptr) {
+        const MemoryContext caller = MemoryContextSwitchTo(flinfo->fn_mcxt);
+        flinfo->fn_extra = result_desc_now(fcinfo);
+        MemoryContextSwitchTo(caller);
+    }
+    return static_cast<TupleDesc>(flinfo->fn_extra);
 }
 
 Datum row_as_planned(Datum row, TupleDesc desc) {

@@ -16,7 +16,8 @@ namespace idem::pg {
 // The descriptor to form this call's row with: the declared type as it is
 // now, read from the call's expression (not from pg_proc); or, when the
 // statement was planned with fewer attributes, those, as an anonymous
-// record type, so that the executor's check passes.
+// record type, so that the executor's check passes. Made at the first call
+// of a call site and kept in its FmgrInfo (fn_extra).
 TupleDesc call_result_desc(FunctionCallInfo fcinfo);
 
 // `row` (a composite Datum of the type as it is now) as the row `desc`
