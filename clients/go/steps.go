@@ -121,11 +121,8 @@ func (c *Claimed) StepKey(name string) string { return StepKey(c.Scope, c.Key, n
 // whose result could not be stored fails the request's key for good
 // whatever the handler answers (or, in claim mode, if it panics).
 func (c *Claimed) Step(ctx context.Context, name string, fn StepFunc) (json.RawMessage, error) {
-	if err := CheckStepName(name); err != nil {
-		return nil, Final(err)
-	}
-	if result, done := c.finishedStep(name); done {
-		return result, nil
+	if result, done, err := c.finishedStep(name); done || err != nil {
+		return result, err
 	}
 	tx, err := c.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -146,11 +143,8 @@ func (c *Claimed) Step(ctx context.Context, name string, fn StepFunc) (json.RawM
 // StepTx is Step inside tx, the caller's transaction (in the middleware's
 // transaction mode, TxOf's): the step's record commits with it.
 func (c *Claimed) StepTx(ctx context.Context, tx *sql.Tx, name string, fn StepFunc) (json.RawMessage, error) {
-	if err := CheckStepName(name); err != nil {
-		return nil, Final(err)
-	}
-	if result, done := c.finishedStep(name); done {
-		return result, nil
+	if result, done, err := c.finishedStep(name); done || err != nil {
+		return result, err
 	}
 	step, err := c.runStep(ctx, tx, name, fn)
 	if err != nil {
@@ -160,11 +154,17 @@ func (c *Claimed) StepTx(ctx context.Context, tx *sql.Tx, name string, fn StepFu
 	return step.Result, nil
 }
 
-func (c *Claimed) finishedStep(name string) (json.RawMessage, bool) {
+// finishedStep: the stored result of the step name when it finished
+// (done), or an error marked Final for a name no step can be recorded
+// under, before the step's function runs.
+func (c *Claimed) finishedStep(name string) (result json.RawMessage, done bool, err error) {
+	if err := CheckStepName(name); err != nil {
+		return nil, false, Final(err)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	step, ok := c.steps[name]
-	return step.Result, ok
+	return step.Result, ok, nil
 }
 
 func (c *Claimed) runStep(ctx context.Context, tx *sql.Tx, name string, fn StepFunc) (FinishedStep, error) {
