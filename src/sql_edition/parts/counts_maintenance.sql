@@ -86,10 +86,12 @@ RETURNS void
 LANGUAGE sql VOLATILE
 AS $$ SELECT $$;
 
--- The effective idempotency.stuck_after, as an interval.
+-- The effective idempotency.stuck_after, as an interval. The views call it
+-- for their readers, who may not call the settings' helpers: it runs as
+-- the owner (the setting is still the reader's session's).
 CREATE FUNCTION idempotency.stuck_after()
 RETURNS pg_catalog.interval
-LANGUAGE sql STABLE
+LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT idempotency.setting_interval('stuck_after', interval '1 ms', interval '5 min') $$;
 
