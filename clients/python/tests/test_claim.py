@@ -195,6 +195,56 @@ def test_a_result_with_a_nul_character_fails_the_key_for_good(conn, admin, new_k
     assert run_once(conn, new_key(), {"text": "a\\u0000b"}).outcome == "completed"
 
 
+# Each of these the server would refuse (22P02, 22001) after the work ran:
+# left held, the key would run its work again once the lease ended.
+UNSTORABLE_RESULTS = [
+    ("NaN", {"ratio": float("nan")}, "JSON"),
+    ("Infinity", [float("inf")], "JSON"),
+    ("a lone surrogate", {"s": "a\ud800"}, "surrogate"),
+    ("over idempotency.max_value_bytes (1 MB)", {"big": "x" * (1024 * 1024 + 1)}, "must be at most"),
+]
+
+
+@pytest.mark.parametrize("what, result, message", UNSTORABLE_RESULTS, ids=[c[0] for c in UNSTORABLE_RESULTS])
+def test_a_result_the_server_would_refuse_fails_the_key_for_good(conn, admin, new_key, what, result, message):
+    key, runs = new_key(), []
+    job = idem.run_once(conn, key, lambda job: runs.append(1) or result)
+    assert (job.outcome, job.retryable) == ("failed", False) and message in job.error
+    assert key_row(admin, key) == ("FAILED_FINAL", 1)
+    assert idem.run_once(conn, key, lambda job: runs.append(1)).replayed and len(runs) == 1
+
+
+@pytest.mark.parametrize("what, result, message", UNSTORABLE_RESULTS, ids=[c[0] for c in UNSTORABLE_RESULTS])
+def test_aclaim_fails_a_result_the_server_would_refuse_for_good(admin, new_key, what, result, message):
+    async def scenario(key):
+        async with await psycopg.AsyncConnection.connect(options=SETTINGS) as aconn:
+            async with idem.aclaim(aconn, key) as job:
+                job.result = result
+        return job
+    key = new_key()
+    job = asyncio.run(scenario(key))
+    assert (job.outcome, job.retryable) == ("failed", False) and message in job.error
+    assert key_row(admin, key) == ("FAILED_FINAL", 1)
+
+
+def test_a_result_completed_in_the_block_that_cannot_be_stored_fails_the_key_for_good(conn, admin, new_key):
+    key = new_key()
+    with idem.claim(conn, key) as job:
+        with job.transaction():
+            job.complete({"big": "x" * (1024 * 1024 + 1)})
+    assert (job.outcome, job.retryable) == ("failed", False) and "cannot be stored" in job.error
+    assert key_row(admin, key) == ("FAILED_FINAL", 1)
+
+
+def test_an_error_message_over_8_kib_is_stored_cut(conn, admin, new_key):
+    key = new_key()
+    with idem.claim(conn, key) as job:
+        raise idem.FinalError("é" * (1024 * 1024))      # 2 MB of UTF-8: over max_value_bytes too
+    assert (job.outcome, job.retryable) == ("failed", False)
+    assert len(job.error.encode()) <= 8192 and job.error.endswith("[cut from 2097152 bytes]")
+    assert key_row(admin, key) == ("FAILED_FINAL", 1)
+
+
 @pytest.mark.parametrize("message, stored", [("bad\x00byte", "bad\ufffdbyte"), ("bad\udcffbyte", "bad?byte")])
 def test_an_error_message_text_cannot_hold_is_stored_replaced(conn, admin, new_key, message, stored):
     key = new_key()

@@ -108,6 +108,8 @@ def test_a_worker_that_lost_its_key_is_fenced_at_its_next_step(conn, other, admi
     ("not JSON", {"at": object()}, "cannot be stored as JSON"),
     ("a NUL", {"s": "a\x00b"}, "NUL"),
     ("too large", {"huge": "x" * 17000}, "cannot be stored"),      # past idempotency.max_step_bytes (16 kB)
+    ("NaN", {"ratio": float("nan")}, "cannot be stored as JSON"),
+    ("a lone surrogate", {"s": "\udc80"}, "surrogate"),
 ])
 def test_a_step_whose_result_cannot_be_stored_fails_the_key_for_good(conn, admin, new_key, what, value, message):
     key, runs = new_key(), []

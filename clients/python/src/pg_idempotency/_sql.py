@@ -11,9 +11,16 @@ _NUL_ESCAPE = re.compile(r'(?<!\\)(?:\\\\)*\\u0000')
 
 
 def _dumps(value):
-    text = json.dumps(value)
+    """JSON text the server takes, or ValueError: json.dumps would write NaN
+    and Infinity (not JSON) and a lone surrogate (not UTF-8), which jsonb
+    refuses, and a NUL character, which jsonb cannot hold."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     if _NUL_ESCAPE.search(text):
         raise ValueError("a string holds a NUL character (\\u0000), which jsonb cannot hold")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("a string holds a lone surrogate, which is not UTF-8") from exc
     return text
 
 

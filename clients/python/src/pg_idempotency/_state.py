@@ -8,6 +8,23 @@ from ._steps import parse_steps, step_key
 from .errors import UnstorableResult, classify_or, default_classify, error_text, is_stale_token, retry_in_or_none
 
 
+def result_param(result):
+    """The jsonb parameter of a result to store, or UnstorableResult (not
+    JSON, NaN, a NUL character, a lone surrogate)."""
+    try:
+        return _sql.jsonb_now(result)
+    except (TypeError, ValueError) as exc:      # json.dumps: a datetime, a cycle
+        raise UnstorableResult(f"the result cannot be stored as JSON: {exc}") from exc
+
+
+def refused_result(exc):
+    """The UnstorableResult of a complete that the server refused for its
+    result (a data exception, 22xxx: larger than idempotency.max_value_bytes,
+    or not in the database's encoding): run again, the work would come to
+    the same end."""
+    return UnstorableResult(f"the result cannot be stored: {exc}")
+
+
 class JobState:
     """The key, what the claim answered and, after the block, how it ended.
 

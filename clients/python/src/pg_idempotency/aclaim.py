@@ -9,10 +9,10 @@ import psycopg
 from psycopg import pq
 
 from . import _sql
-from ._state import JobState, dict_cursor, exit_action
+from ._state import JobState, dict_cursor, exit_action, refused_result, result_param
 from ._steps import AsyncStep, StepHolder, arun_step
 from ._options import seconds
-from .errors import FinalError, NotClaimed, is_stale_token
+from .errors import NotClaimed, UnstorableResult, is_stale_token
 from .hooks import Hooks
 from .pooler import abehind_pooler
 from .waiting import aasked_again, apoll
@@ -114,8 +114,12 @@ class AsyncJob(JobState):
         await self.conn.execute(_sql.ASSERT_OWNER, self.params())
 
     async def complete(self, result=None):
-        async with self.conn.transaction():
-            await self.conn.execute(_sql.COMPLETE, self.params(result=_sql.jsonb(result)))
+        param = result_param(result)
+        try:
+            async with self.conn.transaction():
+                await self.conn.execute(_sql.COMPLETE, self.params(result=param))
+        except psycopg.DataError as exc:    # 22xxx: its result (the claim took the rest)
+            raise refused_result(exc) from exc
         self.completed(result)
 
     @asynccontextmanager
@@ -200,10 +204,10 @@ class aclaim:
             if action == "complete":
                 try:
                     await job.complete(job.result)
-                except (TypeError, ValueError) as unstorable:   # json.dumps: a datetime, a cycle
+                except UnstorableResult as unstorable:
                     # Left held, the key would run its work again once the
                     # lease ended, to the same end: it fails for good.
-                    await job._fail(FinalError(f"the result cannot be stored as JSON: {unstorable}"))
+                    await job._fail(unstorable)
             elif action == "fail":
                 await job._fail(exc)
             elif action == "fence":

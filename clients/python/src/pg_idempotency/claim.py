@@ -32,10 +32,10 @@ import psycopg
 from psycopg import pq
 
 from . import _sql
-from ._state import JobState, dict_cursor, exit_action
+from ._state import JobState, dict_cursor, exit_action, refused_result, result_param
 from ._steps import StepHolder, SyncStep, run_step
 from ._options import seconds
-from .errors import FinalError, NotClaimed, is_stale_token
+from .errors import NotClaimed, UnstorableResult, is_stale_token
 from .hooks import Hooks
 from .pooler import behind_pooler
 from .waiting import asked_again, poll
@@ -104,9 +104,14 @@ class Job(JobState):
 
     def complete(self, result=None):
         """Stores the result: inside the current transaction if there is
-        one (after the business writes), else in a transaction of its own."""
-        with self.conn.transaction():
-            self.conn.execute(_sql.COMPLETE, self.params(result=_sql.jsonb(result)))
+        one (after the business writes), else in a transaction of its own.
+        UnstorableResult (a FinalError) for a result that cannot be stored."""
+        param = result_param(result)
+        try:
+            with self.conn.transaction():
+                self.conn.execute(_sql.COMPLETE, self.params(result=param))
+        except psycopg.DataError as exc:    # 22xxx: its result (the claim took the rest)
+            raise refused_result(exc) from exc
         self.completed(result)
 
     @contextmanager
@@ -202,10 +207,10 @@ class claim:
             if action == "complete":
                 try:
                     job.complete(job.result)
-                except (TypeError, ValueError) as unstorable:   # json.dumps: a datetime, a cycle
+                except UnstorableResult as unstorable:
                     # Left held, the key would run its work again once the
                     # lease ended, to the same end: it fails for good.
-                    job._fail(FinalError(f"the result cannot be stored as JSON: {unstorable}"))
+                    job._fail(unstorable)
             elif action == "fail":
                 job._fail(exc)
             elif action == "fence":

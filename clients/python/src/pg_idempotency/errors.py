@@ -43,12 +43,22 @@ class RetryableError(Exception):
         self.retry_in = retry_in
 
 
+# The longest error message stored (UTF-8 bytes): the server refuses one
+# over idempotency.max_value_bytes (1 MB by default) with 22001.
+MAX_ERROR_BYTES = 8192
+
+
 def error_text(exc):
-    """An exception's message as the extension stores it: text cannot hold
-    NUL (it becomes U+FFFD) or lone surrogates, rather than fail the record
-    and leave the key held."""
+    """An exception's message as the extension stores it, rather than fail
+    the record and leave the key held: text cannot hold NUL (it becomes
+    U+FFFD) or lone surrogates, and a message over MAX_ERROR_BYTES is cut
+    there (at a character's end) and says so."""
     text = (str(exc) or type(exc).__name__).replace("\x00", "\ufffd")
-    return text.encode("utf-8", "replace").decode("utf-8")
+    data = text.encode("utf-8", "replace")
+    if len(data) <= MAX_ERROR_BYTES:
+        return data.decode("utf-8")
+    note = f" [cut from {len(data)} bytes]"
+    return data[:MAX_ERROR_BYTES - len(note)].decode("utf-8", "ignore") + note
 
 
 def is_stale_token(exc):
