@@ -10,6 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from . import _canonical
 from .errors import log
 
 # Headers that describe one transfer, not the response: never replayed.
@@ -81,16 +82,15 @@ def unrecorded(key, exc):
     return problem(500, "Internal error", "The response could not be recorded.")
 
 
-def canonical_json(value):
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def body_digest(body, content_type=""):
     """SHA-256 of the body; a JSON body in canonical form (keys sorted, no
-    spacing), so that two encodings of one document are the same request."""
+    spacing, numbers as JavaScript writes them: _canonical), so that two
+    encodings of one document are the same request, here and in the Node
+    and Go clients."""
     if body and "json" in (content_type or ""):
         try:
-            body = canonical_json(json.loads(body)).encode()
+            text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+            body = _canonical.dumps(_canonical.parse(text)).encode()
         except ValueError:
             pass
     return hashlib.sha256(body or b"").hexdigest()
