@@ -1,6 +1,7 @@
 """The threaded middleware: Flask (WSGI) and Django, from Debian's packages.
 Concurrent duplicates come from threads (the servers' model)."""
 
+import io
 import math
 import threading
 import time
@@ -175,6 +176,36 @@ def test_flask_a_key_sent_as_utf8_is_stored_as_those_characters_other_bytes_400(
     assert runs[key] == 1
     latin = post(client, "/orders", "caf\xe9")      # one byte 0xE9: not UTF-8
     assert latin.status_code == 400 and b"not UTF-8" in latin.data
+
+
+def call_wsgi(app, key, body, **environ):
+    """The app called as a WSGI server calls it, with a body of no stated
+    length (chunked): its status and body."""
+    import io
+    captured = {}
+    env = {"REQUEST_METHOD": "POST", "PATH_INFO": "/orders", "SERVER_NAME": "test", "SERVER_PORT": "80",
+           "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(body),
+           "wsgi.errors": io.StringIO(), "wsgi.multithread": True, "wsgi.multiprocess": False,
+           "wsgi.run_once": False, "CONTENT_TYPE": "application/json", "HTTP_IDEMPOTENCY_KEY": key,
+           "HTTP_TRANSFER_ENCODING": "chunked", **environ}
+    chunks = app.wsgi_app(env, lambda status, headers, exc_info=None: captured.update(status=int(status[:3])))
+    return captured["status"], b"".join(chunks)
+
+
+def test_flask_a_chunked_body_is_read_to_its_end_where_the_server_ends_the_input(flask_app):
+    key = f"f-{uuid.uuid4()}"
+    status, body = call_wsgi(flask_app, key, b'{"item": "tea"}', **{"wsgi.input_terminated": True})
+    assert (status, flask.json.loads(body)["echo"]) == (201, {"item": "tea"})
+    status, _ = call_wsgi(flask_app, key, b'{"item": "coffee"}', **{"wsgi.input_terminated": True})
+    assert status == 422, "another body under the same key is another request"
+    assert runs[key] == 1
+
+
+def test_flask_a_chunked_body_of_unknown_end_is_refused_with_411(flask_app):
+    key = f"f-{uuid.uuid4()}"
+    status, body = call_wsgi(flask_app, key, b'{"item": "tea"}')
+    assert status == 411 and b"Content-Length" in body
+    assert runs[key] == 0
 
 
 def test_flask_a_body_with_a_nul_character_is_stored_and_replayed(flask_app):

@@ -10,7 +10,7 @@ The handler finds the context (key, token, conn in transaction mode...) in
 import io
 from http import HTTPStatus
 
-from .http import Response
+from .http import Response, problem
 from .sync import SyncIdempotency
 
 
@@ -46,11 +46,28 @@ def _call_app(app, environ):
 
 
 def _read_body(environ):
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    return environ["wsgi.input"].read(length) if length > 0 else b""
+    """The request's body, or None when its length is unknown: a chunked
+    body (no Content-Length) is read to its end only where the server says
+    the input ends there (wsgi.input_terminated); elsewhere reading past
+    CONTENT_LENGTH may block, and a body taken as empty would give the
+    request another one's fingerprint."""
+    length = environ.get("CONTENT_LENGTH") or ""
+    if length.strip():
+        try:
+            length = int(length)
+        except ValueError:
+            return None
+        return environ["wsgi.input"].read(length) if length > 0 else b""
+    if environ.get("wsgi.input_terminated"):
+        return environ["wsgi.input"].read()
+    if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+        return None
+    return b""
+
+
+LENGTH_REQUIRED = ("Length required",
+                   "The body's length is unknown (chunked, and this server does not end the input): "
+                   "send it with a Content-Length.")
 
 
 class IdempotencyMiddleware:
@@ -67,6 +84,8 @@ class IdempotencyMiddleware:
         if not self.idempotency.covers(method, path):
             return self.app(environ, start_response)
         body = _read_body(environ)
+        if body is None:
+            return self._send(problem(411, *LENGTH_REQUIRED), start_response)
         environ["wsgi.input"] = io.BytesIO(body)
 
         def call(context):
@@ -74,6 +93,10 @@ class IdempotencyMiddleware:
             return _call_app(self.app, environ)
         response = self.idempotency.handle(method, path, environ.get(self.environ_key, ""), body,
                                            environ.get("CONTENT_TYPE", ""), call)
+        return self._send(response, start_response)
+
+    @staticmethod
+    def _send(response, start_response):
         headers = [("Content-Length", str(len(response.body)))]
         for name, value in response.headers.items():
             if name.lower() == "content-length":
