@@ -17,9 +17,9 @@ from pg_idempotency.asgi import IdempotencyMiddleware
 from pg_idempotency.sync import SyncIdempotency
 
 
-@pytest.mark.parametrize("value", [0, -1, "30", math.inf, math.nan, True])
-def test_a_lease_that_is_not_seconds_above_0_is_refused(conn, new_key, value):
-    with pytest.raises(ValueError, match="lease must be a finite number of seconds above 0"):
+@pytest.mark.parametrize("value", [0, -1, "30", math.inf, math.nan, True, 1e-9, 1e12])
+def test_a_lease_the_extension_refuses_whatever_its_settings_is_refused(conn, new_key, value):
+    with pytest.raises(ValueError, match="lease must be a number of seconds from 1 µs to 2,147,483.647"):
         idem.claim(conn, new_key(), lease=value)
     with pytest.raises(ValueError, match="lease must be"):
         IdempotencyMiddleware(None, conninfo="", lease=value)
@@ -27,11 +27,32 @@ def test_a_lease_that_is_not_seconds_above_0_is_refused(conn, new_key, value):
         SyncIdempotency(conninfo="", lease=value)
 
 
-def test_a_wait_or_retry_in_that_is_not_seconds_is_refused(conn, new_key):
-    with pytest.raises(ValueError, match="wait must be a finite number of seconds from 0, not inf"):
+@pytest.mark.parametrize("retry_in", [-1, 36000 * 86400 + 1, 1e11])
+def test_a_wait_or_retry_in_that_is_not_seconds_is_refused(conn, new_key, retry_in):
+    with pytest.raises(ValueError, match="wait must be a number of seconds from 0 to 2,147,483.647, not inf"):
         idem.claim(conn, new_key(), wait=math.inf)
+    # Taken, the middleware's every retryable failure would be refused by
+    # the server: the key stayed held and the handler ran again.
+    with pytest.raises(ValueError, match="retry_in must be a number of seconds from 0 to 3,110,400,000"):
+        IdempotencyMiddleware(None, conninfo="", retry_in=retry_in)
     with pytest.raises(ValueError, match="retry_in must be"):
-        IdempotencyMiddleware(None, conninfo="", retry_in=-1)
+        SyncIdempotency(conninfo="", retry_in=retry_in)
+    assert SyncIdempotency(conninfo="", retry_in=36000 * 86400).retry_in == 36000 * 86400
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("topics", "jobs.t", "topics must be a list"),
+    ("lease", 0, "lease must be"), ("lease", -1, "lease must be"), ("lease", math.nan, "lease must be"),
+    ("lease", "x", "lease must be"),
+    ("batch", 0, "batch must be a whole number from 1 to 10000"), ("batch", None, "batch must be"),
+    ("batch", 10001, "batch must be"), ("batch", 1.5, "batch must be"),
+    ("poll", 0, "poll must be"), ("poll", -1, "poll must be"),
+])
+def test_a_consumer_option_the_extension_would_refuse_is_refused_when_given(option, value, message):
+    topics = {"topics": ["jobs.t"]}
+    for make in (idem.Consumer, idem.AsyncConsumer):
+        with pytest.raises(ValueError, match=message):
+            make("", **{**topics, option: value})
 
 
 def test_none_keeps_the_default_lease(conn, admin, new_key):

@@ -3,15 +3,33 @@ every call that uses them."""
 
 import math
 
+from .errors import MAX_RETRY_IN    # noqa: F401 (retry_in's bound, with the others here)
 
-def seconds(name, value, default, *, positive=False):
+# The bounds the extension puts on what it is given (docs/keys.md, 22023)
+# whatever its settings: a value past them would fail every request or claim.
+# A lease (and a wait) is also at most idempotency.max_lease (1 day by
+# default), which a superuser may raise up to MAX_LEASE: only the server
+# checks that.
+MAX_LEASE = 2147483.647             # seconds: the highest idempotency.max_lease
+MAX_BATCH = 10000                   # outbox_claim's batch
+
+
+def seconds(name, value, default, *, positive=False, most=MAX_LEASE):
     """A duration option in seconds: None keeps ``default``; anything but a
-    finite number from 0 (above 0 when ``positive``) is refused, saying so,
-    where it would otherwise fail later (a heartbeat thread, every request)."""
+    finite number from 0 (above 0 when ``positive``) up to ``most`` is
+    refused, saying so, where it would otherwise fail later (a heartbeat
+    thread, every request)."""
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (positive and value == 0):
-        kind = "above 0" if positive else "from 0"
-        raise ValueError(f"{name} must be a finite number of seconds {kind}, not {value!r}")
+            or value < 0 or (positive and value < 1e-6) or value > most:
+        least = "1 µs" if positive else "0"
+        raise ValueError(f"{name} must be a number of seconds from {least} to {most:,}, not {value!r}")
+    return value
+
+
+def count(name, value, least, most):
+    """A whole-number option from ``least`` to ``most``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise ValueError(f"{name} must be a whole number from {least} to {most}, not {value!r}")
     return value

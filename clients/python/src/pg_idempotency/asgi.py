@@ -28,7 +28,7 @@ from typing import Any, Optional
 import psycopg
 
 from . import _record, _sql
-from ._options import seconds
+from ._options import MAX_RETRY_IN, seconds
 from ._state import JobState, dict_cursor
 from ._steps import AsyncStep, StepHolder, arun_step, step_key
 from .aclaim import start_beat, stop_beat
@@ -182,7 +182,7 @@ class IdempotencyMiddleware:
         self.replay_header = replay_header.lower()
         self.lease = seconds("lease", lease, 30, positive=True)
         self.wait = seconds("wait", wait, 0)
-        self.retry_in = seconds("retry_in", retry_in, None)   # None: the extension's backoff
+        self.retry_in = seconds("retry_in", retry_in, None, most=MAX_RETRY_IN)   # None: the extension's backoff
         self.fingerprint = fingerprint
         self.classify = classify
         self.completed_response = completed_response or (lambda result: json_response(200, result))

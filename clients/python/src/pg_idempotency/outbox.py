@@ -11,6 +11,7 @@ import sys
 import psycopg
 
 from . import _sql
+from ._options import MAX_BATCH, count, seconds
 from ._state import JobState, dict_cursor
 from .errors import NotClaimed, classify_or, default_classify, error_text, is_stale_token, retry_in_or_none
 from .hooks import Hooks
@@ -77,11 +78,13 @@ class _ConsumerSettings:
     def __init__(self, conninfo, topics=None, *, name=None, lease=60, batch=1, poll=1.0,
                  classify=default_classify, log=None, on_fenced=None):
         self.conninfo = conninfo
+        if isinstance(topics, (str, bytes)):
+            raise ValueError(f"topics must be a list of topics (or None), not the string {topics!r}")
         self.topics = list(topics) if topics is not None else None
         self.name = name or f"consumer-{os.getpid()}"
-        self.lease = lease
-        self.batch = batch
-        self.poll = poll
+        self.lease = seconds("lease", lease, 60, positive=True)
+        self.batch = count("batch", batch, 1, MAX_BATCH)
+        self.poll = seconds("poll", poll, 1.0, positive=True)
         self.classify = classify
         self.log = log or (lambda message: print(f"[{self.name}] {message}", file=sys.stderr, flush=True))
         self.hooks = Hooks(on_fenced=on_fenced)

@@ -13,7 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from . import _record, _sql
-from ._options import seconds
+from ._options import MAX_RETRY_IN, seconds
 from ._state import JobState
 from ._steps import StepHolder, SyncStep, run_step
 from .asgi import IdempotencyContext
@@ -107,7 +107,7 @@ class SyncIdempotency:
         self.replay_header = replay_header.lower()
         self.lease = seconds("lease", lease, 30, positive=True)
         self.wait = seconds("wait", wait, 0)
-        self.retry_in = seconds("retry_in", retry_in, None)   # None: the extension's backoff
+        self.retry_in = seconds("retry_in", retry_in, None, most=MAX_RETRY_IN)   # None: the extension's backoff
         self.fingerprint, self.classify = fingerprint, classify
         self.completed_response = completed_response or (lambda result: json_response(200, result))
         self.failed_response = failed_response or (lambda error: problem(500, "Request failed", error))
