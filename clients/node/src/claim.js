@@ -51,12 +51,20 @@ export class Job {
   // Stores the result, on `client` (inside the caller's transaction, after
   // the business writes) or in a statement of its own, tried again after a
   // lost connection (record.js).
+  // UnstorableResult (retryable false) for a result that cannot be stored.
   async complete(result = null, client = this.pool) {
     const params = [this.key, this.token, storable(result), this.scope];
-    if (client === this.pool) {
-      await retryLost(this.pool, this, () => this.pool.query(COMPLETE, params), ['COMPLETED'], () => null);
-    } else {
-      await client.query(COMPLETE, params);
+    try {
+      if (client === this.pool) {
+        await retryLost(this.pool, this, () => this.pool.query(COMPLETE, params), ['COMPLETED'], () => null);
+      } else {
+        await client.query(COMPLETE, params);
+      }
+    } catch (err) {
+      // 22xxx, for the result (the claim took the rest): larger than
+      // idempotency.max_value_bytes, or not in the database's encoding.
+      if (String(err?.code).startsWith('22')) throw new UnstorableResult(err, 'the result cannot be stored');
+      throw err;
     }
     this.finished = 'completed';
     this.result = result;

@@ -11,7 +11,7 @@ export class FinalError extends Error {
 }
 
 // The longest retry_in the extension takes: 36,000 days.
-const MAX_RETRY_IN = 36000 * 86400;
+export const MAX_RETRY_IN = 36000 * 86400;
 
 // A retryIn the extension takes (seconds from 0 to 36,000 days), or null.
 export function retryInOrNull(value) {
@@ -33,10 +33,22 @@ export class RetryableError extends Error {
   }
 }
 
-// An error's message as the extension stores it: text cannot hold NUL,
-// which becomes U+FFFD rather than fail the record and leave the key held.
+// The longest error message stored (UTF-8 bytes): the server refuses one
+// over idempotency.max_value_bytes (1 MB by default) with 22001.
+export const MAX_ERROR_BYTES = 8192;
+
+// An error's message as the extension stores it, rather than fail the
+// record and leave the key held: text cannot hold NUL, which becomes
+// U+FFFD, and a message over MAX_ERROR_BYTES is cut there (at a
+// character's end) and says so.
 export function errorText(error, fallback = '') {
-  return String(error?.message ?? error ?? fallback).replaceAll('\u0000', '\uFFFD');
+  const text = String(error?.message ?? error ?? fallback).replaceAll('\u0000', '\uFFFD');
+  const bytes = Buffer.byteLength(text);
+  if (bytes <= MAX_ERROR_BYTES) return text;
+  const note = ` [cut from ${bytes} bytes]`;
+  // A character cut in two decodes as U+FFFD: dropped.
+  const kept = Buffer.from(text).subarray(0, MAX_ERROR_BYTES - note.length).toString('utf8').replace(/\uFFFD$/, '');
+  return kept + note;
 }
 
 // A result that is not JSON (a BigInt, a cycle), holds a string with a

@@ -11,6 +11,10 @@ export function jsonParam(value) {
 // JSON's \u0000 escape, not preceded by an escaped backslash.
 const NUL_ESCAPE = /(^|[^\\])(\\\\)*\\u0000/;
 
+// A surrogate's escape: JSON.stringify writes a pair as the character and
+// escapes a lone one (not UTF-8), which jsonb refuses.
+const LONE_SURROGATE_ESCAPE = /(^|[^\\])(\\\\)*\\ud[89a-f][0-9a-f]{2}/;
+
 // jsonParam of a result to store, or UnstorableResult.
 export function storable(result) {
   let text;
@@ -20,6 +24,7 @@ export function storable(result) {
     throw new UnstorableResult(err);
   }
   if (text !== null && NUL_ESCAPE.test(text)) throw new UnstorableResult('a string holds a NUL character (\\u0000)');
+  if (text !== null && LONE_SURROGATE_ESCAPE.test(text)) throw new UnstorableResult('a string holds a lone surrogate, which is not UTF-8');
   return text;
 }
 

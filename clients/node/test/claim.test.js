@@ -159,6 +159,37 @@ describe('claim', () => {
       'a backslash followed by u0000 is not a NUL');
   });
 
+  test('a result the server would refuse fails the key for good: the work runs once', async () => {
+    // Each was refused after the work ran (22P02, 22001), and left the key
+    // held: the work ran again once the lease ended.
+    for (const [what, value, message] of [
+      ['a lone surrogate', { s: 'a\ud800' }, /lone surrogate/],
+      ['over idempotency.max_value_bytes (1 MB)', { big: 'x'.repeat(1024 * 1024 + 1) }, /^the result cannot be stored: .*must be at most/],
+    ]) {
+      const key = newKey();
+      let runs = 0;
+      const work = async () => { runs += 1; return value; };
+      const first = await claim(pool, { key }, work);
+      assert.deepEqual([first.outcome, first.retryable], ['failed', false], what);
+      assert.match(first.error, message, what);
+      assert.equal((await keyRow(pool, key)).status, 'FAILED_FINAL', what);
+      assert.equal((await claim(pool, { key }, work)).replayed, true, what);
+      assert.equal(runs, 1, what);
+    }
+    const key = newKey();
+    const inTx = await claim(pool, { key }, (job) => job.transaction(async () => ({ big: 'x'.repeat(1024 * 1024 + 1) })));
+    assert.deepEqual([inTx.outcome, inTx.retryable], ['failed', false], 'completed in the job\'s transaction');
+    assert.equal((await keyRow(pool, key)).status, 'FAILED_FINAL');
+  });
+
+  test('an error message over 8 KiB is stored cut, saying so', async () => {
+    const key = newKey();
+    const failed = await claim(pool, { key }, async () => { throw new Error('é'.repeat(1024 * 1024)); });
+    assert.equal(failed.outcome, 'failed');
+    assert.ok(Buffer.byteLength(failed.error) <= 8192 && failed.error.endsWith('[cut from 2097152 bytes]'), failed.error.slice(-40));
+    assert.equal((await keyRow(pool, key)).status, 'FAILED_RETRYABLE', 'not left PROCESSING until its lease ends');
+  });
+
   test('an error whose message holds a NUL fails the key, the NUL stored as U+FFFD', async () => {
     const key = newKey();
     const failed = await claim(pool, { key }, async () => { throw new Error('bad\u0000byte'); });

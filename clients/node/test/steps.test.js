@@ -84,7 +84,7 @@ describe('steps', () => {
   test('a step whose result cannot be stored fails the key for good: the step ran once', async () => {
     const huge = 'x'.repeat(17000);   // past idempotency.max_step_bytes (16 kB)
     for (const [what, value, message] of [['not JSON', 10n, /cannot be stored as JSON/], ['a NUL', { s: 'a\u0000b' }, /NUL/],
-      ['too large', { huge }, /^the step's result cannot be stored: /]]) {
+      ['too large', { huge }, /^the step's result cannot be stored: /], ['a lone surrogate', { s: '\udc80' }, /lone surrogate/]]) {
       const key = newKey();
       let runs = 0;
       const work = async (j) => j.step('charge', async () => { runs += 1; return value; });
