@@ -29,7 +29,7 @@ import { retryLost } from './record.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, REGISTER, RELEASE, jsonParam } from './sql.js';
 import { claimWhileOpen, isClosing, track } from './state.js';
 import { checkOut } from './transaction.js';
-import { checkSeconds, given } from './options.js';
+import { MAX_RETRY_IN, checkSeconds, given } from './options.js';
 import { parseSteps, runStep, stepKey } from './steps.js';
 import { claimWaiting, groupId } from './wait.js';
 
@@ -72,7 +72,7 @@ export function httpOptions(options = {}) {
   if (!MODES.has(opts.mode)) throw new TypeError(`idempotency: unknown mode ${opts.mode}`);
   checkSeconds('lease', opts.lease, { positive: true });
   checkSeconds('wait', opts.wait);
-  checkSeconds('retryIn', opts.retryIn);
+  checkSeconds('retryIn', opts.retryIn, { most: MAX_RETRY_IN });
   for (const name of ['fingerprint', 'classify', 'completedResponse', 'failedResponse', 'expiredResponse']) {
     if (typeof opts[name] !== 'function') throw new TypeError(`idempotency: ${name} must be a function`);
   }

@@ -1,6 +1,7 @@
 // The transactional outbox: enqueue in the caller's transaction, and a
 // consumer loop for those who use the outbox as a job queue.
 import { classifyOr, defaultClassify, errorText, isStaleToken, retryInOrNull } from './errors.js';
+import { MAX_BATCH, checkCount, checkSeconds } from './options.js';
 import { BACKEND_PID, ENQUEUE, LISTEN, OUTBOX_ACK, OUTBOX_CLAIM, OUTBOX_NACK, OUTBOX_RELEASE, jsonParam } from './sql.js';
 
 // Enqueues on `client`: pass the client of your transaction and the event
@@ -61,6 +62,10 @@ export class Consumer {
       topics, name = `consumer-${process.pid}`, concurrency = 1, batch = 1, lease = 60,
       pollInterval = 1, classify = defaultClassify, onError = (err) => console.error(`[${name}]`, err),
     } = options;
+    checkCount('batch', batch, 1, MAX_BATCH);
+    checkSeconds('lease', lease, { positive: true });
+    checkSeconds('pollInterval', pollInterval, { positive: true });
+    checkCount('concurrency', concurrency, 1, Number.MAX_SAFE_INTEGER);
     Object.assign(this, { pool, handler, name, batch, lease, pollInterval, classify, onError });
     this.topics = topics == null ? null : [].concat(topics);
     this.stopping = false;

@@ -4,7 +4,7 @@
 // at once, saying why. A result that is not JSON fails its key for good.
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
-import { claim } from '../src/index.js';
+import { claim, consume } from '../src/index.js';
 import { httpOptions } from '../src/http.js';
 import { keyRow, newKey, newPool } from './helpers.js';
 
@@ -22,18 +22,36 @@ test('an option given as undefined or null keeps its default', () => {
 
 test('a value every request would fail on is refused when the middleware is made', () => {
   const refused = [
-    [{ lease: 0 }, /lease must be a finite number of seconds above 0, not 0/],
+    [{ lease: 0 }, /lease must be a number of seconds from 1 µs to 2,147,483.647, not 0/],
     [{ lease: -1 }, /lease must be/],
     [{ lease: '30' }, /lease must be/],
     [{ lease: Number.NaN }, /lease must be/],
-    [{ wait: Number.POSITIVE_INFINITY }, /wait must be a finite number of seconds, not Infinity/],
+    [{ lease: 1e-9 }, /lease must be/],
+    [{ lease: 1e12 }, /lease must be/],
+    [{ wait: Number.POSITIVE_INFINITY }, /wait must be a number of seconds from 0 to 2,147,483.647, not Infinity/],
     [{ retryIn: -1 }, /retryIn must be/],
+    // Taken, every retryable failure would be refused by the server: the
+    // key stayed held and the handler ran again.
+    [{ retryIn: 36000 * 86400 + 1 }, /retryIn must be a number of seconds from 0 to 3,110,400,000/],
+    [{ retryIn: 1e11 }, /retryIn must be/],
     [{ classify: 'default' }, /classify must be a function/],
     [{ header: '' }, /header must be a non-empty string/],
     [{ methods: 'POST' }, /methods must be an array/],
   ];
   for (const [options, message] of refused) {
     assert.throws(() => httpOptions({ pool, ...options }), message, JSON.stringify(options));
+  }
+});
+
+test('a consumer option the extension would refuse is refused when the consumer is made', () => {
+  for (const [options, message] of [
+    [{ batch: 0 }, /batch must be a whole number from 1 to 10000, not 0/], [{ batch: 10001 }, /batch must be/],
+    [{ batch: 1.5 }, /batch must be/], [{ batch: '5' }, /batch must be/],
+    [{ lease: 0 }, /lease must be/], [{ lease: Number.NaN }, /lease must be/],
+    [{ pollInterval: 0 }, /pollInterval must be/], [{ pollInterval: -1 }, /pollInterval must be/],
+    [{ concurrency: 0 }, /concurrency must be/],
+  ]) {
+    assert.throws(() => consume(pool, { topics: ['t'], ...options }, async () => {}), message, JSON.stringify(options));
   }
 });
 
