@@ -239,6 +239,33 @@ func runFailsForGood(t *testing.T, ctx context.Context, db *sql.DB, value any, s
 	}
 }
 
+// A result larger than idempotency.max_value_bytes (1 MB by default) fails
+// its key for good: the server refused it (22001) after the work ran, and
+// the key stayed held until its lease ended, so that the work ran again.
+func TestRunFailsAResultLargerThanTheServerStores(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	runFailsForGood(t, ctx, db, map[string]string{"big": strings.Repeat("x", 1024*1024+1)}, "the result cannot be stored: ")
+}
+
+// An error message over 8 KiB is stored cut, saying so: the server refused
+// one over idempotency.max_value_bytes (22001), which left the key held.
+func TestRunStoresAnErrorMessageOver8KiBCut(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	_, err := idempotency.Run(ctx, db, key, nil, nil, func(context.Context, *idempotency.Claimed) (any, error) {
+		return nil, idempotency.Final(errors.New(strings.Repeat("é", 1024*1024)))
+	})
+	var failed *idempotency.Failed
+	if !errors.As(err, &failed) || len(failed.Message) > 8192 || !strings.HasSuffix(failed.Message, " [cut from 2097152 bytes]") {
+		t.Fatalf("an error of 2 MB: %.80v", err)
+	}
+	if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" {
+		t.Fatalf("the key is %s", status)
+	}
+}
+
 // A claim resumed with an absurd lease (1 ns) gets a heartbeat that beats
 // at most every 10 ms, instead of a ticker that stops the process.
 func TestKeepAliveOfAnAbsurdlyShortLease(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Errors that errors.Is recognises. The extension's SQLSTATEs come back
@@ -110,11 +111,26 @@ func isFinal(err error) bool {
 
 // errorText is err's message as idem_fail and outbox_nack store it: text
 // cannot hold a NUL byte or bytes that are not UTF-8 (22021), which become
-// U+FFFD; passed on, they failed the record and left the key (or the
-// event) held until its lease ended.
+// U+FFFD, and a message over maxErrorBytes is cut; passed on, they failed
+// the record and left the key (or the event) held until its lease ended.
 func errorText(err error) string {
 	if err == nil {
 		return "unknown error"
 	}
-	return strings.ReplaceAll(strings.ToValidUTF8(fmt.Sprint(err), "\uFFFD"), "\x00", "\uFFFD")
+	text := strings.ReplaceAll(strings.ToValidUTF8(fmt.Sprint(err), "\uFFFD"), "\x00", "\uFFFD")
+	if len(text) <= maxErrorBytes {
+		return text
+	}
+	// Cut where a character ends, and say so.
+	note := fmt.Sprintf(" [cut from %d bytes]", len(text))
+	cut := maxErrorBytes - len(note)
+	for cut > 0 && !utf8.RuneStart(text[cut]) {
+		cut--
+	}
+	return text[:cut] + note
 }
+
+// maxErrorBytes is the longest error message stored: the server refuses one
+// over idempotency.max_value_bytes (1 MB by default) with 22001, which left
+// the key (or the event) held.
+const maxErrorBytes = 8192

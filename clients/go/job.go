@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -81,6 +82,11 @@ func (c *Claimed) complete(ctx context.Context, q Queryer, result any) error {
 func (c *Claimed) completeWith(ctx context.Context, q Queryer, value any) error {
 	var stored sql.NullString
 	if err := q.QueryRowContext(ctx, sqlComplete, c.Key, c.Token, value, c.Scope).Scan(&stored); err != nil {
+		// 22xxx, for the result (the claim took the rest): larger than
+		// idempotency.max_value_bytes, or not in the database's encoding.
+		if strings.HasPrefix(SQLState(err), "22") {
+			return &unstorableResult{err: err}
+		}
 		return wrap(err)
 	}
 	c.recordFinished("completed", stored)
@@ -96,7 +102,8 @@ func (c *Claimed) recordFinished(finished string, stored sql.NullString) {
 
 // unstorableResult: a result that is not JSON (a channel, a function, a
 // cycle), or holds a string with a NUL character (which jsonb cannot), or
-// a step's result larger than idem_step takes; nothing was recorded.
+// that the server refused (larger than idempotency.max_value_bytes, or a
+// step's result than idem_step takes); nothing was recorded.
 type unstorableResult struct {
 	step string // the step's name; "" for the work's result
 	err  error
@@ -105,6 +112,9 @@ type unstorableResult struct {
 func (e *unstorableResult) Error() string {
 	if e.step != "" {
 		return fmt.Sprintf("the result of step %q cannot be stored: %v", e.step, e.err)
+	}
+	if SQLState(e.err) != "" {
+		return "the result cannot be stored: " + e.err.Error()
 	}
 	return "the result cannot be stored as JSON: " + e.err.Error()
 }
