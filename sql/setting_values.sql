@@ -86,6 +86,29 @@ RESET idempotency.retention;
 RESET idempotency.max_attempts;
 SELECT key, retention, max_attempts FROM idempotency.idempotency_keys WHERE key IN ('sv-b', 'sv-c') ORDER BY key;
 
+-- A value is read as PostgreSQL reads an integer setting, in both editions:
+-- a fraction rounded half to even, a unit converted then rounded, a leading
+-- 0 octal, 0x hexadecimal, an exponent. Only the SQL edition reads an
+-- interval too ('5 sec'), which the C++ extension refuses. (Each value is
+-- set for the rest of the statement's transaction.)
+CREATE TEMP TABLE sv_read AS
+SELECT v.n, v.setting, v.value,
+       pg_temp.set_then_call('idempotency.' || v.setting, v.value,
+                             format('SELECT idempotency.idem_claim(%L)', 'sv-r' || v.n)) AS result
+  FROM (VALUES (1, 'retention', '1.5'), (2, 'retention', '2.5'), (3, 'retention', '0.5 s'),
+               (4, 'retention', '1500 ms'), (5, 'retention', '1499 ms'), (6, 'retention', '010'),
+               (7, 'retention', '0x10'), (8, 'retention', '1e3'), (9, 'retention', '.5h'),
+               (10, 'retention', ' 5min '), (11, 'retention', '2 d'), (12, 'retention', '010.5'),
+               (13, 'max_attempts', '2.5'), (14, 'max_attempts', '3.5'), (15, 'max_attempts', '010'),
+               (16, 'max_attempts', '4 s'), (17, 'retention', '1e10'), (18, 'retention', '5 sec'))
+       AS v (n, setting, value);
+SELECT r.n, r.setting, r.value, r.result,
+       CASE r.setting WHEN 'retention' THEN k.retention::text ELSE k.max_attempts::text END AS taken
+  FROM sv_read r LEFT JOIN idempotency.idempotency_keys k ON k.key = 'sv-r' || r.n
+ ORDER BY r.n;
+DROP TABLE sv_read;
+DELETE FROM idempotency.idempotency_keys WHERE key LIKE 'sv-r%';
+
 -- Nothing a refused call began was kept: no key, no event; the held key still held.
 SELECT (SELECT count(*) FROM idempotency.idempotency_keys WHERE key = 'sv-a') AS keys,
        (SELECT count(*) FROM idempotency.outbox WHERE topic = 'sv.topic') AS events,

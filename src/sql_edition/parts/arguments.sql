@@ -62,7 +62,84 @@ BEGIN
 END
 $$;
 
--- The setting `name` as an interval; `unit` is what a bare number counts.
+-- A setting's value as PostgreSQL reads the C++ edition's integer settings
+-- (parse_int), in whole units of `unit` ('1 ms', '1 s'; NULL: a setting
+-- that takes no unit): a number (decimal; with a leading 0 octal, with 0x
+-- hexadecimal, as strtol reads them; a fraction or an exponent as strtod),
+-- then one of the time units us, ms, s, min, h, d, rounded half to even.
+-- Refused with PostgreSQL's message and hint otherwise, or past a 32-bit
+-- integer; but a time setting also takes an interval ('2 days').
+CREATE FUNCTION idempotency.setting_units(name pg_catalog.text, value pg_catalog.text,
+                                          unit pg_catalog.interval)
+RETURNS pg_catalog.numeric
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    parts text[];
+    number numeric;
+    rest text;
+    digit text;
+BEGIN
+    parts := regexp_match(value, '^\s*([+-]?)0[xX]([0-9a-fA-F]+)(.*)$');
+    IF parts IS NOT NULL THEN
+        number := 0;
+        FOREACH digit IN ARRAY regexp_split_to_array(lower(parts[2]), '') LOOP
+            number := number * 16 + position(digit IN '0123456789abcdef') - 1;
+        END LOOP;
+    ELSE
+        parts := regexp_match(value, '^\s*([+-]?)([0-9]*)(.*)$');
+        IF parts[3] ~ '^[.eE]' THEN
+            parts := regexp_match(value, '^\s*([+-]?)([0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)(.*)$');
+            IF parts IS NULL THEN
+                PERFORM idempotency.raise_setting_value(name, value);
+            END IF;
+            number := parts[2]::numeric;
+        ELSIF parts[2] = '' THEN
+            PERFORM idempotency.raise_setting_value(name, value);
+        ELSIF parts[2] ~ '^0' THEN
+            -- octal: the digits up to the first 8 or 9, which start the rest
+            parts := regexp_match(value, '^\s*([+-]?)(0[0-7]*)(.*)$');
+            number := 0;
+            FOREACH digit IN ARRAY regexp_split_to_array(parts[2], '') LOOP
+                number := number * 8 + digit::int4;
+            END LOOP;
+        ELSE
+            number := parts[2]::numeric;
+        END IF;
+    END IF;
+    IF parts[1] = '-' THEN
+        number := -number;
+    END IF;
+    rest := btrim(parts[3], E' \t\n\r\f\v');
+    IF rest <> '' AND unit IS NULL THEN
+        PERFORM idempotency.raise_setting_value(name, value);
+    ELSIF rest IN ('us', 'ms', 's', 'min', 'h', 'd') THEN
+        number := number * idempotency.micros(('1 ' || CASE rest WHEN 'us' THEN 'microsecond'
+                                                                 WHEN 'ms' THEN 'millisecond'
+                                                                 WHEN 'min' THEN 'minute'
+                                                                 ELSE rest END)::interval)
+                  / idempotency.micros(unit);
+    ELSIF rest <> '' THEN
+        -- The SQL edition reads an interval too ('2 days'), which the C++
+        -- edition refuses.
+        BEGIN
+            number := idempotency.micros(value::interval) / idempotency.micros(unit);
+        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+            PERFORM idempotency.raise_setting_value(name, value,
+                'Valid units for this parameter are "us", "ms", "s", "min", "h", and "d".');
+        END;
+    END IF;
+    -- rint: half to even
+    number := CASE WHEN abs(number - trunc(number)) = 0.5 THEN 2 * round(number / 2) ELSE round(number) END;
+    IF number IS NULL OR number < -2147483648 OR number > 2147483647 THEN
+        PERFORM idempotency.raise_setting_value(name, value, 'Value exceeds integer range.');
+    END IF;
+    RETURN number;
+END
+$$;
+
+-- The setting `name` as an interval; `unit` is what its number counts (a
+-- bare number, and the value the others are rounded to).
 -- In the C++ edition's form, hours and seconds only ('24:00:00', not
 -- '1 day'): a setting is a number of its unit there, and a row that keeps
 -- it (a key's retention) holds the same value in both editions.
@@ -73,27 +150,13 @@ LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     value text := current_setting('idempotency.' || name, true);
-    given interval;
     total numeric;
 BEGIN
     IF value IS NULL OR value = '' THEN
-        given := fallback;
-    ELSIF value ~ '^\s*[+-]?[0-9]{1,18}\s*$' THEN
-        given := value::int8 * unit;
+        total := idempotency.micros(fallback);
     ELSE
-        BEGIN
-            given := value::interval;
-        EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow
-                       OR interval_field_overflow THEN
-            PERFORM idempotency.raise_setting_value(name, value);
-        END;
-    END IF;
-    total := idempotency.micros(given);
-    IF total IS NULL THEN
-        PERFORM idempotency.raise_setting_value(name, value);
-    END IF;
-    IF value IS NOT NULL AND value <> '' THEN
-        PERFORM idempotency.setting_in_range(name, value, total / idempotency.micros(unit));
+        total := idempotency.setting_in_range(name, value, idempotency.setting_units(name, value, unit))
+                 * idempotency.micros(unit);
     END IF;
     RETURN make_interval(hours => trunc(total / 3600000000)::int4,
                          secs => (total - trunc(total / 3600000000) * 3600000000) / 1000000);
@@ -106,10 +169,7 @@ RETURNS pg_catalog.int4
 LANGUAGE plpgsql STABLE STRICT
 AS $$
 BEGIN
-    IF value !~ '^\s*[+-]?[0-9]{1,18}\s*$' THEN
-        PERFORM idempotency.raise_setting_value(name, value);
-    END IF;
-    RETURN idempotency.setting_in_range(name, value, value::numeric);
+    RETURN idempotency.setting_in_range(name, value, idempotency.setting_units(name, value, NULL));
 END
 $$;
 
