@@ -211,7 +211,7 @@ start_beside() {
     export GOCACHE=${GOCACHE:-$stage/gocache}
     [ ${#harness_background[@]} -gt 0 ] || return 0
     log "harnesses in the background: ${harness_background[*]}"
-    run_pooled 1 run_harness_script "${harness_background[@]}" &
+    (run_pooled 1 run_harness_script "${harness_background[@]}"; echo "$SECONDS" >"$stage/beside.end") &
 }
 
 run_harnesses() {
@@ -220,6 +220,7 @@ run_harnesses() {
         log "harness $script"
         run_harness "$script"
     done
+    foreground_end=$SECONDS
     for script in "${harness_background[@]}"; do
         finish_pooled "$script" "$script" "harness $script (ran in the background)"
     done
@@ -258,6 +259,11 @@ wait
 [ -n "$check_dir" ] && stop_cluster "$check_dir"
 check_dir=
 stop_sql_edition_server
+# When each lane ended (seconds from the start): the longest sets the time.
+lanes=()
+[ -n "${foreground_end:-}" ] && lanes+=(" foreground harnesses $foreground_end")
+[ -s "$stage/beside.end" ] && lanes+=(" background harnesses $(cat "$stage/beside.end")")
+[ -s "$stage/tap.end" ] && lanes+=(" TAP $(cat "$stage/tap.end")")
 if [ "$failed" -eq 0 ]; then
     rm -rf "$stage"
 else
@@ -269,5 +275,6 @@ if [ ${#durations[@]} -gt 0 ]; then
     printf '%s\n' "${durations[@]}" | sort -rn | head -10 | sed 's/^/  /'
 fi
 echo "seconds per suite: ${suite_seconds[*]}; in all $SECONDS"
+[ ${#lanes[@]} -gt 0 ] && (IFS=,; echo "lanes ended at (s):${lanes[*]}")
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
