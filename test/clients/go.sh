@@ -74,3 +74,51 @@ for driver in postgres pgx; do
     [ "$status" -eq 0 ] || { tail -n 40 "$out" >&2; example_fail "clients/go tests failed under $driver"; }
     echo "go test ($driver): $(grep -c '^--- PASS' "$out") passed, $(grep -c '^--- SKIP' "$out") skipped"
 done
+
+# The whole program of docs/clients-go.md, as a user pastes it: built in
+# the module (vendor/), then run twice against the database. POST /orders
+# runs once per key (orders 1, 1 replayed, 2) and GET is refused; the job
+# it runs at its start by key is run by the first start only.
+log "clients/go: the page's whole program (service/main.go)"
+program=$copy/clients/go/internal/docservice
+mkdir -p "$program" &&
+    awk '/^<!-- program: service\/main.go -->$/ { found = 1; next }
+         found && /^```go$/ { inside = 1; next }
+         inside && /^```$/ { exit }
+         inside { print }' "$here/../../docs/clients-go.md" >"$program/main.go"
+[ -s "$program/main.go" ] || example_fail "docs/clients-go.md has no block after <!-- program: service/main.go -->"
+example_run timeout 300 go build -o "$EXAMPLE_DIR/service" ./internal/docservice || example_fail "the page's program does not build"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+for start in first second; do
+    out="$EXAMPLE_DIR/service-$start.log"
+    PORT=$port example_bg "$out" "$EXAMPLE_DIR/service"
+    example_wait_for 30 python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)" ||
+        example_fail "the page's program did not listen on $port"
+    [ "$start" = first ] && want="replayed: false" || want="replayed: true"
+    grep -qF "welcome-mail: {\"sent\": \"welcome\"} ($want)" "$out" ||
+        example_fail "the $start start's job: $(cat "$out")"
+    [ "$start" = second ] && break
+    answers=$(python3 - "$port" <<'PY'
+import sys, urllib.error, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}/orders"
+def call(method, key=None):
+    headers = {"Content-Type": "application/json", **({"Idempotency-Key": key} if key else {})}
+    request = urllib.request.Request(base, data=b"{}" if method == "POST" else None, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return f"{r.status} {r.headers.get('Idempotent-Replayed', '-')} {r.read().decode().strip()}"
+    except urllib.error.HTTPError as e:
+        return f"{e.code} -"
+for method, key in (("POST", "k1"), ("POST", "k1"), ("POST", "k2"), ("GET", None)):
+    print(call(method, key))
+PY
+)
+    want_answers='201 - {"key":"k1","order":1}
+201 true {"key":"k1","order":1}
+201 - {"key":"k2","order":2}
+405 -'
+    [ "$answers" = "$want_answers" ] || example_fail "the page's program answered:
+$answers"
+    kill "${EXAMPLE_PIDS[-1]}" && wait "${EXAMPLE_PIDS[-1]}" 2>/dev/null
+done
+echo "ok - the page's whole program builds, answers a key once (orders 1, 1 replayed, 2), and runs its job once"
