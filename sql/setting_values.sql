@@ -33,6 +33,7 @@ AS $$ SELECT token FROM idempotency.idempotency_keys WHERE key = 'sv-held' $$;
 WITH calls (call, statement) AS (VALUES
     ('claim', $$SELECT idempotency.idem_claim('sv-a')$$),
     ('claim a request', $$SELECT idempotency.idem_claim('sv-a', request => '{}')$$),
+    ('claim a 2 kB request', $$SELECT idempotency.idem_claim('sv-a', request => jsonb_build_object('pad', repeat('x', 2000)))$$),
     ('fail', $$SELECT idempotency.idem_fail('sv-held', pg_temp.held_token(), 'boom')$$),
     ('step', $$SELECT idempotency.idem_step('sv-held', pg_temp.held_token(), 'one')$$),
     ('step a result', $$SELECT idempotency.idem_step('sv-held', pg_temp.held_token(), 'one', '{}')$$),
@@ -72,7 +73,14 @@ SELECT n, setting, value, call,
     (26, 'purge_batch', 'some', 'maintenance'),
     (27, 'key_retention', '-5 days', 'maintenance'),
     (28, 'outbox_retention', '-1', 'maintenance'),
-    (29, 'inbox_retention', 'a week', 'maintenance')
+    (29, 'inbox_retention', 'a week', 'maintenance'),
+    -- read as PostgreSQL reads them: a memory unit (hex, a fraction of one)
+    -- and a boolean with no spaces around it
+    (30, 'max_value_bytes', '1KB', 'claim a request'),
+    (31, 'max_value_bytes', '0x100', 'claim a 2 kB request'),
+    (32, 'max_value_bytes', '1.5kB', 'claim a 2 kB request'),
+    (33, 'max_value_bytes', '-1', 'claim a request'),
+    (34, 'outbox_notify', ' on ', 'outbox_enqueue')
   ) AS c (n, setting, value, call) JOIN calls USING (call)
  ORDER BY n;
 

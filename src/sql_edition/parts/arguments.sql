@@ -63,14 +63,15 @@ END
 $$;
 
 -- A setting's value as PostgreSQL reads the C++ edition's integer settings
--- (parse_int), in whole units of `unit` ('1 ms', '1 s'; NULL: a setting
+-- (parse_int), in whole units of `base` ('ms', 's', 'B'; NULL: a setting
 -- that takes no unit): a number (decimal; with a leading 0 octal, with 0x
 -- hexadecimal, as strtol reads them; a fraction or an exponent as strtod),
--- then one of the time units us, ms, s, min, h, d, rounded half to even.
--- Refused with PostgreSQL's message and hint otherwise, or past a 32-bit
--- integer; but a time setting also takes an interval ('2 days').
+-- then one of the units of its kind (time: us, ms, s, min, h, d; memory:
+-- B, kB, MB, GB, TB), rounded half to even. Refused with PostgreSQL's
+-- message and hint otherwise, or past a 32-bit integer; but a time setting
+-- also takes an interval ('2 days').
 CREATE FUNCTION idempotency.setting_units(name pg_catalog.text, value pg_catalog.text,
-                                          unit pg_catalog.interval)
+                                          base pg_catalog.text)
 RETURNS pg_catalog.numeric
 LANGUAGE plpgsql IMMUTABLE
 AS $$
@@ -111,19 +112,26 @@ BEGIN
         number := -number;
     END IF;
     rest := btrim(parts[3], E' \t\n\r\f\v');
-    IF rest <> '' AND unit IS NULL THEN
+    IF rest = '' THEN
+        NULL;
+    ELSIF base IS NULL THEN
         PERFORM idempotency.raise_setting_value(name, value);
+    ELSIF base = 'B' THEN
+        IF rest NOT IN ('B', 'kB', 'MB', 'GB', 'TB') THEN
+            PERFORM idempotency.raise_setting_value(name, value,
+                'Valid units for this parameter are "B", "kB", "MB", "GB", and "TB".');
+        END IF;
+        number := number * CASE rest WHEN 'kB' THEN 1024 WHEN 'MB' THEN 1048576
+                                     WHEN 'GB' THEN 1073741824 WHEN 'TB' THEN 1099511627776 ELSE 1 END;
     ELSIF rest IN ('us', 'ms', 's', 'min', 'h', 'd') THEN
-        number := number * idempotency.micros(('1 ' || CASE rest WHEN 'us' THEN 'microsecond'
-                                                                 WHEN 'ms' THEN 'millisecond'
-                                                                 WHEN 'min' THEN 'minute'
-                                                                 ELSE rest END)::interval)
-                  / idempotency.micros(unit);
-    ELSIF rest <> '' THEN
+        number := number * CASE rest WHEN 'us' THEN 1 WHEN 'ms' THEN 1000 WHEN 's' THEN 1000000
+                                     WHEN 'min' THEN 60000000 WHEN 'h' THEN 3600000000 ELSE 86400000000 END
+                  / CASE base WHEN 'ms' THEN 1000 ELSE 1000000 END;
+    ELSE
         -- The SQL edition reads an interval too ('2 days'), which the C++
         -- edition refuses.
         BEGIN
-            number := idempotency.micros(value::interval) / idempotency.micros(unit);
+            number := idempotency.micros(value::interval) / CASE base WHEN 'ms' THEN 1000 ELSE 1000000 END;
         EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
             PERFORM idempotency.raise_setting_value(name, value,
                 'Valid units for this parameter are "us", "ms", "s", "min", "h", and "d".');
@@ -155,7 +163,8 @@ BEGIN
     IF value IS NULL OR value = '' THEN
         total := idempotency.micros(fallback);
     ELSE
-        total := idempotency.setting_in_range(name, value, idempotency.setting_units(name, value, unit))
+        total := idempotency.setting_in_range(name, value, idempotency.setting_units(
+                     name, value, CASE WHEN unit = interval '1 ms' THEN 'ms' ELSE 's' END))
                  * idempotency.micros(unit);
     END IF;
     RETURN make_interval(hours => trunc(total / 3600000000)::int4,
@@ -190,19 +199,11 @@ LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     value text := current_setting('idempotency.' || name, true);
-    parts text[];
 BEGIN
     IF value IS NULL OR value = '' THEN
         RETURN fallback;
     END IF;
-    parts := regexp_match(value, '^\s*([0-9]{1,18})\s*(B|kB|MB|GB|TB)?\s*$');
-    IF parts IS NULL THEN
-        PERFORM idempotency.raise_setting_value(name, value);
-    END IF;
-    RETURN idempotency.setting_in_range(name, value,
-        parts[1]::numeric * CASE parts[2] WHEN 'kB' THEN 1024 WHEN 'MB' THEN 1048576
-                                          WHEN 'GB' THEN 1073741824 WHEN 'TB' THEN 1099511627776
-                                          ELSE 1 END);
+    RETURN idempotency.setting_in_range(name, value, idempotency.setting_units(name, value, 'B'));
 END
 $$;
 
@@ -213,7 +214,7 @@ RETURNS pg_catalog.bool
 LANGUAGE plpgsql STABLE STRICT
 AS $$
 BEGIN
-    IF lower(btrim(value)) !~ '^(t|tr|tru|true|y|ye|yes|on|1|f|fa|fal|fals|false|n|no|of|off|0)$' THEN
+    IF lower(value) !~ '^(t|tr|tru|true|y|ye|yes|on|1|f|fa|fal|fals|false|n|no|of|off|0)$' THEN
         RAISE EXCEPTION 'parameter "idempotency.%" requires a Boolean value', name
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
