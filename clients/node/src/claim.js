@@ -2,7 +2,7 @@
 // heartbeat keeps the lease, and record how it ended: complete (the result
 // is stored and replayed to every duplicate), fail (retryable or final), or
 // nothing at all when the key was taken over meanwhile (fenced).
-import { UnstorableResult, classifyOr, defaultClassify, errorText, isStaleToken, retryInOrNull } from './errors.js';
+import { UnstorableResult, classifyOr, defaultClassify, errorText, isStaleToken, retryInOrNull, thrown } from './errors.js';
 import { Heartbeat } from './heartbeat.js';
 import { callHook } from './hooks.js';
 import { checkSeconds } from './options.js';
@@ -102,6 +102,12 @@ export class Job {
 // a connection of the pool (see wait.js).
 export async function claim(pool, options, work) {
   const { key, request = null, scope = 'default', wait = null, signal = null } = options;
+  // A lone surrogate is sent as U+FFFD: two such keys would be one.
+  for (const [name, value] of [['key', key], ['scope', scope]]) {
+    if (typeof value === 'string' && !value.isWellFormed()) {
+      throw new TypeError(`idempotency: ${name} holds a lone surrogate (not UTF-8): ${JSON.stringify(value)}`);
+    }
+  }
   const lease = options.lease ?? DEFAULT_LEASE;
   checkSeconds('lease', lease, { positive: true });
   if (wait !== null && wait !== undefined) checkSeconds('wait', wait);
@@ -176,7 +182,7 @@ async function run(pool, options, row, work) {
     try {
       value = await work(job);
     } catch (err) {
-      error = err;
+      error = thrown(err);
     } finally {
       await beat?.stop();
     }

@@ -37,6 +37,13 @@ export class RetryableError extends Error {
 // over idempotency.max_value_bytes (1 MB by default) with 22001.
 export const MAX_ERROR_BYTES = 8192;
 
+// What the work threw, as an error: a rejection with no reason (a bare
+// reject(), throw undefined) or another falsy value is a failure too, not
+// a success with no result.
+export function thrown(err) {
+  return err || new Error(`the work threw ${String(err) === '' ? 'an empty string' : String(err)}, not an Error`);
+}
+
 // An error's message as the extension stores it, rather than fail the
 // record and leave the key held: text cannot hold NUL, which becomes
 // U+FFFD, and a message over MAX_ERROR_BYTES is cut there (at a

@@ -1,6 +1,6 @@
 // The transactional outbox: enqueue in the caller's transaction, and a
 // consumer loop for those who use the outbox as a job queue.
-import { classifyOr, defaultClassify, errorText, isStaleToken, retryInOrNull } from './errors.js';
+import { classifyOr, defaultClassify, errorText, isStaleToken, retryInOrNull, thrown } from './errors.js';
 import { MAX_BATCH, checkCount, checkSeconds } from './options.js';
 import { BACKEND_PID, ENQUEUE, LISTEN, OUTBOX_ACK, OUTBOX_CLAIM, OUTBOX_NACK, OUTBOX_RELEASE, jsonParam } from './sql.js';
 
@@ -66,13 +66,21 @@ export class Consumer {
     checkSeconds('lease', lease, { positive: true });
     checkSeconds('pollInterval', pollInterval, { positive: true });
     checkCount('concurrency', concurrency, 1, Number.MAX_SAFE_INTEGER);
+    if (typeof pool?.query !== 'function') throw new TypeError('idempotency: consume needs a pg Pool');
+    // Each slot claims as the relay `${name}/${slot}`, at most 255 bytes.
+    if (typeof name !== 'string' || name === '' || !name.isWellFormed() || Buffer.byteLength(`${name}/${concurrency - 1}`) > 255) {
+      throw new TypeError(`idempotency: name must be a non-empty string of at most 255 bytes with /${concurrency - 1} appended, not ${JSON.stringify(name)}`);
+    }
     Object.assign(this, { pool, handler, name, batch, lease, pollInterval, classify, onError });
     this.topics = topics == null ? null : [].concat(topics);
     this.stopping = false;
     this.sleepers = new Set();   // idle waits: an enqueue or stop() ends them
     this.holds = new Set();      // events held before their release: stop() ends them
     this.listener = null;
-    this.pooled = false;   // behind a pooler: no LISTEN (see listen)
+    // Behind a pooler (see listen), or on a pool with no connection to
+    // spare beside the slots' claims (the LISTEN would hold the only one
+    // and every claim wait for it): no LISTEN, polling only.
+    this.pooled = Number.isInteger(pool.options?.max) && pool.options.max <= concurrency;
     this.done = this.start(concurrency);
   }
 
@@ -112,7 +120,7 @@ export class Consumer {
     try {
       value = await this.handler(event);
     } catch (err) {
-      error = err;
+      error = thrown(err);
     }
     const [action, ...args] = settlement(value, error, this.classify, this.onError);
     if (action === 'release') await this.holdBeforeRelease(args[0]);

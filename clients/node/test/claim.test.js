@@ -3,6 +3,7 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { after, before, describe, test } from 'node:test';
 import { FinalError, RetryableError, claim } from '../src/index.js';
+import { groupId } from '../src/wait.js';
 import { expireResult, keyRow, newKey, newPool, sleep, waitFor } from './helpers.js';
 
 const pool = newPool();
@@ -180,6 +181,28 @@ describe('claim', () => {
     const inTx = await claim(pool, { key }, (job) => job.transaction(async () => ({ big: 'x'.repeat(1024 * 1024 + 1) })));
     assert.deepEqual([inTx.outcome, inTx.retryable], ['failed', false], 'completed in the job\'s transaction');
     assert.equal((await keyRow(pool, key)).status, 'FAILED_FINAL');
+  });
+
+  test('work that rejects with no reason fails the key, as any throw does', async () => {
+    for (const reason of [undefined, null, 0, '']) {
+      const key = newKey();
+      const failed = await claim(pool, { key }, async () => { throw reason; });
+      assert.deepEqual([failed.outcome, failed.retryable], ['failed', true], String(reason));
+      assert.match(failed.error, /^the work threw .*, not an Error$/);
+      assert.equal((await keyRow(pool, key)).status, 'FAILED_RETRYABLE', String(reason));
+    }
+  });
+
+  test('a key or scope holding a lone surrogate is refused: sent as U+FFFD, such keys would be one', async () => {
+    for (const options of [{ key: `k-\ud800-${newKey()}` }, { key: newKey(), scope: 'scope-\udfff' }]) {
+      await assert.rejects(claim(pool, options, async () => 'never'), /lone surrogate/);
+    }
+  });
+
+  test('two requests the server tells apart never share a waiting poller (a Date is its string)', () => {
+    const at = (ms) => ({ at: new Date(ms) });
+    assert.notEqual(groupId('claim', 's', 'k', at(1), 30), groupId('claim', 's', 'k', at(2), 30));
+    assert.equal(groupId('claim', 's', 'k', at(1), 30), groupId('claim', 's', 'k', { at: new Date(1).toJSON() }, 30));
   });
 
   test('an error message over 8 KiB is stored cut, saying so', async () => {

@@ -92,6 +92,32 @@ describe('consume', () => {
     assert.deepEqual(seen.sort(), ['flaky#1', 'flaky#2', 'ok#1', 'poison#1']);
   });
 
+  test('a handler that rejects with no reason has its event nacked, not acked', async () => {
+    const topic = newKey('topic');
+    const id = await enqueue(pool, topic, { kind: 'undefined' });
+    const consumer = consume(pool, { topics: topic, name: 'test', pollInterval: 0.2, onError: () => {} },
+      async () => Promise.reject());   // a bare reject(): no reason
+    await waitFor('the event to be nacked', async () => (await state(id)).attempts >= 1 && (await state(id)).last_error !== null);
+    await consumer.stop();
+    const after = await state(id);
+    assert.notEqual(after.state, 'delivered');
+    assert.match(after.last_error, /the work threw undefined, not an Error/);
+  });
+
+  test('on a pool with no connection to spare it polls instead of holding one for LISTEN', { timeout: 30000 }, async () => {
+    const small = newPool();
+    small.options.max = 1;
+    try {
+      const topic = newKey('topic');
+      const id = await enqueue(pool, topic, { kind: 'ok' });
+      const consumer = consume(small, { topics: topic, name: 'test', pollInterval: 0.2, onError: () => {} }, async () => {});
+      await waitFor('the event to be delivered', async () => (await state(id)).state === 'delivered');
+      await consumer.stop();
+    } finally {
+      await small.end();
+    }
+  });
+
   test('wakes on the notification of a new event, well before its poll', async () => {
     const topic = newKey('topic');
     const delivered = [];
