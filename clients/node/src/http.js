@@ -68,7 +68,7 @@ export function httpOptions(options = {}) {
     onError: (event) => console.error(`idempotency: key ${JSON.stringify(event.key)}: ${event.during}:`, event.error),
     ...given(options),
   };
-  if (!opts.pool) throw new TypeError('idempotency: the pool option is required');
+  if (typeof opts.pool?.query !== 'function') throw new TypeError('idempotency: the pool option (a pg Pool) is required');
   if (!MODES.has(opts.mode)) throw new TypeError(`idempotency: unknown mode ${opts.mode}`);
   checkSeconds('lease', opts.lease, { positive: true });
   checkSeconds('wait', opts.wait);
@@ -79,12 +79,23 @@ export function httpOptions(options = {}) {
   for (const name of ['header', 'replayHeader', 'scope']) {
     if (typeof opts[name] !== 'string' || opts[name] === '') throw new TypeError(`idempotency: ${name} must be a non-empty string`);
   }
+  // A header's name is an HTTP token: no request could carry another, and
+  // a replay could not send it.
+  for (const name of ['header', 'replayHeader']) {
+    if (!HTTP_TOKEN.test(opts[name])) throw new TypeError(`idempotency: ${name} must be an HTTP header name, not ${JSON.stringify(opts[name])}`);
+  }
+  if (Buffer.byteLength(opts.scope) > 63 || !opts.scope.isWellFormed()) {
+    throw new TypeError(`idempotency: scope must be at most 63 bytes of UTF-8, not ${JSON.stringify(opts.scope)}`);
+  }
   if (!Array.isArray(opts.methods) || !opts.methods.every((m) => typeof m === 'string')) {
     throw new TypeError("idempotency: methods must be an array of HTTP methods, such as ['POST']");
   }
   opts.methods = opts.methods.map((m) => m.toUpperCase());
   return opts;
 }
+
+// RFC 9110's token: the characters of a header's name.
+const HTTP_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
 // Retry-After of a 409: the seconds idem_claim said (for in_progress, the
 // extension's estimate of when the holder is done; for retry_later, the

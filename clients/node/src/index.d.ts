@@ -156,10 +156,23 @@ export interface ConsumeOptions {
   onError?: (err: unknown) => void;
 }
 
-export type Settlement = ['ack'] | ['nack', string, boolean, number | null] | ['leave'];
+/**
+ * ['nack', error, retryable, retryIn]; ['release', retryAfter]: another
+ * worker holds the event's key (or its backoff runs), so the event is
+ * held that long, then made pending again without counting an attempt.
+ */
+export type Settlement =
+  | ['ack']
+  | ['nack', string, boolean, number | null]
+  | ['release', number | null | undefined]
+  | ['leave'];
 
-/** What a consumer does with an event after its handler ran (or threw). */
-export declare function settlement(value: unknown, error: unknown, classify?: (err: unknown) => ErrorKind): Settlement;
+/**
+ * What a consumer does with an event after its handler ran (or threw).
+ * onError hears a classify that threw (the default classification applies).
+ */
+export declare function settlement(value: unknown, error: unknown, classify?: (err: unknown) => ErrorKind,
+                                   onError?: (err: unknown) => void): Settlement;
 
 export declare class Consumer {
   readonly done: Promise<void>;
@@ -169,9 +182,10 @@ export declare class Consumer {
 
 /**
  * Claims events and runs handler(event): a return acks it (a ClaimResult
- * is mapped: in progress and retryable failures nack with their delay,
- * final failures and mismatches go to the dead letters, fenced is left to
- * its lease); a throw nacks it.
+ * is mapped: in progress is released after its retryAfter, retryable
+ * failures nack with their delay, final failures and mismatches go to the
+ * dead letters, fenced is left to its lease); a throw (also of no reason)
+ * nacks it.
  */
 export declare function consume(
   pool: PoolLike, options: ConsumeOptions, handler: (event: OutboxEvent) => Promise<unknown>): Consumer;

@@ -11,7 +11,11 @@
 // onError(err) each failure (the next pass is still made). The timer never
 // keeps the process alive. stop() ends it once a running pass is over.
 export function startMaintenance(pool, { intervalMs = 5000, onPass, onError } = {}) {
-  if (!(Number.isFinite(intervalMs) && intervalMs > 0)) throw new RangeError('intervalMs must be a positive number');
+  // At most setTimeout's longest delay (about 24.8 days): past it, Node
+  // fires at once, and the sweeps would run back to back.
+  if (!(Number.isFinite(intervalMs) && intervalMs > 0 && intervalMs <= 2 ** 31 - 1)) {
+    throw new RangeError(`intervalMs must be a number of milliseconds above 0, at most ${2 ** 31 - 1}, not ${String(intervalMs)}`);
+  }
   let stopped = false;
   let timer = null;
   let running = null;

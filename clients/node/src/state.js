@@ -46,14 +46,23 @@ export function claimWhileOpen(pool, claimRow, release) {
 // result; those still running then have their signal aborted, their
 // heartbeat stopped and their key given back, so that no key is left
 // PROCESSING with a live heartbeat. Resolves when all of that is done.
+// setTimeout's longest delay (about 24.8 days): past it, Node fires at once.
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 export async function shutdown(pool, { timeout = 10 } = {}) {
+  // Infinity (or more than a timer holds): the running work ends by itself.
+  if (typeof timeout !== 'number' || Number.isNaN(timeout) || timeout < 0) {
+    throw new TypeError(`idempotency: timeout must be a number of seconds from 0, or Infinity, not ${String(timeout)}`);
+  }
   const state = stateOf(pool);
   state.closing = true;
   for (const group of state.groups.values()) group.leaveAll();
   await Promise.allSettled([...state.claims]);
   const pending = [...state.owners];
   let timer;
-  const expired = new Promise((resolve) => { timer = setTimeout(resolve, Math.max(0, timeout) * 1000); });
+  const expired = new Promise((resolve) => {
+    if (timeout * 1000 <= MAX_TIMER_MS) timer = setTimeout(resolve, timeout * 1000);
+  });
   await Promise.race([Promise.allSettled(pending.map((owner) => owner.settled)), expired]);
   clearTimeout(timer);
   await Promise.allSettled([...state.owners].map((owner) => owner.stop(new Error('the server is shutting down'))));

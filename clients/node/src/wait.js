@@ -71,8 +71,11 @@ export async function claimWaiting(pool, { id, attempt, wait, signal = null }) {
   return joined;
 }
 
+// The request as the server is sent it (JSON.stringify: a Date is its
+// string, a Map {}), in canonical form: two requests the server tells apart
+// never share a poller.
 export const groupId = (mode, scope, key, request, lease) =>
-  JSON.stringify([mode, scope, key, lease, canonicalJson(request ?? null)]);
+  JSON.stringify([mode, scope, key, lease, canonicalJson(JSON.parse(JSON.stringify(request ?? null)))]);
 
 class Group {
   constructor(state, id, attempt, row) {

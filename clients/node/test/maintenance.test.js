@@ -45,3 +45,9 @@ test('a failed pass is reported and the next one is still made', async () => {
   assert.match(errors[0].message, /permission denied/);
   assert.throws(() => startMaintenance(pool, { intervalMs: 0 }), RangeError);
 });
+
+test('an interval past what a timer holds is refused: the passes ran back to back', () => {
+  for (const intervalMs of [2 ** 31, 30 * 86400 * 1000, 0, Number.NaN]) {
+    assert.throws(() => startMaintenance(pool, { intervalMs }), /intervalMs must be/, String(intervalMs));
+  }
+});

@@ -37,6 +37,12 @@ test('a value every request would fail on is refused when the middleware is made
     [{ classify: 'default' }, /classify must be a function/],
     [{ header: '' }, /header must be a non-empty string/],
     [{ methods: 'POST' }, /methods must be an array/],
+    // Each failed every request, or every replay.
+    [{ header: 'Idempotency Key' }, /header must be an HTTP header name/],
+    [{ replayHeader: 'Idempotent Replayed' }, /replayHeader must be an HTTP header name/],
+    [{ replayHeader: 'x\n' }, /replayHeader must be an HTTP header name/],
+    [{ scope: 's'.repeat(64) }, /scope must be at most 63 bytes/],
+    [{ pool: {} }, /pool option/],
   ];
   for (const [options, message] of refused) {
     assert.throws(() => httpOptions({ pool, ...options }), message, JSON.stringify(options));
@@ -50,6 +56,8 @@ test('a consumer option the extension would refuse is refused when the consumer 
     [{ lease: 0 }, /lease must be/], [{ lease: Number.NaN }, /lease must be/],
     [{ pollInterval: 0 }, /pollInterval must be/], [{ pollInterval: -1 }, /pollInterval must be/],
     [{ concurrency: 0 }, /concurrency must be/],
+    [{ name: 'n'.repeat(254) }, /name must be a non-empty string of at most 255 bytes with \/0 appended/],
+    [{ name: '' }, /name must be/],
   ]) {
     assert.throws(() => consume(pool, { topics: ['t'], ...options }, async () => {}), message, JSON.stringify(options));
   }

@@ -111,3 +111,26 @@ describe('shutdown with claims under way', () => {
     assert.notEqual((await keyRow(pool, key, 'shutdown.claims'))?.status, 'PROCESSING');
   });
 });
+
+describe('shutdown with work running', () => {
+  test('a timeout of Infinity lets the running work finish; NaN or a negative one is refused', async () => {
+    const { claim, shutdown } = await import('../src/index.js');
+    const own = Object.create(pool);   // a pool of its own for the client's state
+    own.query = (text, params) => pool.query(text, params);
+    const key = newKey('forever');
+    let aborted = false;
+    const running = claim(own, { key, scope: 'shutdown.forever' }, async (job) => {
+      await new Promise((resolve) => setTimeout(resolve, 400));
+      aborted = job.signal.aborted;
+      return 'finished';
+    });
+    await new Promise((resolve) => setTimeout(resolve, 50));   // the work runs
+    await assert.rejects(shutdown(own, { timeout: Number.NaN }), /timeout must be/);
+    await assert.rejects(shutdown(own, { timeout: -1 }), /timeout must be/);
+    // Infinity was a delay past setTimeout's longest, which Node fires at once.
+    await shutdown(own, { timeout: Number.POSITIVE_INFINITY });
+    const answer = await running;
+    assert.deepEqual([answer.outcome, answer.result, aborted], ['completed', 'finished', false]);
+    assert.equal((await keyRow(pool, key, 'shutdown.forever')).status, 'COMPLETED');
+  });
+});

@@ -3,7 +3,7 @@
 import express from 'express';
 import Fastify from 'fastify';
 import pg from 'pg';
-import { FinalError, claim, consume, enqueue, jsonResponse, shutdown, startMaintenance, type ClaimResult } from 'pg-idempotency';
+import { FinalError, claim, consume, enqueue, jsonResponse, settlement, shutdown, startMaintenance, type ClaimResult, type Settlement } from 'pg-idempotency';
 import { idempotencyOf, withIdempotency } from 'pg-idempotency/web';
 import { idempotency } from 'pg-idempotency/express';
 import fastifyIdempotency from 'pg-idempotency/fastify';
@@ -65,3 +65,11 @@ const sweeps = startMaintenance(pool, { intervalMs: 5000, onPass: (tasks) => tas
 void sweeps.stop();
 // @ts-expect-error: the interval is a number of milliseconds
 startMaintenance(pool, { intervalMs: '5s' });
+
+// A consumer's settlement, as consume() makes it: a key held elsewhere is
+// released after its retryAfter; classify's own error goes to onError.
+const settled: Settlement = settlement({ outcome: 'in_progress', retryAfter: 2 }, null, undefined, (err) => console.error(err));
+if (settled[0] === 'release') {
+  const after: number | null | undefined = settled[1];
+  void after;
+}
