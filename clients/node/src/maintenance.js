@@ -5,16 +5,17 @@
 // pool's role needs EXECUTE on idem_maintenance (grant_admin, or a GRANT
 // of that one function). Against the C++ extension the call is harmless:
 // its workers have done the same.
+import { MAX_TIMER_MS } from './options.js';
 
 // Calls idem_maintenance() at once and then every intervalMs after the
 // end of the previous pass; onPass(rows) hears each pass's (task, rows),
 // onError(err) each failure (the next pass is still made). The timer never
 // keeps the process alive. stop() ends it once a running pass is over.
 export function startMaintenance(pool, { intervalMs = 5000, onPass, onError } = {}) {
-  // At most setTimeout's longest delay (about 24.8 days): past it, Node
-  // fires at once, and the sweeps would run back to back.
-  if (!(Number.isFinite(intervalMs) && intervalMs > 0 && intervalMs <= 2 ** 31 - 1)) {
-    throw new RangeError(`intervalMs must be a number of milliseconds above 0, at most ${2 ** 31 - 1}, not ${String(intervalMs)}`);
+  // Past a timer's longest delay Node fires at once: the passes would run
+  // back to back.
+  if (!(Number.isFinite(intervalMs) && intervalMs > 0 && intervalMs <= MAX_TIMER_MS)) {
+    throw new RangeError(`intervalMs must be a number of milliseconds above 0, at most ${MAX_TIMER_MS}, not ${String(intervalMs)}`);
   }
   let stopped = false;
   let timer = null;

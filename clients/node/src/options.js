@@ -17,6 +17,8 @@ export function given(options) {
 // server checks that.
 export const MAX_LEASE = 2147483.647;        // seconds: the highest idempotency.max_lease
 export const MAX_BATCH = 10000;              // outbox_claim's batch
+// setTimeout's longest delay (about 24.8 days): past it, Node fires at once.
+export const MAX_TIMER_MS = 2 ** 31 - 1;
 
 // A duration option in seconds: a finite number from 0 (from a
 // microsecond when positive) up to `most`; anything else would fail later,

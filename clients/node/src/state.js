@@ -1,6 +1,8 @@
 // What the client keeps per pool: the requests waiting for a key (one
 // poller per key, see wait.js), the keys held by running work (so that a
 // shutdown can bound them), and whether the pool's users are stopping.
+import { MAX_TIMER_MS } from './options.js';
+
 const states = new WeakMap();
 
 export function stateOf(pool) {
@@ -46,11 +48,7 @@ export function claimWhileOpen(pool, claimRow, release) {
 // result; those still running then have their signal aborted, their
 // heartbeat stopped and their key given back, so that no key is left
 // PROCESSING with a live heartbeat. Resolves when all of that is done.
-// setTimeout's longest delay (about 24.8 days): past it, Node fires at once.
-const MAX_TIMER_MS = 2 ** 31 - 1;
-
 export async function shutdown(pool, { timeout = 10 } = {}) {
-  // Infinity (or more than a timer holds): the running work ends by itself.
   if (typeof timeout !== 'number' || Number.isNaN(timeout) || timeout < 0) {
     throw new TypeError(`idempotency: timeout must be a number of seconds from 0, or Infinity, not ${String(timeout)}`);
   }
@@ -60,6 +58,8 @@ export async function shutdown(pool, { timeout = 10 } = {}) {
   await Promise.allSettled([...state.claims]);
   const pending = [...state.owners];
   let timer;
+  // Infinity, or more than a timer holds (Node would fire at once): the
+  // running work ends by itself.
   const expired = new Promise((resolve) => {
     if (timeout * 1000 <= MAX_TIMER_MS) timer = setTimeout(resolve, timeout * 1000);
   });
