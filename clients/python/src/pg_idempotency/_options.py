@@ -16,7 +16,7 @@ MAX_BATCH = 10000                   # outbox_claim's batch
 
 def seconds(name, value, default, *, positive=False, most=MAX_LEASE):
     """A duration option in seconds: None keeps ``default``; anything but a
-    finite number from 0 (above 0 when ``positive``) up to ``most`` is
+    number from 0 (from a microsecond when ``positive``) up to ``most`` is
     refused, saying so, where it would otherwise fail later (a heartbeat
     thread, every request)."""
     if value is None:
