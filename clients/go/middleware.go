@@ -266,7 +266,10 @@ func (o *MiddlewareOptions) check() error {
 	}
 	return firstError(checkLease("MiddlewareOptions.Lease", o.Lease),
 		checkNotNegative("MiddlewareOptions.Wait", o.Wait),
-		checkRetryIn("MiddlewareOptions.RetryIn", o.RetryIn))
+		checkRetryIn("MiddlewareOptions.RetryIn", o.RetryIn),
+		checkScope("MiddlewareOptions.Scope", o.Scope),
+		checkHeaderName("MiddlewareOptions.Header", o.Header),
+		checkHeaderName("MiddlewareOptions.ReplayHeader", o.ReplayHeader))
 }
 
 // begin claims (or registers) the key as the mode says. Register mode does

@@ -3,7 +3,9 @@ package idempotency
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // The bounds the extension puts on what it is given (docs/keys.md, 22023)
@@ -16,6 +18,7 @@ const (
 	maxLease   = math.MaxInt32 * time.Millisecond // the highest idempotency.max_lease
 	maxRetryIn = 36000 * 24 * time.Hour           // retry_in: 100 years of 360 days
 	maxBatch   = 10000                            // outbox_claim's batch
+	maxScope   = 63                               // a scope's bytes
 )
 
 // checkLease: at least a microsecond (an interval counts microseconds:
@@ -35,6 +38,30 @@ func checkRetryIn(name string, d time.Duration) error {
 		return fmt.Errorf("idempotency: %s must be from 0 to %v (36,000 days), not %v", name, maxRetryIn, d)
 	}
 	return nil
+}
+
+// checkScope: what idem_claim takes as a scope, at most 63 bytes of UTF-8;
+// another fails every request.
+func checkScope(name, scope string) error {
+	if len(scope) > maxScope || !utf8.ValidString(scope) {
+		return fmt.Errorf("idempotency: %s must be at most %d bytes of UTF-8, not %q", name, maxScope, scope)
+	}
+	return nil
+}
+
+// checkHeaderName: an HTTP header's name (RFC 9110's token); no request
+// carries another, and a replay could not send it.
+func checkHeaderName(name, header string) error {
+	for i := 0; i < len(header); i++ {
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(header[i])) && !isAlnum(header[i]) {
+			return fmt.Errorf("idempotency: %s must be an HTTP header name, not %q", name, header)
+		}
+	}
+	return nil
+}
+
+func isAlnum(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
 }
 
 func checkNotNegative(name string, d time.Duration) error {

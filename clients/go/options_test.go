@@ -28,6 +28,12 @@ func TestMiddlewareRefusesOutOfRangeOptions(t *testing.T) {
 		{"Lease", idempotency.MiddlewareOptions{Lease: time.Nanosecond}}, // 0 once in microseconds
 		{"Lease", idempotency.MiddlewareOptions{Lease: 25 * 24 * time.Hour}},
 		{"Wait", idempotency.MiddlewareOptions{Wait: -time.Second}},
+		// A scope the server refuses failed every request (22001); a
+		// header name no request carries, or a replay cannot send.
+		{"Scope", idempotency.MiddlewareOptions{Scope: strings.Repeat("s", 64)}},
+		{"Scope", idempotency.MiddlewareOptions{Scope: "a\xffb"}},
+		{"Header", idempotency.MiddlewareOptions{Header: "Idempotency Key"}},
+		{"ReplayHeader", idempotency.MiddlewareOptions{ReplayHeader: "Idempotent-Replayed\n"}},
 	} {
 		func() {
 			defer func() {
@@ -39,7 +45,8 @@ func TestMiddlewareRefusesOutOfRangeOptions(t *testing.T) {
 		}()
 	}
 
-	idempotency.Middleware(db, &idempotency.MiddlewareOptions{Lease: time.Microsecond}) // the shortest
+	idempotency.Middleware(db, &idempotency.MiddlewareOptions{Lease: time.Microsecond})              // the shortest
+	idempotency.Middleware(db, &idempotency.MiddlewareOptions{Scope: strings.Repeat("é", 31) + "s"}) // 63 bytes
 
 	// The bounds themselves are the server's: a retryable response is
 	// recorded with a RetryIn of 36,000 days.
