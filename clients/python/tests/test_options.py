@@ -41,6 +41,22 @@ def test_a_wait_or_retry_in_that_is_not_seconds_is_refused(conn, new_key, retry_
 
 
 @pytest.mark.parametrize("option, value, message", [
+    ("scope", "s" * 64, "scope must be 1 to 63 bytes"), ("scope", "", "scope must be"),
+    ("scope", "a\ud800", "scope must be"),
+    ("header", "Idempotency Key", "header must be an HTTP header name"),
+    ("replay_header", "Idempotent-Replayed\n", "replay_header must be an HTTP header name"),
+])
+def test_a_middleware_option_every_request_would_fail_on_is_refused_when_given(option, value, message):
+    # A 64-byte scope failed every request (22001); a header name no request
+    # carries, or a replay cannot send.
+    with pytest.raises(ValueError, match=message):
+        IdempotencyMiddleware(None, conninfo="", **{option: value})
+    with pytest.raises(ValueError, match=message):
+        SyncIdempotency(conninfo="", **{option: value})
+    assert SyncIdempotency(conninfo="", scope="é" * 31 + "s").scope == "é" * 31 + "s"   # 63 bytes
+
+
+@pytest.mark.parametrize("option, value, message", [
     ("topics", "jobs.t", "topics must be a list"),
     ("lease", 0, "lease must be"), ("lease", -1, "lease must be"), ("lease", math.nan, "lease must be"),
     ("lease", "x", "lease must be"),

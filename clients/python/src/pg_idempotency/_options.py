@@ -2,6 +2,7 @@
 every call that uses them."""
 
 import math
+import re
 
 from .errors import MAX_RETRY_IN    # noqa: F401 (retry_in's bound, with the others here)
 
@@ -32,4 +33,28 @@ def count(name, value, least, most):
     """A whole-number option from ``least`` to ``most``."""
     if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
         raise ValueError(f"{name} must be a whole number from {least} to {most}, not {value!r}")
+    return value
+
+
+# RFC 9110's token: the characters of a header's name.
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def header_name(name, value):
+    """An HTTP header's name: no request carries another, and a replay
+    could not send it."""
+    if not isinstance(value, str) or not _HTTP_TOKEN.fullmatch(value):
+        raise ValueError(f"{name} must be an HTTP header name, not {value!r}")
+    return value
+
+
+def scope_name(value):
+    """A scope idem_claim takes: 1 to 63 bytes of UTF-8 (another failed
+    every request)."""
+    try:
+        size = len(value.encode("utf-8")) if isinstance(value, str) else 0
+    except UnicodeEncodeError:
+        size = 0
+    if not 0 < size <= 63:
+        raise ValueError(f"scope must be 1 to 63 bytes of UTF-8, not {value!r}")
     return value

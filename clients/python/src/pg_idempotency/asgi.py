@@ -28,7 +28,7 @@ from typing import Any, Optional
 import psycopg
 
 from . import _record, _sql
-from ._options import MAX_RETRY_IN, seconds
+from ._options import MAX_RETRY_IN, header_name, scope_name, seconds
 from ._state import JobState, dict_cursor
 from ._steps import AsyncStep, StepHolder, arun_step, step_key
 from .aclaim import start_beat, stop_beat
@@ -174,12 +174,12 @@ class IdempotencyMiddleware:
         self.conninfo = conninfo
         self.own_pool = pool is None
         self.pool_lock = asyncio.Lock()
-        self.scope = scope
+        self.scope = scope_name(scope)
         self.mode = mode
         self.required = required
         self.methods = {m.upper() for m in methods}
-        self.header = header.lower().encode("latin-1")
-        self.replay_header = replay_header.lower()
+        self.header = header_name("header", header).lower().encode("latin-1")
+        self.replay_header = header_name("replay_header", replay_header).lower()
         self.lease = seconds("lease", lease, 30, positive=True)
         self.wait = seconds("wait", wait, 0)
         self.retry_in = seconds("retry_in", retry_in, None, most=MAX_RETRY_IN)   # None: the extension's backoff

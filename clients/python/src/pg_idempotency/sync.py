@@ -13,7 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from . import _record, _sql
-from ._options import MAX_RETRY_IN, seconds
+from ._options import MAX_RETRY_IN, header_name, scope_name, seconds
 from ._state import JobState
 from ._steps import StepHolder, SyncStep, run_step
 from .asgi import IdempotencyContext
@@ -101,10 +101,10 @@ class SyncIdempotency:
             raise ValueError(f"unknown mode {mode!r} (threaded servers: 'claim' or 'transaction')")
         self._pool, self.conninfo, self.pool_options = pool, conninfo, dict(pool_options or {})
         self.pool_lock = threading.Lock()
-        self.scope, self.mode, self.required = scope, mode, required
+        self.scope, self.mode, self.required = scope_name(scope), mode, required
         self.methods = {m.upper() for m in methods}
-        self.header = header
-        self.replay_header = replay_header.lower()
+        self.header = header_name("header", header)
+        self.replay_header = header_name("replay_header", replay_header).lower()
         self.lease = seconds("lease", lease, 30, positive=True)
         self.wait = seconds("wait", wait, 0)
         self.retry_in = seconds("retry_in", retry_in, None, most=MAX_RETRY_IN)   # None: the extension's backoff
