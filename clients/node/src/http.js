@@ -22,14 +22,14 @@
 //                  requests replay what it stored.
 import { defaultFingerprint } from './fingerprint.js';
 import { Heartbeat } from './heartbeat.js';
-import { UnstorableResult, classifyOr, errorText } from './errors.js';
+import { MAX_RETRY_IN, UnstorableResult, classifyOr, errorText } from './errors.js';
 import { callHook } from './hooks.js';
 import { decodeResponse, encodeResponse, isStoredResponse, jsonResponse, problem, response, storedFailure } from './response.js';
 import { retryLost } from './record.js';
 import { ASSERT_OWNER, CLAIM, COMPLETE, FAIL, REGISTER, RELEASE, jsonParam } from './sql.js';
 import { claimWhileOpen, isClosing, track } from './state.js';
 import { checkOut } from './transaction.js';
-import { MAX_RETRY_IN, checkSeconds, given } from './options.js';
+import { checkSeconds, given } from './options.js';
 import { parseSteps, runStep, stepKey } from './steps.js';
 import { claimWaiting, groupId } from './wait.js';
 

@@ -1,8 +1,5 @@
 // Options as the client takes them, checked when given rather than in
 // every call that uses them.
-import { MAX_RETRY_IN } from './errors.js';
-
-export { MAX_RETRY_IN };   // retry_in's bound (errors.js), with the others here
 
 // The options given a value: one given as undefined (or null) keeps its
 // default, as an option left out does (lease: config.lease, unset).
@@ -12,9 +9,10 @@ export function given(options) {
 
 // The bounds the extension puts on what it is given (docs/keys.md, 22023)
 // whatever its settings: a value past them would fail every request or
-// claim. A lease (and a wait) is also at most idempotency.max_lease (1 day
-// by default), which a superuser may raise up to MAX_LEASE: only the
-// server checks that.
+// claim. retryIn's (36,000 days) is errors.js's MAX_RETRY_IN, beside the
+// check of an error's own retryIn. A lease (and a wait) is also at most
+// idempotency.max_lease (1 day by default), which a superuser may raise up
+// to MAX_LEASE: only the server checks that.
 export const MAX_LEASE = 2147483.647;        // seconds: the highest idempotency.max_lease
 export const MAX_BATCH = 10000;              // outbox_claim's batch
 // setTimeout's longest delay (about 24.8 days): past it, Node fires at once.

@@ -4,13 +4,12 @@ every call that uses them."""
 import math
 import re
 
-from .errors import MAX_RETRY_IN    # noqa: F401 (retry_in's bound, with the others here)
-
 # The bounds the extension puts on what it is given (docs/keys.md, 22023)
-# whatever its settings: a value past them would fail every request or claim.
-# A lease (and a wait) is also at most idempotency.max_lease (1 day by
-# default), which a superuser may raise up to MAX_LEASE: only the server
-# checks that.
+# whatever its settings: a value past them would fail every request or
+# claim. retry_in's (36,000 days) is errors.MAX_RETRY_IN, beside the check
+# of an error's own retry_in. A lease (and a wait) is also at most
+# idempotency.max_lease (1 day by default), which a superuser may raise up
+# to MAX_LEASE: only the server checks that.
 MAX_LEASE = 2147483.647             # seconds: the highest idempotency.max_lease
 MAX_BATCH = 10000                   # outbox_claim's batch
 

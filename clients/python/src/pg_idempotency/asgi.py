@@ -28,14 +28,14 @@ from typing import Any, Optional
 import psycopg
 
 from . import _record, _sql
-from ._options import MAX_RETRY_IN, header_name, scope_name, seconds
+from ._options import header_name, scope_name, seconds
 from ._state import JobState, dict_cursor
 from ._steps import AsyncStep, StepHolder, arun_step, step_key
 from .aclaim import start_beat, stop_beat
 from .hooks import Hooks
 from .pooler import awith_unprepared
 from .waiting import AsyncOwners, answered_row
-from .errors import classify_or, error_text
+from .errors import MAX_RETRY_IN, classify_or, error_text
 from .http import (NOT_UTF8, TOO_LARGE, Response, answer, default_classify, default_fingerprint, encode_response,
                    header_text, json_response, problem, unrecorded)
 

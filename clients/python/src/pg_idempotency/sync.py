@@ -13,13 +13,13 @@ import psycopg
 from psycopg.rows import dict_row
 
 from . import _record, _sql
-from ._options import MAX_RETRY_IN, header_name, scope_name, seconds
+from ._options import header_name, scope_name, seconds
 from ._state import JobState
 from ._steps import StepHolder, SyncStep, run_step
 from .asgi import IdempotencyContext
 from .hooks import Hooks
 from .pooler import with_unprepared
-from .errors import classify_or, error_text
+from .errors import MAX_RETRY_IN, classify_or, error_text
 from .http import (NOT_UTF8, TOO_LARGE, answer, default_classify, default_fingerprint, encode_response, json_response, problem,
                    header_text, unrecorded)
 from .waiting import ThreadOwners, answered_row
