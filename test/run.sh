@@ -229,7 +229,10 @@ run_harnesses() {
 # From the staged copy: the OS user may not enter the checkout.
 run_harness() {  # run_harness SCRIPT
     local started=$SECONDS
-    if (run_harness_script "$1"); then count "$1" 1 0; else count "$1" 0 1; fi
+    # Kept in a file too: a failed harness's last lines are printed again
+    # at the end, where a long run's log is read first.
+    (run_harness_script "$1") 2>&1 | tee "$(pooled_output "$1").log"
+    if [ "${PIPESTATUS[0]}" -eq 0 ]; then count "$1" 1 0; else count "$1" 0 1; fi
     durations+=("$((SECONDS - started)) $1")
 }
 
@@ -267,6 +270,12 @@ lanes=()
 if [ "$failed" -eq 0 ]; then
     rm -rf "$stage"
 else
+    for suite in "${failures[@]}"; do
+        out=$(pooled_output "$suite").log
+        [ -s "$out" ] || continue
+        echo "--- the last lines of $suite"
+        tail -n 45 "$out"
+    done
     echo "failed suites: ${failures[*]} (outputs kept in $stage)"
 fi
 # Where the time went: the ten slowest TAP files and harnesses.

@@ -131,17 +131,16 @@ func TestMaintenanceSettlesAFinishedKeyUntilItsContextEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The SQL edition's settling pass is awaited as reported too: the row
+	// is seen settled once the pass commits, a moment before its report.
 	eventually(t, 20*time.Second, "the finished key settled", func() bool {
 		_, live := liveKey(t, admin, key)
-		return !live
+		return !live && (!sqlEdition || log.total("settle_leases") >= 1)
 	})
 	cancel()
 	stop() // returns once the goroutine has seen ctx end
 	if status, _ := liveKey(t, admin, key); status != "COMPLETED" {
 		t.Fatalf("status %s", status)
-	}
-	if sqlEdition && log.total("settle_leases") < 1 {
-		t.Fatal("no pass settled the key")
 	}
 	if _, errs := log.counts(); errs != 0 {
 		t.Fatalf("a pass cut short by ctx was reported as a failure: %v", log.errors)

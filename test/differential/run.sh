@@ -90,6 +90,6 @@ fi
 status=$?
 if [ "$status" -ne 0 ]; then
     echo "differential: the server's log ends with:" >&2
-    tail -n 30 "$dir/server.log" >&2
+    tail -n 15 "$dir/server.log" >&2
 fi
 exit "$status"
