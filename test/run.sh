@@ -150,17 +150,24 @@ finish_pooled() {  # finish_pooled ITEM NAME [HEADER]: waits for ITEM, prints HE
 # own cluster and ports). The files run in the background, beside the
 # suites that follow (their clusters listen on sockets in folders of their
 # own); finish_tap prints their outputs, in file order, once those are done.
+# The harnesses of harness_after_tap (IDEM_AFTER_TAP below) are queued in
+# the same lane, after the files.
 tap_files=()
 start_tap() {
     local file
     for file in $(cd "$stage" && printf '%s\n' ${IDEM_TAP_FILES:-test/tap/*.pl}); do
         [ -f "$stage/$file" ] && tap_files+=("$file")
     done
-    [ ${#tap_files[@]} -gt 0 ] || return 0
+    [ $((${#tap_files[@]} + ${#harness_after_tap[@]})) -gt 0 ] || return 0
     log "TAP tests (PostgreSQL::Test::Cluster), ${IDEM_TAP_JOBS:-2} at a time, in the background"
+    [ ${#harness_after_tap[@]} -gt 0 ] && log "then in the same lane: ${harness_after_tap[*]}"
     tap_third_party=
     idem_third_party_required && tap_third_party=1
-    (run_pooled "${IDEM_TAP_JOBS:-2}" run_tap_file "${tap_files[@]}"; echo "$SECONDS" >"$stage/tap.end") &
+    (run_pooled "${IDEM_TAP_JOBS:-2}" run_tap_item "${tap_files[@]}" "${harness_after_tap[@]}"
+     echo "$SECONDS" >"$stage/tap.end") &
+}
+run_tap_item() {  # run_tap_item FILE: a TAP file, or a harness queued after them
+    if [[ $1 == *.pl ]]; then run_tap_file "$1"; else run_harness_script "$1"; fi
 }
 finish_tap() {
     local file
@@ -187,12 +194,19 @@ run_tap_file() {  # run_tap_file FILE (relative to the stage)
 # them) and the chaos harnesses: none
 # shares a folder, a TCP port or a service with another suite or harness,
 # and both lanes end about together.
+# IDEM_AFTER_TAP: harnesses that run in the TAP lane once its files are
+# under way, where TAP comes before the harnesses in IDEM_SUITES (it does
+# by default), in the foreground elsewhere. The TAP lane ends minutes
+# before the foreground's: the default is the client libraries' suites
+# against the SQL edition, which mostly wait on their clusters.
 harness_foreground=()
 harness_background=()
+harness_after_tap=()
 start_beside() {
     local script beside=" ${IDEM_BESIDE-test/differential/run.sh test/differential/sql_edition.sh \
         test/relay/run.sh test/relay/maintenance.sh test/relay/brokers.sh test/pooler/run.sh \
         test/stress/run.sh test/stress/outbox.sh test/stress/huge_transaction.sh test/chaos/run.sh} "
+    local after_tap=" ${IDEM_AFTER_TAP-test/clients/sql_edition.sh} "
     for script in $(cd "$stage" && printf '%s\n' ${IDEM_HARNESSES:-test/checks/*.sh test/matrix/versions_agree.sh \
         test/docs/run.sh test/demo/repeat.sh test/runner/*.sh test/stress/*.sh test/relay/run.sh \
         test/relay/maintenance.sh test/relay/brokers.sh test/pooler/run.sh test/chaos/run.sh test/differential/run.sh \
@@ -201,6 +215,8 @@ start_beside() {
         [ -x "$stage/$script" ] || continue
         if [[ $beside == *" $script "* ]]; then
             harness_background+=("$script")
+        elif [[ $after_tap == *" $script "* && " $IDEM_SUITES " == *" tap "*"harnesses "* ]]; then
+            harness_after_tap+=("$script")
         else
             harness_foreground+=("$script")
         fi
@@ -223,6 +239,9 @@ run_harnesses() {
     foreground_end=$SECONDS
     for script in "${harness_background[@]}"; do
         finish_pooled "$script" "$script" "harness $script (ran in the background)"
+    done
+    for script in "${harness_after_tap[@]}"; do
+        finish_pooled "$script" "$script" "harness $script (ran in the TAP lane)"
     done
 }
 
