@@ -63,8 +63,45 @@ func Claim(ctx context.Context, db *sql.DB, key string, request any, opts *Claim
 }
 
 // claimTry is one idem_claim in a statement of its own; a claim nobody
-// takes (see wait.go) is released.
+// takes (see wait.go) is released. The statement is not cut when ctx ends:
+// a claim cut in flight may have committed all the same, and would hold
+// the key for its lease with an attempt counted, its token lost. The
+// caller leaves at once with ctx's error; the statement ends on its own
+// (within claimAfterCallerLeft) and a claim it made is released.
 func claimTry(ctx context.Context, db *sql.DB, key string, req any, o ClaimOptions) (tryResult, error) {
+	statement, cut := context.WithCancel(withoutCancel{ctx})
+	answer := make(chan waitAnswer, 1)
+	go func() {
+		defer cut()
+		r, err := claimStatement(statement, db, key, req, o)
+		answer <- waitAnswer{r, err}
+	}()
+	select {
+	case a := <-answer:
+		if ctx.Err() == nil {
+			return a.r, a.err
+		}
+		if a.r.abandon != nil {
+			go a.r.abandon()
+		}
+	case <-ctx.Done():
+		limit := time.AfterFunc(claimAfterCallerLeft, cut)
+		go func() {
+			a := <-answer
+			limit.Stop()
+			if a.r.abandon != nil {
+				a.r.abandon()
+			}
+		}()
+	}
+	return tryResult{}, ctx.Err()
+}
+
+// claimAfterCallerLeft bounds a claim statement whose caller has left.
+const claimAfterCallerLeft = 10 * time.Second
+
+// claimStatement runs idem_claim; a claim it makes comes with its release.
+func claimStatement(ctx context.Context, db *sql.DB, key string, req any, o ClaimOptions) (tryResult, error) {
 	r, err := claimOnce(ctx, db, key, req, o)
 	if err != nil {
 		return tryResult{}, err
