@@ -113,6 +113,22 @@ BEGIN
 END
 $$;
 
+-- Raises a failed insert's 40001 again, naming the key, where the insert
+-- met a key that a transaction committed after this transaction's snapshot
+-- (under REPEATABLE READ or SERIALIZABLE; its error has no detail): a
+-- conflict of SERIALIZABLE's own (which has one) is left as it is.
+CREATE FUNCTION idempotency.raise_if_created_since_snapshot(p_scope pg_catalog.text, p_key pg_catalog.text,
+                                                            detail pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF detail = '' THEN
+        PERFORM idempotency.raise_changed_since_snapshot(p_scope, p_key, 'another transaction changed it');
+    END IF;
+END
+$$;
+
 -- Under REPEATABLE READ or SERIALIZABLE: raises 40001 when a transaction
 -- that committed after this transaction's snapshot changed or removed the
 -- key, which the snapshot cannot see, so that reading it again answers
@@ -140,6 +156,28 @@ BEGIN
 END
 $$;
 
+-- A claim's new key, inserted: its token, and its scope and key as written
+-- (a BEFORE trigger may change them); NULLs when a key is there.
+CREATE FUNCTION idempotency.insert_claimed_key(p_scope pg_catalog.text, p_key pg_catalog.text,
+                                               fp pg_catalog.bytea, lease pg_catalog.interval,
+                                               OUT new_token pg_catalog.int8, OUT got_scope pg_catalog.text,
+                                               OUT got_key pg_catalog.text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    now timestamptz := clock_timestamp();
+BEGIN
+    INSERT INTO idempotency.idempotency_keys AS i
+           (scope, key, status, token, attempts, lease_until, fingerprint, created_at, updated_at,
+            claimed_at, registered, lease_expired, holder_pid, max_attempts, retention, active_since)
+    VALUES (p_scope, p_key, 'PROCESSING', nextval('idempotency.token_seq'), 1, now + lease, fp, now, now,
+            now, false, false, pg_backend_pid(), idempotency.setting_int('max_attempts', 5),
+            idempotency.setting_interval('retention', interval '1 s', interval '1 day'), now)
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING i.token, i.scope, i.key INTO new_token, got_scope, got_key;
+END
+$$;
+
 -- One round of a claim: an answer, or NULL when the key was created or
 -- deleted meanwhile (read it again).
 CREATE FUNCTION idempotency.claim_round(p_scope pg_catalog.text, p_key pg_catalog.text,
@@ -158,6 +196,7 @@ DECLARE
     got_scope text;
     got_key text;
     answer idempotency.idem_outcome;
+    detail text;
 BEGIN
     SELECT * INTO k FROM idempotency.idempotency_keys i WHERE i.scope = p_scope AND i.key = p_key;
     IF NOT FOUND THEN
@@ -174,15 +213,19 @@ BEGIN
             END IF;
             RETURN idempotency.busy_key(NULL);
         END IF;
-        now := clock_timestamp();
-        INSERT INTO idempotency.idempotency_keys AS i
-               (scope, key, status, token, attempts, lease_until, fingerprint, created_at, updated_at,
-                claimed_at, registered, lease_expired, holder_pid, max_attempts, retention, active_since)
-        VALUES (p_scope, p_key, 'PROCESSING', nextval('idempotency.token_seq'), 1, now + lease, fp, now, now,
-                now, false, false, pg_backend_pid(), idempotency.setting_int('max_attempts', 5),
-                idempotency.setting_interval('retention', interval '1 s', interval '1 day'), now)
-        ON CONFLICT (scope, key) DO NOTHING
-        RETURNING i.token, i.scope, i.key INTO new_token, got_scope, got_key;
+        -- Under REPEATABLE READ or SERIALIZABLE, a key committed since the
+        -- snapshot fails the insert: only there is it a subtransaction.
+        IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+            SELECT * INTO new_token, got_scope, got_key FROM idempotency.insert_claimed_key(p_scope, p_key, fp, lease);
+        ELSE
+            BEGIN
+                SELECT * INTO new_token, got_scope, got_key FROM idempotency.insert_claimed_key(p_scope, p_key, fp, lease);
+            EXCEPTION WHEN serialization_failure THEN
+                GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+                PERFORM idempotency.raise_if_created_since_snapshot(p_scope, p_key, detail);
+                RAISE;
+            END;
+        END IF;
         PERFORM idempotency.check_new_key(p_scope, p_key, got_scope, got_key, new_token IS NOT NULL);
         IF new_token IS NULL THEN
             RETURN NULL;
@@ -320,6 +363,24 @@ BEGIN
 END
 $$;
 
+-- A registered new key, inserted: true, and its scope and key as written
+-- (a BEFORE trigger may change them); NULLs when a key is there.
+CREATE FUNCTION idempotency.insert_registered_key(p_scope pg_catalog.text, p_key pg_catalog.text,
+                                                  fp pg_catalog.bytea, p_job_ref pg_catalog.text,
+                                                  now pg_catalog.timestamptz, OUT created pg_catalog.bool,
+                                                  OUT got_scope pg_catalog.text, OUT got_key pg_catalog.text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    INSERT INTO idempotency.idempotency_keys AS i
+           (scope, key, status, attempts, fingerprint, job_ref, created_at, updated_at, registered,
+            lease_expired, active_since)
+    VALUES (p_scope, p_key, 'RECEIVED', 0, fp, p_job_ref, now, now, true, false, now)
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING true, i.scope, i.key INTO created, got_scope, got_key;
+END
+$$;
+
 CREATE FUNCTION idempotency.idem_register(
     key pg_catalog.text,
     request pg_catalog.jsonb DEFAULT NULL,
@@ -341,6 +402,7 @@ DECLARE
     got_scope text;
     got_key text;
     answer idempotency.idem_outcome;
+    detail text;
 BEGIN
     PERFORM idempotency.check_name(p_key, 'key'), idempotency.check_name(p_scope, 'scope', 63);
     IF request IS NOT NULL THEN
@@ -373,12 +435,18 @@ BEGIN
         IF NOT idempotency.try_key_creation(p_scope, p_key) THEN
             RETURN idempotency.busy_key(NULL);
         END IF;
-        INSERT INTO idempotency.idempotency_keys AS i
-               (scope, key, status, attempts, fingerprint, job_ref, created_at, updated_at, registered,
-                lease_expired, active_since)
-        VALUES (p_scope, p_key, 'RECEIVED', 0, fp, p_job_ref, now, now, true, false, now)
-        ON CONFLICT (scope, key) DO NOTHING
-        RETURNING true, i.scope, i.key INTO created, got_scope, got_key;
+        -- As for a claim: a key committed since a snapshot fails the insert.
+        IF pg_catalog.current_setting('transaction_isolation') = 'read committed' THEN
+            SELECT * INTO created, got_scope, got_key FROM idempotency.insert_registered_key(p_scope, p_key, fp, p_job_ref, now);
+        ELSE
+            BEGIN
+                SELECT * INTO created, got_scope, got_key FROM idempotency.insert_registered_key(p_scope, p_key, fp, p_job_ref, now);
+            EXCEPTION WHEN serialization_failure THEN
+                GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+                PERFORM idempotency.raise_if_created_since_snapshot(p_scope, p_key, detail);
+                RAISE;
+            END;
+        END IF;
         PERFORM idempotency.check_new_key(p_scope, p_key, got_scope, got_key, created IS NOT NULL);
         IF created THEN
             -- As for a claim: a purge that committed since the look above.
