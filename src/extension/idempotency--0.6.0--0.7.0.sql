@@ -476,3 +476,29 @@ BEGIN
     END LOOP;
 END
 $grant$;
+
+-- ---------------------------------------------------------------- initial rights
+
+-- The rights given above to the roles that had the old objects' are the
+-- roles', as grant_* gives them, not the extension's own. Given in this
+-- script, PostgreSQL records them as the extension's initial rights
+-- (pg_init_privs), which pg_dump leaves out as CREATE EXTENSION's doing:
+-- a restore of a dump of the updated database would lose them. They are
+-- taken out of the initial rights, which are left as a fresh install of
+-- 0.7.0 has them (its owner's and pg_monitor's): pg_dump writes the roles'
+-- as GRANTs.
+UPDATE pg_catalog.pg_init_privs ip
+   SET initprivs = ARRAY(
+           SELECT item FROM pg_catalog.unnest(ip.initprivs) AS item
+            WHERE (SELECT a.grantee OPERATOR(pg_catalog.=) a.grantor
+                          OR a.grantee OPERATOR(pg_catalog.=) 0
+                          OR a.grantee OPERATOR(pg_catalog.=) 'pg_monitor'::pg_catalog.regrole
+                     FROM pg_catalog.aclexplode(ARRAY[item]) a LIMIT 1))
+ WHERE ip.privtype OPERATOR(pg_catalog.=) 'e'
+   AND EXISTS (SELECT FROM pg_catalog.pg_depend d, pg_catalog.pg_extension e
+                WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'
+                  AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+                  AND d.refobjid OPERATOR(pg_catalog.=) e.oid
+                  AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                  AND d.classid OPERATOR(pg_catalog.=) ip.classoid
+                  AND d.objid OPERATOR(pg_catalog.=) ip.objoid);

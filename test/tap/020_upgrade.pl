@@ -18,6 +18,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $node = idem_node('upgrade');
+my $dump_dir = PostgreSQL::Test::Utils::tempdir;
 $node->safe_psql('postgres', 'CREATE ROLE old_app LOGIN');
 $node->safe_psql('postgres', 'CREATE ROLE old_monitor LOGIN');
 
@@ -160,6 +161,28 @@ SELECT (idempotency.idem_complete('by-old-app-4', (SELECT token FROM idempotency
                              retain => '0', retain_key => '1 day')},
 			extra_params => [ '-U', 'old_app' ]);
 		is($out, 'completed|FAILED_FINAL', "$version: ... and completes and fails with the new functions") or diag($err);
+		# A dump of the updated database keeps those rights: given by the
+		# update, they are the roles', which pg_dump writes, not the
+		# extension's initial ones, which it leaves out.
+		my $restored = "${db}_restored";
+		command_ok([ 'pg_dump', '-d', $node->connstr($db), '-Fc', '-f', "$dump_dir/$db.dump" ],
+			"$version: pg_dump -Fc of the updated database");
+		$node->safe_psql('postgres', "CREATE DATABASE $restored");
+		command_ok([ 'pg_restore', '-d', $node->connstr($restored), '--exit-on-error', "$dump_dir/$db.dump" ],
+			"$version: ... restored into an empty database");
+		($rc, $out, $err) = $node->psql($restored, q{
+SELECT (idempotency.idem_complete('restored-1', (SELECT token FROM idempotency.idem_claim('restored-1')))).outcome,
+       idempotency.idem_fail('restored-2', (idempotency.idem_claim('restored-2')).token, 'no', false)},
+			extra_params => [ '-U', 'old_app' ]);
+		is($out, 'completed|FAILED_FINAL', "$version: ... where the application role completes and fails")
+		  or diag($err);
+		($rc, $out, $err) = $node->psql($restored, q{
+SELECT bytes > 0 FROM idempotency.idem_tombstones;
+SELECT count(*) >= 0 FROM idempotency.idem_metrics;
+SELECT count(*) >= 0 FROM idempotency.idem_stats;
+SELECT count(*) >= 0 FROM idempotency.outbox_lag},
+			extra_params => [ '-U', 'old_monitor' ]);
+		is($out, "t\nt\nt\nt", "$version: ... and the monitoring role reads the views") or diag($err);
 		$node->safe_psql($db, "SELECT idempotency.revoke_role('old_app')");
 		$node->safe_psql($db, "GRANT USAGE ON SCHEMA idempotency TO old_app");
 		# A monitoring role still reads the views, and how their counts
