@@ -490,6 +490,26 @@ misconfigured "RabbitMQ vhost" "amqp://guest:guest@127.0.0.1:$amqp_port/no-such-
     "RabbitMQ refused the relay's login.*vhost no-such-vhost"
 misconfigured "RabbitMQ exchange" "amqp://guest:guest@127.0.0.1:$amqp_port/?exchange=no-such-exchange" r_badexchange \
     "RabbitMQ has no exchange 'no-such-exchange'"
+# A peer that takes the connection and closes it before any handshake (a
+# load balancer with no broker behind it) is a broker out of reach, not a
+# refused login: the relay goes on, retrying.
+$python -c '
+import socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
+print(s.getsockname()[1], flush=True); sys.stdout.close()
+while True:
+    c, _ = s.accept(); c.close()' >"$dir/closer.port" &
+closer=$!
+pids+=("$closer")
+wait_until 10 test -s "$dir/closer.port" || give_up "the closing peer did not start"
+sql -c "SELECT idempotency.outbox_enqueue('r_closer', jsonb_build_object('seq', g), 'c' || g) FROM generate_series(1, 2) g" >/dev/null
+start_relay r_closer --dsn "$dsn" --sink "amqp://guest:guest@127.0.0.1:$(cat "$dir/closer.port")/" --topics r_closer \
+    --lease 5s --http-timeout 1s --connect-timeout 1s --progress-interval 0
+wait_until 30 grep -q "will be retried" "$dir/r_closer.err"
+check "closing peer: not taken for a refused login, its events retried (exit only on SIGTERM)" \
+    bash -c '! grep -q "refused the relay" "$1" && grep -q "will be retried" "$1" && kill -0 "$2"' _ "$dir/r_closer.err" "$relay_pid"
+stop_relay "$relay_pid" 20
+kill "$closer" 2>/dev/null
 check "misconfigured: no secret in what the relay printed" \
     bash -c '! grep -qE "wrong|right" "$@"' _ "$dir/n_badauth.err" "$dir/r_badauth.err"
 
@@ -503,6 +523,17 @@ check "window: the run delivers (exit $status, $(states n_window))" test "$statu
 check "window: it warns that the stream's duplicate window (0.2 s) is too short" \
     grep -qE "JetStream stream 'N_WINDOW' .* 0\.200 s \(duplicate_window\), shorter than the lease plus the retry delay" "$dir/n_window.err"
 check "window: once, not per event" test "$(grep -c "duplicate_window" "$dir/n_window.err")" = 1
+
+# ---------------------------------------------------------------- server list
+log "NATS: a list of servers, the first of which does not answer"
+$brokers nats-stream "$nats_port" N_LIST outbox.n_list || give_up "cannot create stream N_LIST"
+closed_port=$($python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+sql -c "SELECT idempotency.outbox_enqueue('n_list', jsonb_build_object('seq', g), 'l' || g) FROM generate_series(1, 3) g" >/dev/null
+once n_list 60 --dsn "$dsn" --sink "nats://127.0.0.1:$closed_port,127.0.0.1:$nats_port/outbox" --topics n_list \
+    --lease 5s --http-timeout 1s --connect-timeout 1s
+status=$?
+check "server list: the relay connects to the server that answers and delivers (exit $status, $(states n_list))" \
+    test "$status" -eq 0 -a "$(states n_list)" = "delivered=3"
 
 # ---------------------------------------------------------------- tls
 log "TLS with a private CA: NATS (client certificate) and RabbitMQ (amqps://)"

@@ -7,6 +7,11 @@
 // asks for (nack_request), which the round trip (relay.cpp) shares.
 #include <sys/time.h>
 
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "relay/db/retry_delay.hpp"
 #include "relay/loop/relay.hpp"
 #include "relay/observe/log.hpp"
@@ -19,6 +24,26 @@ double wall_seconds() {
     struct timeval now;
     gettimeofday(&now, nullptr);
     return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_usec) / 1e6;
+}
+
+// Why the events still leased at `now` are released, each reason once with
+// how many it was for ("3: its lease would run out during the delivery; 1:
+// an earlier event of its key was not delivered"), in the order they came.
+std::string release_reasons(const std::vector<Delivery>& released, Clock::time_point now) {
+    std::vector<std::pair<std::string, std::size_t>> reasons;
+    for (const Delivery& d : released) {
+        if (now >= d.event.lease_until) continue;
+        auto same = std::find_if(reasons.begin(), reasons.end(),
+                                 [&](const auto& r) { return r.first == d.outcome.error; });
+        if (same == reasons.end())
+            reasons.emplace_back(d.outcome.error, 1);
+        else
+            ++same->second;
+    }
+    std::string text;
+    for (const auto& [reason, count] : reasons)
+        text += (text.empty() ? "" : "; ") + std::to_string(count) + ": " + reason;
+    return text;
 }
 
 }  // namespace
@@ -153,7 +178,7 @@ void Relay::flush_releases(Clock::time_point now) {
         if (status == DbStatus::Ok) {
             stats_.released += static_cast<std::uint64_t>(changed);
             log_info("%zu event(s) not attempted released back to pending (%s)", ids.size(),
-                     settle_.to_release.front().outcome.error.c_str());
+                     release_reasons(settle_.to_release, now).c_str());
             due_ = true;  // they are due again
         } else {
             ++stats_.db_errors;

@@ -134,6 +134,8 @@ public:
                         : aborted_.load() ? std::string("the relay is stopping now")
                                           : std::string("AMQP publish: connection lost");
                 for (std::size_t j = i; j < events.size(); ++j) (*outcomes)[j] = Outcome::retry(error);
+                // Those published before it are never confirmed now.
+                unconfirmed_ = "published, not confirmed: " + error;
                 disconnect(false);
                 break;
             }
@@ -241,13 +243,18 @@ private:
 
     // A login the broker answered with a refusal: a connection.close
     // (ACCESS_REFUSED, NOT_ALLOWED for a vhost) or, where the broker just
-    // closes the socket after the handshake, the connection closed.
-    static bool login_refused(const amqp_rpc_reply_t& reply) {
+    // closes the socket after the handshake, the connection closed once
+    // the broker had begun it (its connection.start, with its properties,
+    // came). A peer that closes before any of it (a load balancer with no
+    // broker behind it) is a broker out of reach, whose events are retried.
+    bool login_refused(const amqp_rpc_reply_t& reply) const {
         if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION)
             return reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD;
+        const amqp_table_t* started = amqp_get_server_properties(conn_);
         return reply.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
                (reply.library_error == AMQP_STATUS_CONNECTION_CLOSED ||
-                reply.library_error == AMQP_STATUS_SOCKET_CLOSED);
+                reply.library_error == AMQP_STATUS_SOCKET_CLOSED) &&
+               started != nullptr && started->num_entries > 0;
     }
 
     // polite: say goodbye to the broker first (when the connection still works).

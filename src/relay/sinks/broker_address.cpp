@@ -42,6 +42,49 @@ bool after_scheme(const std::string& url, const char* scheme, std::string* rest)
     return true;
 }
 
+// host[:port] or [address][:port]: the host, and the port (0 when none is
+// given); false, saying why, when either is not one.
+bool parse_host_port(const std::string& authority, std::string* host, int* port, std::string* error) {
+    std::string port_text;
+    bool port_given = false;
+    if (!authority.empty() && authority[0] == '[') {
+        const std::size_t close = authority.find(']');
+        if (close == std::string::npos) {
+            *error = "an unclosed [ in the host";
+            return false;
+        }
+        *host = authority.substr(1, close - 1);
+        if (close + 1 < authority.size()) {
+            if (authority[close + 1] != ':') {
+                *error = "expected [address]:port";
+                return false;
+            }
+            port_text = authority.substr(close + 2);
+            port_given = true;
+        }
+    } else {
+        const std::size_t colon = authority.find(':');
+        *host = authority.substr(0, colon);
+        port_given = colon != std::string::npos;
+        if (port_given) port_text = authority.substr(colon + 1);
+    }
+    if (host->empty()) {
+        *error = "no host";
+        return false;
+    }
+    *port = 0;
+    if (port_given) {
+        char* end = nullptr;
+        const long value = strtol(port_text.c_str(), &end, 10);
+        if (*end != '\0' || value < 1 || value > 65535) {
+            *error = "the port must be a number from 1 to 65535";
+            return false;
+        }
+        *port = static_cast<int>(value);
+    }
+    return true;
+}
+
 }  // namespace
 
 bool parse_nats_url(const std::string& url, NatsAddress* address, std::string* error) {
@@ -65,17 +108,26 @@ bool parse_nats_url(const std::string& url, NatsAddress* address, std::string* e
                  "anything but spaces, '*', '>' and '%', separated by '.')";
         return false;
     }
-    // Every server of the list is a URL of its own for the client.
-    std::string servers;
-    std::size_t start = 0;
+    // Every server of the list is a URL of its own for the client, with the
+    // list's user and password (written once, before the first server).
+    const std::size_t at = hosts.rfind('@');
+    const std::string userinfo = at == std::string::npos ? "" : hosts.substr(0, at + 1);
+    std::vector<std::string> servers;
+    std::size_t start = at == std::string::npos ? 0 : at + 1;
     for (;;) {
         const std::size_t comma = hosts.find(',', start);
-        const std::string host = hosts.substr(start, comma == std::string::npos ? comma : comma - start);
-        if (host.empty()) {
+        const std::string server = hosts.substr(start, comma == std::string::npos ? comma : comma - start);
+        if (server.empty()) {
             *error = "an empty server in the list";
             return false;
         }
-        servers += (servers.empty() ? "" : ",") + std::string("nats://") + host;
+        std::string host, why;
+        int port = 0;
+        if (!parse_host_port(server, &host, &port, &why)) {
+            *error = "server '" + server + "': " + why;
+            return false;
+        }
+        servers.push_back("nats://" + userinfo + server);
         if (comma == std::string::npos) break;
         start = comma + 1;
     }
@@ -149,39 +201,9 @@ bool parse_amqp_url(const std::string& url, AmqpAddress* address, std::string* e
         }
         if (colon == std::string::npos) parsed.password.clear();
     }
-    std::string port_text;
-    if (!authority.empty() && authority[0] == '[') {
-        const std::size_t close = authority.find(']');
-        if (close == std::string::npos) {
-            *error = "an unclosed [ in the host";
-            return false;
-        }
-        parsed.host = authority.substr(1, close - 1);
-        if (close + 1 < authority.size()) {
-            if (authority[close + 1] != ':') {
-                *error = "expected [address]:port";
-                return false;
-            }
-            port_text = authority.substr(close + 2);
-        }
-    } else {
-        const std::size_t colon = authority.find(':');
-        parsed.host = authority.substr(0, colon);
-        if (colon != std::string::npos) port_text = authority.substr(colon + 1);
-    }
-    if (parsed.host.empty()) {
-        *error = "no host";
-        return false;
-    }
-    if (!port_text.empty()) {
-        char* end = nullptr;
-        const long port = strtol(port_text.c_str(), &end, 10);
-        if (*end != '\0' || port < 1 || port > 65535) {
-            *error = "the port must be a number from 1 to 65535";
-            return false;
-        }
-        parsed.port = static_cast<int>(port);
-    }
+    int port = 0;
+    if (!parse_host_port(authority, &parsed.host, &port, error)) return false;
+    if (port != 0) parsed.port = port;
     std::size_t start = 0;
     while (start < query.size()) {
         const std::size_t amp = query.find('&', start);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "relay/event.hpp"
 
@@ -10,8 +11,8 @@ namespace idem::relay {
 
 // nats://[user[:password]@]host[:port][,host[:port]...][/prefix]
 struct NatsAddress {
-    std::string servers;  // what the NATS client connects to: the URL without the prefix
-    std::string prefix;   // subjects are prefix.topic ("" : the topic alone)
+    std::vector<std::string> servers;  // a nats://[user[:password]@]host[:port] URL each
+    std::string prefix;                // subjects are prefix.topic ("" : the topic alone)
 };
 bool parse_nats_url(const std::string& url, NatsAddress* address, std::string* error);
 

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <strings.h>
 #include <unordered_map>
+#include <vector>
 
 #include <nats/nats.h>
 
@@ -59,6 +60,13 @@ std::string last_error() {
     return text != nullptr ? text : "";
 }
 
+// The servers of the URL, for messages (redacted there).
+std::string servers_text(const NatsAddress& address) {
+    std::string text;
+    for (const std::string& server : address.servers) text += (text.empty() ? "" : ",") + server;
+    return text;
+}
+
 class NatsSink : public GroupSink {
 public:
     NatsSink(const NatsAddress& address, const Options& options, const std::atomic<bool>& aborted,
@@ -99,7 +107,10 @@ private:
     bool connect(std::string* error) {
         natsOptions* options = nullptr;
         natsStatus status = natsOptions_Create(&options);
-        if (status == NATS_OK) status = natsOptions_SetURL(options, address_.servers.c_str());
+        std::vector<const char*> servers;
+        for (const std::string& server : address_.servers) servers.push_back(server.c_str());
+        if (status == NATS_OK)
+            status = natsOptions_SetServers(options, servers.data(), static_cast<int>(servers.size()));
         if (status == NATS_OK) status = natsOptions_SetName(options, "idem-relay");
         if (status == NATS_OK)
             status = natsOptions_SetTimeout(options, static_cast<int64_t>(connect_timeout_.count()));
@@ -130,7 +141,7 @@ private:
         if (status == NATS_OK) status = natsConnection_Connect(&conn_, options);
         natsOptions_Destroy(options);
         if (status != NATS_OK) {
-            *error = "cannot connect to NATS at " + redact_url(address_.servers) + ": " +
+            *error = "cannot connect to NATS at " + redact_url(servers_text(address_)) + ": " +
                      status_text(status);
             const std::string detail = last_error();
             // The server refused who we are: no retry would change that.
@@ -388,7 +399,7 @@ public:
     std::size_t group_size() const override { return 10000; }
     void abort() override { aborted_ = true; }
     std::string describe() const override {
-        return "NATS JetStream at " + redact_url(address_.servers) + " (subjects " +
+        return "NATS JetStream at " + redact_url(servers_text(address_)) + " (subjects " +
                (address_.prefix.empty() ? "" : address_.prefix + ".") + "<topic>)";
     }
 

@@ -9,11 +9,21 @@ TEST(NatsUrl, ServersAndPrefix) {
     NatsAddress a;
     std::string error;
     ASSERT_TRUE(parse_nats_url("nats://127.0.0.1:4222", &a, &error)) << error;
-    EXPECT_EQ(a.servers, "nats://127.0.0.1:4222");
+    EXPECT_EQ(a.servers, std::vector<std::string>{"nats://127.0.0.1:4222"});
     EXPECT_EQ(a.prefix, "");
-    ASSERT_TRUE(parse_nats_url("nats://u:p@a:1,b:2/outbox.", &a, &error)) << error;
-    EXPECT_EQ(a.servers, "nats://u:p@a:1,nats://b:2");
+    // A list is a URL per server for the client, each with the list's user.
+    ASSERT_TRUE(parse_nats_url("nats://u:p@a:1,b:2,[::1]:3/outbox.", &a, &error)) << error;
+    EXPECT_EQ(a.servers, (std::vector<std::string>{"nats://u:p@a:1", "nats://u:p@b:2", "nats://u:p@[::1]:3"}));
     EXPECT_EQ(a.prefix, "outbox");
+    ASSERT_TRUE(parse_nats_url("nats://TOKEN@a,b", &a, &error)) << error;
+    EXPECT_EQ(a.servers, (std::vector<std::string>{"nats://TOKEN@a", "nats://TOKEN@b"}));
+    // Every server's port is a port.
+    for (const char* bad : {"nats://a:0", "nats://a:99999", "nats://a:notaport", "nats://a,b:65536",
+                            "nats://a:", "nats://:4222", "nats://[::1"}) {
+        EXPECT_FALSE(parse_nats_url(bad, &a, &error)) << bad;
+    }
+    EXPECT_FALSE(parse_nats_url("nats://a:99999", &a, &error));
+    EXPECT_NE(error.find("from 1 to 65535"), std::string::npos) << error;
     ASSERT_TRUE(parse_nats_url("NATS://host/app.events", &a, &error)) << error;
     EXPECT_EQ(a.prefix, "app.events");
     EXPECT_FALSE(parse_nats_url("nats://", &a, &error));
