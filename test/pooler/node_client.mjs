@@ -62,10 +62,10 @@ const runs = new Map();
 const counted = (req) => runs.set(req.path + req.idempotency.key, (runs.get(req.path + req.idempotency.key) ?? 0) + 1);
 const app = express();
 // The slow routes' lease, 3 s, outlasted by their 5 s of work: the heartbeat
-// keeps it. Its beats (every second) share the pool of 3 with 120 requests
-// at once; a lease of 2 s left a beat 1.3 s to get a connection, which a
-// busy machine sometimes did not (the key was taken over, its work ran
-// twice, and fenced).
+// keeps it. Its beats (every second) go on a connection of their own, beside
+// the pool of 3 and its 120 requests at once: sharing the pool, they waited
+// for a connection past the lease on a busy machine (the key was taken
+// over, its work ran twice, and fenced).
 const SLOW_LEASE = 3;
 app.post('/slow', idempotency({ pool, scope: 'pooler.express', wait: 30, lease: SLOW_LEASE }), async (req, res) => {
   counted(req);

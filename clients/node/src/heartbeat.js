@@ -5,13 +5,74 @@
 // Other errors (a dropped connection) are transient; the next beat retries.
 import { HEARTBEAT } from './sql.js';
 
+// The beats of a pg.Pool's claims go through one connection of their own,
+// opened with the pool's settings while a heartbeat runs and closed with
+// the last: through the pool a beat waits behind every request for a
+// connection, and on a busy pool that wait outlasted the lease (the key
+// was taken over and its work ran twice). A pool of another kind (anything
+// with query()) is beaten through.
+const lanes = new WeakMap();
+
+class BeatLane {
+  constructor(pool) {
+    this.pool = pool;
+    this.users = 0;
+    this.client = null;
+    this.connected = null;
+  }
+
+  query(text, values) {
+    if (this.client === null) {
+      const client = new this.pool.Client(this.pool.options);
+      client.on('error', () => this.drop(client));   // a connection lost while idle
+      this.client = client;
+      this.connected = client.connect();
+    }
+    const { client, connected } = this;
+    return connected.then(() => client.query(text, values)).catch((err) => {
+      // An error the server sent leaves the connection usable; any other
+      // (the network, a closed connection) makes the next beat connect anew.
+      if (!(typeof err?.severity === 'string' && typeof err?.code === 'string')) this.drop(client);
+      throw err;
+    });
+  }
+
+  drop(client) {
+    if (this.client !== client) return;
+    this.client = null;
+    client.end().catch(() => {});
+  }
+
+  acquire() {
+    this.users += 1;
+  }
+
+  release() {
+    this.users -= 1;
+    if (this.users === 0 && this.client !== null) this.drop(this.client);
+  }
+}
+
+function laneOf(pool) {
+  if (typeof pool?.Client !== 'function' || typeof pool?.options !== 'object') return null;
+  let lane = lanes.get(pool);
+  if (!lane) {
+    lane = new BeatLane(pool);
+    lanes.set(pool, lane);
+  }
+  return lane;
+}
+
 export class Heartbeat {
   constructor(pool, { key, token, scope, lease }) {
     this.controller = new AbortController();
     this.signal = this.controller.signal;
     this.lost = null;
     this.beat = Promise.resolve();
-    this.renew = () => pool.query(HEARTBEAT, [key, token, lease, scope]);
+    this.lane = laneOf(pool);
+    this.lane?.acquire();
+    const through = this.lane ?? pool;
+    this.renew = () => through.query(HEARTBEAT, [key, token, lease, scope]);
     // A third of the lease, never under 10 ms: an absurdly short lease
     // must not flood the database.
     this.timer = setInterval(() => {
@@ -40,5 +101,10 @@ export class Heartbeat {
   async stop() {
     this.stopTimer();
     await this.beat;
+    if (this.lane) {
+      const lane = this.lane;
+      this.lane = null;
+      lane.release();
+    }
   }
 }

@@ -244,6 +244,30 @@ describe('claim', () => {
     assert.equal((await keyRow(pool, key)).attempts, 1);
   });
 
+  test('the heartbeat is not queued behind a pool whose every connection is taken', async () => {
+    // Through the pool, the beats waited for a connection past the lease:
+    // the key was taken over and its work ran twice.
+    const small = newPool({}, { max: 2 });
+    try {
+      const key = newKey();
+      const outcome = await claim(small, { key, lease: 1 }, async () => {
+        const held = await Promise.all([small.connect(), small.connect()]);
+        try {
+          await sleep(1500);
+          const other = await claim(pool, { key }, async () => assert.fail('ran twice'));
+          await sleep(1000);
+          return other.outcome;
+        } finally {
+          for (const client of held) client.release();
+        }
+      });
+      assert.equal(outcome.result, 'in_progress', JSON.stringify(outcome));
+      assert.equal((await keyRow(pool, key)).attempts, 1);
+    } finally {
+      await small.end();
+    }
+  });
+
   test('without a heartbeat the lease ends; the late worker is fenced and its writes roll back', async () => {
     const key = newKey();
     const late = await claim(pool, { key, lease: 1, heartbeat: false }, async (job) => {

@@ -3,11 +3,11 @@
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 
-export function newPool(settings = {}) {
+export function newPool(settings = {}, poolOptions = {}) {
   // Quick retries for the tests: the first backoff is 50 to 100 ms.
   const options = Object.entries({ 'idempotency.retry_base_delay': '100ms', ...settings })
     .map(([name, value]) => `-c ${name}=${value}`).join(' ');
-  return new pg.Pool({ max: 20, options });
+  return new pg.Pool({ max: 20, options, ...poolOptions });
 }
 
 export const newKey = (prefix = 'key') => `${prefix}-${randomUUID()}`;
