@@ -30,8 +30,14 @@ if [ "$IDEM_EDITION" = cpp ]; then
         example_fail "could not create the database with extension 0.6.0"
     export OLD_DATABASE=clients_old
 fi
-log "clients/node: npm ci"
-example_run timeout 300 npm ci --prefix "$package" --no-audit --no-fund --loglevel=error \
+# A copy of the package (and of the docs its tests read) in this run's
+# folder, with a node_modules of its own: the run against the SQL edition
+# (sql_edition.sh) may go at the same time as this one.
+log "clients/node: a copy, and npm ci"
+copy=$EXAMPLE_DIR/tree/clients/node
+mkdir -p "$copy" && (cd "$package" && tar --exclude=./node_modules -cf - .) | tar -xf - -C "$copy" &&
+    cp -r "$package/../../docs" "$EXAMPLE_DIR/tree/docs" || example_fail "could not copy clients/node"
+example_run timeout 300 npm ci --prefix "$copy" --no-audit --no-fund --loglevel=error \
     >"$EXAMPLE_DIR/npm.log" 2>&1 || { cat "$EXAMPLE_DIR/npm.log" >&2; example_fail "npm ci failed"; }
 log "clients/node: node --test"
-(cd "$package" && example_run timeout 300 npm test --silent) || example_fail "clients/node tests failed"
+(cd "$copy" && example_run timeout 300 npm test --silent) || example_fail "clients/node tests failed"
