@@ -292,8 +292,9 @@ else
     for suite in "${failures[@]}"; do
         out=$(pooled_output "$suite").log
         [ -s "$out" ] || continue
-        echo "--- the last lines of $suite"
-        tail -n 45 "$out"
+        echo "--- what failed in $suite, then its last lines"
+        grep -E '(^|[[:space:]])not ok |--- FAIL|FAILED|DIVERGENCE|[Ee]rror: ' "$out" | head -n 20
+        tail -n 30 "$out"
     done
     echo "failed suites: ${failures[*]} (outputs kept in $stage)"
 fi
