@@ -162,3 +162,14 @@ SELECT task, rows > 0 AS changed FROM idempotency.idem_maintenance() WHERE task 
 SELECT status, last_error, lease_expired FROM idempotency.idem_get('late-fail-2');
 SELECT pg_temp.try($$SELECT idempotency.idem_fail('late-fail-2', pg_temp.tok('g2'), 'late and final', retryable => false)$$);
 SELECT status, last_error, lease_expired FROM idempotency.idem_get('late-fail-2');
+
+-- ---------------------------------------------------------------- tokens grow
+-- A key's next token is greater than its last also where token_seq was set
+-- back below it (the keys' table restored without the sequence): the
+-- sequence is moved past the key's token first ('new' below; before, the
+-- retry got token 2).
+SELECT * FROM pg_temp.show('t1', idempotency.idem_claim('token-grows'));
+SELECT idempotency.idem_fail('token-grows', pg_temp.tok('t1'), 'again', retry_in => '0');
+SELECT setval('idempotency.token_seq', 1);
+SELECT * FROM pg_temp.show('t2', idempotency.idem_claim('token-grows'));
+SELECT nextval('idempotency.token_seq') > pg_temp.tok('t2') AS sequence_past_it;

@@ -113,9 +113,26 @@ bool wait_for_key_lockers(const KeyId& id, Micros timeout) {
     return in_time;
 }
 
+namespace {
+
+// The next token of token_seq, greater than the key's last: a sequence set
+// back below the key's tokens (the keys' table restored without it) is
+// moved past them first, so that a key's tokens always grow.
+std::int64_t token_above(std::optional<std::int64_t> last) {
+    const Oid sequence = extension_objects().token_seq;
+    std::int64_t token = nextval_internal(sequence, false);
+    if (last && token <= *last) {
+        DirectFunctionCall2(setval_oid, ObjectIdGetDatum(sequence), Int64GetDatum(*last));
+        token = nextval_internal(sequence, false);
+    }
+    return token;
+}
+
+}  // namespace
+
 Change grant_claim(KeyRow* key, const StoredKey& stored, const Grant& grant, Micros now,
                    std::int64_t* token, std::int32_t* attempts) {
-    *token = nextval_internal(extension_objects().token_seq, false);
+    *token = token_above(stored.state.token);
     *attempts = stored.state.attempts + 1;
     KeyWrite write = begin_change(key);
     write_grant(&write, stored, grant, now, *token, *attempts);

@@ -156,6 +156,24 @@ BEGIN
 END
 $$;
 
+-- The next token of token_seq, greater than the key's last: a sequence set
+-- back below the key's tokens (the keys' table restored without it) is
+-- moved past them first, so that a key's tokens always grow.
+CREATE FUNCTION idempotency.token_above(last pg_catalog.int8)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    token int8 := nextval('idempotency.token_seq');
+BEGIN
+    IF token <= last THEN
+        PERFORM setval('idempotency.token_seq', last);
+        token := nextval('idempotency.token_seq');
+    END IF;
+    RETURN token;
+END
+$$;
+
 -- A claim's new key, inserted: its token, and its scope and key as written
 -- (a BEFORE trigger may change them); NULLs when a key is there.
 CREATE FUNCTION idempotency.insert_claimed_key(p_scope pg_catalog.text, p_key pg_catalog.text,
@@ -269,7 +287,7 @@ BEGIN
     d := idempotency.decide_claim(k, idempotency.fingerprint_differs(k.fingerprint, fp, request), now);
     IF d.decision IN ('grant', 'takeover') THEN
         UPDATE idempotency.idempotency_keys i
-           SET status = 'PROCESSING', token = nextval('idempotency.token_seq'), attempts = i.attempts + 1,
+           SET status = 'PROCESSING', token = idempotency.token_above(i.token), attempts = i.attempts + 1,
                lease_until = now + lease,
                fingerprint = CASE WHEN i.fingerprint IS NULL THEN fp ELSE i.fingerprint END,
                claimed_at = now, updated_at = now, next_attempt_at = NULL, expires_at = NULL,
