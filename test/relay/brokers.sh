@@ -346,6 +346,30 @@ check "RabbitMQ kill: the $unacked unacked events published again arrived twice 
 run_outage RabbitMQ "$amqp_sink" stop_rabbitmq start_rabbitmq 'RabbitMQ|AMQP' $brokers amqp-dump "$amqp_port" r_outage
 run_drain RabbitMQ "$amqp_sink" $brokers amqp-dump "$amqp_port" r_drain
 
+log "RabbitMQ: a message over max_message_size among others of its group"
+# RabbitMQ closes the channel on it, losing the group's confirms: the big
+# one is dead at its first attempt, the others of other keys delivered.
+rabbitmqctl_test eval 'application:set_env(rabbit, max_message_size, 4096).' >/dev/null ||
+    give_up "cannot set RabbitMQ's max_message_size"
+$brokers amqp-queue "$amqp_port" r_big || give_up "cannot declare queue r_big"
+sql -c "SELECT idempotency.outbox_enqueue('r_big', jsonb_build_object('seq', g, 'pad', repeat('x', CASE WHEN g = 2 THEN 10000 ELSE 10 END)),
+                                          'b' || g) FROM generate_series(1, 4) g" >/dev/null
+start_relay r_big --dsn "$dsn" --sink "$amqp_sink" --topics r_big --lease 5s --http-timeout 1s --progress-interval 0
+if wait_until 60 sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_big' AND state IN ('delivered', 'dead')" 4 &&
+    sql_is "SELECT string_agg(state::text, ',' ORDER BY id) FROM idempotency.outbox WHERE topic = 'r_big'" \
+        "delivered,dead,delivered,delivered" &&
+    sql_is "SELECT attempts FROM idempotency.outbox WHERE topic = 'r_big' AND state = 'dead'" 1; then
+    ok "RabbitMQ max_message_size: the message over it dead at its first attempt, the other keys' delivered"
+else
+    not_ok "RabbitMQ max_message_size: the message over it dead at its first attempt, the other keys' delivered" \
+        "$(sql -c "SELECT id, state, attempts, last_error FROM idempotency.outbox WHERE topic = 'r_big' ORDER BY id")"
+    show_err r_big
+fi
+check "RabbitMQ max_message_size: the dead letter says why" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_big' AND state = 'dead' AND last_error LIKE '%max_message_size%'" 1
+stop_relay "$relay_pid" 20
+rabbitmqctl_test eval 'application:set_env(rabbit, max_message_size, 134217728).' >/dev/null
+
 log "RabbitMQ: unroutable messages and nacks"
 sql -c "SELECT idempotency.outbox_enqueue('r_nowhere', '{\"seq\": 1}', 'n')" >/dev/null
 start_relay unroutable --dsn "$dsn" --sink "$amqp_sink" --topics r_nowhere,r_full --lease 5s \

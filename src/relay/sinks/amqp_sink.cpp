@@ -1,6 +1,7 @@
 #include "relay/sinks/amqp_sink.hpp"
 
 #include "relay/redact.hpp"
+#include "relay/sinks/amqp_size_refusal.hpp"
 #include "relay/sinks/broker_address.hpp"
 
 #ifdef IDEM_RELAY_AMQP
@@ -10,7 +11,9 @@
 #include <cstring>
 #include <strings.h>
 #include <sys/time.h>
+#include <optional>
 #include <unordered_map>
+#include <vector>
 
 // rabbitmq-c 0.12 moved its headers (the old names warn).
 #if __has_include(<rabbitmq-c/amqp.h>)
@@ -122,6 +125,8 @@ public:
         by_tag_.clear();
         by_id_.clear();
         returned_.clear();
+        body_sizes_.clear();
+        for (const Event* event : events) body_sizes_.push_back(event->payload.size());
         // A publish blocks while the broker does not read (a memory or disk
         // alarm blocks publishing connections): the watchdog cuts it at the
         // group's deadline, well before the events' leases end.
@@ -374,6 +379,7 @@ private:
                     reply.reply_type = AMQP_RESPONSE_SERVER_EXCEPTION;
                     reply.reply = frame.payload.method;
                     unconfirmed_ = "RabbitMQ " + reply_text(reply);
+                    refuse_oversized(unconfirmed_, outcomes);
                     // A channel closed on an error (a missing exchange) is not
                     // reopened here: the next group starts on a new connection.
                     disconnect(false);
@@ -381,6 +387,22 @@ private:
                 }
                 default: break;
             }
+        }
+    }
+
+    // A channel closed on a message over max_message_size: the unconfirmed
+    // message of that size is dead (amqp_size_refusal.hpp), not retried with
+    // the others of its group.
+    void refuse_oversized(const std::string& close_text, std::vector<Outcome>* outcomes) {
+        const std::optional<std::size_t> size = refused_message_size(close_text);
+        if (!size) return;
+        for (auto tag = by_tag_.begin(); tag != by_tag_.end();) {
+            if (body_sizes_[tag->second] != *size) {
+                ++tag;
+                continue;
+            }
+            (*outcomes)[tag->second] = Outcome::dead("larger than RabbitMQ's max_message_size: " + close_text);
+            tag = by_tag_.erase(tag);
         }
     }
 
@@ -435,6 +457,7 @@ private:
     std::unordered_map<std::uint64_t, std::size_t> by_tag_;     // published, not yet confirmed
     std::unordered_map<std::int64_t, std::size_t> by_id_;       // event id: slot in the group
     std::unordered_map<std::size_t, std::string> returned_;     // slot: why it came back
+    std::vector<std::size_t> body_sizes_;                         // slot: the message body's bytes
     std::string unconfirmed_;
     const std::string topic_name_ = "X-Outbox-Topic";
     const std::string key_name_ = "X-Outbox-Key";
