@@ -514,15 +514,15 @@ misconfigured "RabbitMQ vhost" "amqp://guest:guest@127.0.0.1:$amqp_port/no-such-
     "RabbitMQ refused the relay's login.*vhost no-such-vhost"
 misconfigured "RabbitMQ exchange" "amqp://guest:guest@127.0.0.1:$amqp_port/?exchange=no-such-exchange" r_badexchange \
     "RabbitMQ has no exchange 'no-such-exchange'"
-# A peer that takes the connection and closes it before any handshake (a
-# load balancer with no broker behind it) is a broker out of reach, not a
-# refused login: the relay goes on, retrying.
+# A peer that takes the connection, reads the protocol header and closes it
+# before any handshake (a load balancer with no broker behind it) is a
+# broker out of reach, not a refused login: the relay goes on, retrying.
 $python -c '
 import socket, sys
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
 print(s.getsockname()[1], flush=True); sys.stdout.close()
 while True:
-    c, _ = s.accept(); c.close()' >"$dir/closer.port" &
+    c, _ = s.accept(); c.recv(8); c.close()' >"$dir/closer.port" &
 closer=$!
 pids+=("$closer")
 wait_until 10 test -s "$dir/closer.port" || give_up "the closing peer did not start"
