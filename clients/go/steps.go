@@ -168,6 +168,12 @@ func (c *Claimed) finishedStep(name string) (result json.RawMessage, done bool, 
 }
 
 func (c *Claimed) runStep(ctx context.Context, tx *sql.Tx, name string, fn StepFunc) (FinishedStep, error) {
+	// The key must still be this claim's before the step's work: a worker
+	// paused past its lease, whose key another took over and finished,
+	// would run again a step that one finished (fenced only at its record).
+	if _, err := tx.ExecContext(ctx, sqlAssertOwner, c.Key, c.Token, c.Scope); err != nil {
+		return FinishedStep{}, wrap(err)
+	}
 	value, err := fn(ctx, tx, c.StepKey(name))
 	if err != nil {
 		return FinishedStep{}, err
@@ -179,10 +185,15 @@ func (c *Claimed) runStep(ctx context.Context, tx *sql.Tx, name string, fn StepF
 	}
 	var n int
 	if err := tx.QueryRowContext(ctx, sqlStep, c.Key, c.Token, name, string(result), c.Scope).Scan(&n); err != nil {
-		if SQLState(err) == "22001" { // the name was checked: the result is too large
+		switch SQLState(err) {
+		case "22001": // the name was checked: the result is too large
 			c.noteUnstorableStep()
 			return FinishedStep{}, unstorableStep(name, fmt.Errorf(
 				"it is larger than the server stores for a step (idempotency.max_step_bytes): %w", err))
+		case "54000": // as at every attempt, after the step's work
+			c.noteUnstorableStep()
+			return FinishedStep{}, unstorableStep(name, fmt.Errorf(
+				"the key holds as many steps as idempotency.max_steps allows: %w", err))
 		}
 		return FinishedStep{}, wrap(err)
 	}

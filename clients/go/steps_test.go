@@ -126,8 +126,15 @@ func TestALateWorkerIsFencedAtItsNextStep(t *testing.T) {
 	if steps := taker.Steps(); !taker.Resumed() || len(steps) != 1 || steps[0].Name != "reserve" || steps[0].Attempt != 1 {
 		t.Fatalf("the takeover's steps: %+v", steps)
 	}
-	if _, err := late.Step(ctx, "charge", write("charge late")); !errors.Is(err, idempotency.ErrFenced) {
+	lateRan := false
+	if _, err := late.Step(ctx, "charge", func(ctx context.Context, tx *sql.Tx, stepKey string) (any, error) {
+		lateRan = true
+		return write("charge late")(ctx, tx, stepKey)
+	}); !errors.Is(err, idempotency.ErrFenced) {
 		t.Fatalf("late step: %v", err)
+	}
+	if lateRan {
+		t.Fatal("the late worker ran a step before it was fenced")
 	}
 	var n int
 	db.QueryRow(`SELECT count(*) FROM go_step_effects WHERE key = $1 AND step = 'charge late'`, key).Scan(&n)
@@ -189,6 +196,34 @@ func TestAStepWhoseResultCannotBeStoredFailsItsKeyForGood(t *testing.T) {
 		if status, _ := keyStatus(t, db, key, "default"); status != "FAILED_FINAL" {
 			t.Fatalf("a step's result in InTx (%s) left the key %s", c.why, status)
 		}
+	}
+}
+
+// A step past idempotency.max_steps (54000) fails its key for good: it
+// would be refused at every attempt, after the step's function ran.
+func TestAStepPastMaxStepsFailsItsKeyForGood(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	runs := 0
+	work := func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+		for i := 0; i <= 32; i++ { // idempotency.max_steps is 32
+			if _, err := job.Step(ctx, fmt.Sprintf("s%d", i), func(context.Context, *sql.Tx, string) (any, error) {
+				runs++
+				return i, nil
+			}); err != nil {
+				return nil, err
+			}
+		}
+		return "done", nil
+	}
+	_, err := idempotency.Run(ctx, db, key, nil, nil, work)
+	var failed *idempotency.Failed
+	if !errors.As(err, &failed) || failed.Retryable || !strings.Contains(failed.Message, "idempotency.max_steps") {
+		t.Fatalf("the step past the limit: %v", err)
+	}
+	if _, err := idempotency.Run(ctx, db, key, nil, nil, work); !errors.As(err, &failed) || !failed.Replayed || runs != 33 {
+		t.Fatalf("a duplicate: %v, the steps ran %d times", err, runs)
 	}
 }
 

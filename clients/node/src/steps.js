@@ -4,7 +4,7 @@
 // step() returns a finished step's stored result instead of running it.
 import { createHash } from 'node:crypto';
 import { FinalError, UnstorableResult } from './errors.js';
-import { STEP, storable } from './sql.js';
+import { ASSERT_OWNER, STEP, storable } from './sql.js';
 import { withTransaction } from './transaction.js';
 
 // The finished steps of a claim's answer (an object name -> { n, attempt,
@@ -50,11 +50,18 @@ export async function runStep(holder, name, fn) {
   const { pool, client = null, key, token, scope, steps } = holder;
   if (steps.has(name)) return steps.get(name).result;
   const record = async (tx) => {
+    // The key must still be this claim's before the step's work: a worker
+    // paused past its lease, whose key another took over and finished,
+    // would run again a step that one finished (fenced only at its record).
+    await tx.query(ASSERT_OWNER, [key, token, scope]);
     const result = (await fn(tx, { key: stepKey(scope, key, name) })) ?? null;
     const { rows: [{ n }] } = await tx.query(STEP, [key, token, name, storable(result), scope]).catch((err) => {
-      // 22001: larger than idempotency.max_step_bytes. Like a result that is
-      // not JSON, it would be so at every attempt, after the step's work.
-      throw err.code === '22001' ? new UnstorableResult(err, 'the step\'s result cannot be stored') : err;
+      // 22001: larger than idempotency.max_step_bytes; 54000: the key holds
+      // idempotency.max_steps steps. Like a result that is not JSON, it
+      // would be so at every attempt, after the step's work.
+      if (err.code === '22001') throw new UnstorableResult(err, 'the step\'s result cannot be stored');
+      if (err.code === '54000') throw new UnstorableResult(err, 'the step cannot be recorded');
+      throw err;
     });
     return { n, result };
   };

@@ -98,6 +98,21 @@ describe('steps', () => {
     }
   });
 
+  test('a step past idempotency.max_steps fails the key for good: it ran once', async () => {
+    // 54000 would come at every attempt, after the step's work.
+    const key = newKey();
+    let runs = 0;
+    const work = async (j) => {
+      for (let i = 0; i <= 32; i += 1) await j.step(`s${i}`, async () => { runs += 1; return i; });
+    };
+    const first = await claim(pool, { key }, work);
+    assert.equal(first.outcome, 'failed');
+    assert.equal(first.retryable, false);
+    assert.match(first.error, /step cannot be recorded/);
+    assert.equal((await claim(pool, { key }, work)).replayed, true);
+    assert.equal(runs, 33);
+  });
+
   test('a step name idem_step refuses fails the key for good before the step runs', async () => {
     for (const name of ['charge card', '', 'x'.repeat(64), 'café']) {
       const key = newKey();
@@ -129,6 +144,7 @@ describe('steps', () => {
     const key = newKey();
     const calls = new Map();
     let takeover;
+    let lateCharged = false;
     const late = await claim(pool, { key, lease: 1, heartbeat: false }, async (j) => {
       await j.step('reserve', async (client) => {
         await client.query('INSERT INTO step_effects VALUES ($1, $2, $3)', [key, 'reserve', 'late']);
@@ -137,11 +153,13 @@ describe('steps', () => {
       await sleep(1200);
       takeover = await claim(pool, { key }, job('taker', calls));
       return j.step('charge', async (client) => {
+        lateCharged = true;
         await client.query('INSERT INTO step_effects VALUES ($1, $2, $3)', [key, 'charge', 'late']);
         return 'late charge';
       });
     });
     assert.equal(late.outcome, 'fenced');
+    assert.equal(lateCharged, false, 'the late worker ran a step the taker had finished');
     assert.equal(takeover.outcome, 'completed');
     assert.deepEqual(takeover.result.finished, ['reserve']);
     assert.equal(takeover.result.reserve, 'reserved');

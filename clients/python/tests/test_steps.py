@@ -97,9 +97,11 @@ def test_a_worker_that_lost_its_key_is_fenced_at_its_next_step(conn, other, admi
             "INSERT INTO effects (key, worker) VALUES (%s, 'reserve late')", (key,)) and "reserved")
         taker = wait_for("the takeover", lambda: (lambda j: j if j.outcome == "completed" else None)(
             idem.run_once(other, key, three_steps("taker", charges))))
-        late.step("charge", lambda s: s.conn.execute(
+        late_ran = []
+        late.step("charge", lambda s: late_ran.append(1) or s.conn.execute(
             "INSERT INTO effects (key, worker) VALUES (%s, 'charge late')", (key,)) and "late")
     assert late.outcome == "fenced"
+    assert late_ran == [], "the late worker ran a step the taker had finished"
     assert taker.result["finished"] == ["reserve"]
     assert sorted(effects(admin, key)) == ["reserve late"]
 
@@ -120,6 +122,19 @@ def test_a_step_whose_result_cannot_be_stored_fails_the_key_for_good(conn, admin
     assert (job.outcome, job.retryable) == ("failed", False) and message in job.error
     assert key_row(admin, key)[0] == "FAILED_FINAL"
     assert idem.run_once(conn, key, work).replayed and len(runs) == 1
+
+
+def test_a_step_past_max_steps_fails_the_key_for_good(conn, admin, new_key):
+    # 54000 would come at every attempt, after the step's work.
+    key, runs = new_key(), []
+
+    def work(job):
+        for i in range(33):     # idempotency.max_steps is 32
+            job.step(f"s{i}", lambda s: runs.append(1) or i)
+    job = idem.run_once(conn, key, work)
+    assert (job.outcome, job.retryable) == ("failed", False) and "step cannot be recorded" in job.error
+    assert key_row(admin, key)[0] == "FAILED_FINAL"
+    assert idem.run_once(conn, key, work).replayed and len(runs) == 33
 
 
 @pytest.mark.parametrize("name", ["charge card", "", "x" * 64, "café"])

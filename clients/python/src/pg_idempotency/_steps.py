@@ -91,6 +91,9 @@ class StepHolder:
         return Step(name, step_key(self.scope, self.key, name), done,
                     self.steps[name]["result"] if done else None)
 
+    def owner(self):
+        return {"key": self.key, "token": self.token, "scope": self.scope}
+
     def params(self, step):
         try:
             result = _sql.jsonb_now(step.result)
@@ -120,9 +123,14 @@ class SyncStep:
 
     def __enter__(self):
         if not self.step.done:
-            self.stack = contextlib.ExitStack()
-            conn = self.stack.enter_context(self.holder.connection())
-            self.stack.enter_context(conn.transaction())
+            with contextlib.ExitStack() as stack:
+                conn = stack.enter_context(self.holder.connection())
+                stack.enter_context(conn.transaction())
+                # The key must still be this claim's before the step's work:
+                # a worker paused past its lease, whose key another took
+                # over and finished, would run again a step that one finished.
+                conn.execute(_sql.ASSERT_OWNER, self.holder.owner())
+                self.stack = stack.pop_all()
             self.step.conn = conn
         return self.step
 
@@ -137,6 +145,8 @@ class SyncStep:
                 n = self.step.conn.execute(_sql.STEP, self.holder.params(self.step)).fetchone()[0]
         except psycopg.errors.StringDataRightTruncation as exc:    # 22001: over idempotency.max_step_bytes
             raise self.holder.unstorable(f"the step's result cannot be stored: {exc}") from exc
+        except psycopg.errors.ProgramLimitExceeded as exc:         # 54000: idempotency.max_steps reached
+            raise self.holder.unstorable(f"the step cannot be recorded: {exc}") from exc
         self.holder.recorded(self.step, n)
         return False
 
@@ -150,9 +160,11 @@ class AsyncStep:
 
     async def __aenter__(self):
         if not self.step.done:
-            self.stack = contextlib.AsyncExitStack()
-            conn = await self.stack.enter_async_context(self.holder.connection())
-            await self.stack.enter_async_context(conn.transaction())
+            async with contextlib.AsyncExitStack() as stack:
+                conn = await stack.enter_async_context(self.holder.connection())
+                await stack.enter_async_context(conn.transaction())
+                await conn.execute(_sql.ASSERT_OWNER, self.holder.owner())   # as SyncStep's
+                self.stack = stack.pop_all()
             self.step.conn = conn
         return self.step
 
@@ -167,6 +179,8 @@ class AsyncStep:
                 row = await (await self.step.conn.execute(_sql.STEP, self.holder.params(self.step))).fetchone()
         except psycopg.errors.StringDataRightTruncation as exc:    # 22001: over idempotency.max_step_bytes
             raise self.holder.unstorable(f"the step's result cannot be stored: {exc}") from exc
+        except psycopg.errors.ProgramLimitExceeded as exc:         # 54000: idempotency.max_steps reached
+            raise self.holder.unstorable(f"the step cannot be recorded: {exc}") from exc
         self.holder.recorded(self.step, row[0])
         return False
 
