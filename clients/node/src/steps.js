@@ -42,13 +42,30 @@ export function stepKey(scope, key, step) {
   return `${step}-${hash.digest('hex').slice(0, 32)}`;
 }
 
+// The steps running now, by holder: a call of a step's name while that
+// step runs (in parallel) takes its result instead of running fn again.
+const running = new WeakMap();
+
 // Runs the step `name` of the key held under `token`, unless it finished:
 // fn(client, { key }) in a transaction (on `client` when one is given, the
 // caller's, else one of the pool's), then its record in that transaction.
 // Resolves to the step's result, the stored one when it had finished.
 export async function runStep(holder, name, fn) {
+  if (holder.steps.has(name)) return holder.steps.get(name).result;
+  let now = running.get(holder);
+  if (!now) running.set(holder, now = new Map());
+  if (now.has(name)) return now.get(name);
+  const step = runNewStep(holder, name, fn);
+  now.set(name, step);
+  try {
+    return await step;
+  } finally {
+    now.delete(name);
+  }
+}
+
+async function runNewStep(holder, name, fn) {
   const { pool, client = null, key, token, scope, steps } = holder;
-  if (steps.has(name)) return steps.get(name).result;
   const record = async (tx) => {
     // The key must still be this claim's before the step's work: a worker
     // paused past its lease, whose key another took over and finished,

@@ -140,6 +140,18 @@ describe('steps', () => {
     assert.deepEqual(outcome.result, { a: { n: 1 }, b: { n: 1 }, steps: 1 });
   });
 
+  test('a step called twice in parallel runs once; both calls get its result', async () => {
+    const key = newKey();
+    let runs = 0;
+    const outcome = await claim(pool, { key }, async (j) => {
+      const charge = async () => { runs += 1; await sleep(50); return { charged: runs }; };
+      return Promise.all([j.step('charge', charge), j.step('charge', charge)]);
+    });
+    assert.equal(outcome.outcome, 'completed', JSON.stringify(outcome));
+    assert.deepEqual(outcome.result, [{ charged: 1 }, { charged: 1 }]);
+    assert.equal(runs, 1);
+  });
+
   test('a worker whose key was taken over is fenced at its next step, which rolls back', async () => {
     const key = newKey();
     const calls = new Map();
