@@ -69,6 +69,9 @@ func Claim(ctx context.Context, db *sql.DB, key string, request any, opts *Claim
 // caller leaves at once with ctx's error; the statement ends on its own
 // (within claimAfterCallerLeft) and a claim it made is released.
 func claimTry(ctx context.Context, db *sql.DB, key string, req any, o ClaimOptions) (tryResult, error) {
+	if err := ctx.Err(); err != nil { // nothing sent yet: nothing to give back
+		return tryResult{}, err
+	}
 	statement, cut := context.WithCancel(withoutCancel{ctx})
 	answer := make(chan waitAnswer, 1)
 	go func() {
