@@ -40,6 +40,7 @@ const sqlHeartbeat = `SELECT idempotency.idem_heartbeat($1, $2::bigint,
 
 const sqlRelease = `SELECT idempotency.idem_release($1, $2::bigint, scope => $3)`
 
+const sqlStepRecorded = `SELECT ((idempotency.idem_get($1, $2)).steps -> $3)::text`
 const sqlAssertOwner = `SELECT idempotency.idem_assert_owner($1, $2::bigint, scope => $3)`
 
 // A finished step of multi-step work, recorded in the step's transaction.

@@ -141,16 +141,31 @@ func (c *Claimed) Step(ctx context.Context, name string, fn StepFunc) (json.RawM
 }
 
 // StepTx is Step inside tx, the caller's transaction (in the middleware's
-// transaction mode, TxOf's): the step's record commits with it.
+// transaction mode, TxOf's): the step's record commits with it. It is not
+// remembered as finished, since tx may still roll back (a serialization
+// failure the caller retries in another transaction) and the step with it:
+// a step already recorded is read from the key, as tx sees it.
 func (c *Claimed) StepTx(ctx context.Context, tx *sql.Tx, name string, fn StepFunc) (json.RawMessage, error) {
 	if result, done, err := c.finishedStep(name); done || err != nil {
 		return result, err
+	}
+	var recorded sql.NullString
+	if err := tx.QueryRowContext(ctx, sqlStepRecorded, c.Key, c.Scope, name).Scan(&recorded); err != nil {
+		return nil, wrap(err)
+	}
+	if recorded.Valid {
+		var stored struct {
+			Result json.RawMessage `json:"result"`
+		}
+		if err := json.Unmarshal([]byte(recorded.String), &stored); err != nil {
+			return nil, fmt.Errorf("idempotency: step %q as recorded: %w", name, err)
+		}
+		return stored.Result, nil
 	}
 	step, err := c.runStep(ctx, tx, name, fn)
 	if err != nil {
 		return nil, err
 	}
-	c.recorded(step)
 	return step.Result, nil
 }
 

@@ -199,6 +199,65 @@ func TestAStepWhoseResultCannotBeStoredFailsItsKeyForGood(t *testing.T) {
 	}
 }
 
+// A step in the caller's transaction that rolls back is not taken as
+// finished: the retry in another transaction runs it again, and a later
+// call after that one committed gets its stored result. It was remembered
+// before the commit, and the retry skipped it (the key completed without
+// the step, its writes gone).
+func TestAStepTxRolledBackRunsAgain(t *testing.T) {
+	db := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	mustExec(t, db, `CREATE TABLE IF NOT EXISTS go_step_effects (key text, step text)`)
+	key := newKey(t)
+	r, err := idempotency.Claim(ctx, db, key, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := r.(*idempotency.Claimed)
+	runs := 0
+	charge := func(ctx context.Context, tx *sql.Tx, _ string) (any, error) {
+		runs++
+		_, err := tx.ExecContext(ctx, `INSERT INTO go_step_effects VALUES ($1, 'charge')`, key)
+		return map[string]int{"try": runs}, err
+	}
+	inTx := func(commit bool) string {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		result, err := job.StepTx(ctx, tx, "charge", charge)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			err = tx.Commit()
+		} else {
+			err = tx.Rollback()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(result)
+	}
+	if got := inTx(false); got != `{"try":1}` {
+		t.Fatalf("first try: %s", got)
+	}
+	if got := inTx(true); got != `{"try":2}` {
+		t.Fatalf("the retry after the rollback: %s (the step ran %d times)", got, runs)
+	}
+	if got := inTx(true); (got != `{"try": 2}` && got != `{"try":2}`) || runs != 2 {
+		t.Fatalf("after the commit: %s, the step ran %d times", got, runs)
+	}
+	var n int
+	db.QueryRow(`SELECT count(*) FROM go_step_effects WHERE key = $1 AND step = 'charge'`, key).Scan(&n)
+	if n != 1 {
+		t.Fatalf("%d charges written", n)
+	}
+	if err := job.Complete(ctx, "done"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A step past idempotency.max_steps (54000) fails its key for good: it
 // would be refused at every attempt, after the step's function ran.
 func TestAStepPastMaxStepsFailsItsKeyForGood(t *testing.T) {

@@ -124,6 +124,28 @@ def test_a_step_whose_result_cannot_be_stored_fails_the_key_for_good(conn, admin
     assert idem.run_once(conn, key, work).replayed and len(runs) == 1
 
 
+def test_a_step_in_a_transaction_that_rolls_back_runs_again(conn, admin, new_key):
+    # Remembered as finished before the caller's transaction committed, the
+    # step was skipped by the retry (the key completed without it).
+    key, runs = new_key(), []
+
+    def charge(s):
+        runs.append(1)
+        s.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'charge')", (key,))
+        return {"try": len(runs)}
+    with idem.claim(conn, key) as job:
+        with pytest.raises(RuntimeError):
+            with conn.transaction():
+                assert job.step("charge", charge) == {"try": 1}
+                raise RuntimeError("a serialization failure, say")
+        with conn.transaction():
+            assert job.step("charge", charge) == {"try": 2}
+        assert job.step("charge", charge) == {"try": 2}     # recorded: not run again
+        job.result = "done"
+    assert job.outcome == "completed" and len(runs) == 2
+    assert effects(admin, key) == ["charge"]
+
+
 def test_a_step_past_max_steps_fails_the_key_for_good(conn, admin, new_key):
     # 54000 would come at every attempt, after the step's work.
     key, runs = new_key(), []

@@ -70,6 +70,10 @@ HEARTBEAT = """SELECT idempotency.idem_heartbeat(%(key)s, %(token)s,
                                     extend => make_interval(secs => %(lease)s), scope => %(scope)s)"""
 RELEASE = "SELECT idempotency.idem_release(%(key)s, %(token)s, scope => %(scope)s)"
 ASSERT_OWNER = "SELECT idempotency.idem_assert_owner(%(key)s, %(token)s, scope => %(scope)s)"
+# Before a step's work: the key must still be the claim's, and the step as
+# recorded when it was (in a transaction of the caller's, or since).
+STEP_BEGIN = ("SELECT (idempotency.idem_get(%(key)s, %(scope)s)).steps -> %(step)s"
+              "  FROM (SELECT idempotency.idem_assert_owner(%(key)s, %(token)s, scope => %(scope)s)) owner")
 STEP = "SELECT idempotency.idem_step(%(key)s, %(token)s, %(step)s, %(result)s, scope => %(scope)s)"
 
 ENQUEUE = """SELECT idempotency.outbox_enqueue(%(topic)s, %(payload)s, key => %(key)s, headers => %(headers)s,

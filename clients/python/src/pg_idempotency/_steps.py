@@ -18,6 +18,7 @@ import hashlib
 import re
 
 import psycopg
+from psycopg import pq
 
 from . import _sql
 from .errors import FinalError, UnstorableResult
@@ -91,8 +92,8 @@ class StepHolder:
         return Step(name, step_key(self.scope, self.key, name), done,
                     self.steps[name]["result"] if done else None)
 
-    def owner(self):
-        return {"key": self.key, "token": self.token, "scope": self.scope}
+    def owner(self, step):
+        return {"key": self.key, "token": self.token, "scope": self.scope, "step": step.name}
 
     def params(self, step):
         try:
@@ -112,6 +113,17 @@ class StepHolder:
     def recorded(self, step, n):
         self.steps[step.name] = {"n": n, "attempt": self.attempt, "result": step.result}
 
+    def begun(self, step, outer, recorded):
+        """What STEP_BEGIN found: a step already recorded is done, with its
+        stored result (remembered unless a transaction of the caller's,
+        which may still roll back, holds it)."""
+        if recorded is None:
+            return False
+        step.done, step.result = True, recorded["result"]
+        if not outer:
+            self.steps[step.name] = recorded
+        return True
+
 
 class SyncStep:
     """``with holder's step(name) as s``: a transaction on the holder's
@@ -120,16 +132,22 @@ class SyncStep:
     def __init__(self, holder, name):
         self.holder, self.step = holder, holder.begin(name)
         self.stack = None
+        self.outer = False
 
     def __enter__(self):
         if not self.step.done:
             with contextlib.ExitStack() as stack:
                 conn = stack.enter_context(self.holder.connection())
+                # A step in a transaction of the caller's is remembered as
+                # finished only by the key: that transaction may roll back.
+                self.outer = conn.info.transaction_status != pq.TransactionStatus.IDLE
                 stack.enter_context(conn.transaction())
                 # The key must still be this claim's before the step's work:
                 # a worker paused past its lease, whose key another took
                 # over and finished, would run again a step that one finished.
-                conn.execute(_sql.ASSERT_OWNER, self.holder.owner())
+                recorded = conn.execute(_sql.STEP_BEGIN, self.holder.owner(self.step)).fetchone()[0]
+                if self.holder.begun(self.step, self.outer, recorded):
+                    return self.step
                 self.stack = stack.pop_all()
             self.step.conn = conn
         return self.step
@@ -147,7 +165,8 @@ class SyncStep:
             raise self.holder.unstorable(f"the step's result cannot be stored: {exc}") from exc
         except psycopg.errors.ProgramLimitExceeded as exc:         # 54000: idempotency.max_steps reached
             raise self.holder.unstorable(f"the step cannot be recorded: {exc}") from exc
-        self.holder.recorded(self.step, n)
+        if not self.outer:
+            self.holder.recorded(self.step, n)
         return False
 
 
@@ -157,13 +176,17 @@ class AsyncStep:
     def __init__(self, holder, name):
         self.holder, self.step = holder, holder.begin(name)
         self.stack = None
+        self.outer = False
 
     async def __aenter__(self):
-        if not self.step.done:
+        if not self.step.done:      # as SyncStep's
             async with contextlib.AsyncExitStack() as stack:
                 conn = await stack.enter_async_context(self.holder.connection())
+                self.outer = conn.info.transaction_status != pq.TransactionStatus.IDLE
                 await stack.enter_async_context(conn.transaction())
-                await conn.execute(_sql.ASSERT_OWNER, self.holder.owner())   # as SyncStep's
+                cur = await conn.execute(_sql.STEP_BEGIN, self.holder.owner(self.step))
+                if self.holder.begun(self.step, self.outer, (await cur.fetchone())[0]):
+                    return self.step
                 self.stack = stack.pop_all()
             self.step.conn = conn
         return self.step
@@ -181,7 +204,8 @@ class AsyncStep:
             raise self.holder.unstorable(f"the step's result cannot be stored: {exc}") from exc
         except psycopg.errors.ProgramLimitExceeded as exc:         # 54000: idempotency.max_steps reached
             raise self.holder.unstorable(f"the step cannot be recorded: {exc}") from exc
-        self.holder.recorded(self.step, row[0])
+        if not self.outer:
+            self.holder.recorded(self.step, row[0])
         return False
 
 
