@@ -291,9 +291,11 @@ if [ "$failed" -eq 0 ]; then
 else
     for suite in "${failures[@]}"; do
         out=$(pooled_output "$suite").log
+        [ -s "$out" ] || out=$(pooled_output "test/$suite").log  # a TAP file
         [ -s "$out" ] || continue
         echo "--- what failed in $suite, then its last lines"
         grep -E '(^|[[:space:]])not ok |--- FAIL|FAILED|DIVERGENCE|[Ee]rror: ' "$out" | head -n 20
+        grep -A 4 '^#   Failed test' "$out" | head -n 40
         tail -n 30 "$out"
     done
     echo "failed suites: ${failures[*]} (outputs kept in $stage)"
