@@ -10,6 +10,7 @@ from collections import Counter
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from starlette.testclient import TestClient
@@ -662,3 +663,34 @@ def test_transaction_mode_with_wait_replays_to_waiting_duplicates(new_key, admin
     assert [a.status_code for a in answers] == [201] * 12
     assert sum(a.headers.get("idempotent-replayed") == "true" for a in answers) == 11
     assert runs[key] == 1 and effects(admin, key) == ["tx-wait"]
+
+
+def test_the_heartbeat_is_not_queued_behind_a_pool_whose_every_connection_is_taken(new_key, admin):
+    # Through the pool, the beats waited for a connection past the lease:
+    # the key was taken over and its work ran twice.
+    key = new_key()
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=2,
+                                       max_size=2) as pool:
+            app = FastAPI()
+
+            @app.post("/hold")
+            async def hold(request: Request):
+                ctx = request.state.idempotency
+                runs[ctx.key] += 1
+                async with pool.connection(), pool.connection():
+                    await asyncio.sleep(1.5)
+                    async with await psycopg.AsyncConnection.connect(options=SETTINGS, autocommit=True) as other:
+                        claimed = await other.execute(
+                            "SELECT outcome::text FROM idempotency.idem_claim(%s, scope => 'asgi.hold')", (ctx.key,))
+                        outcome = (await claimed.fetchone())[0]
+                    await asyncio.sleep(1.0)
+                return JSONResponse({"other": outcome}, status_code=201)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.hold", lease=1)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+                return await client.post("/hold", headers={"idempotency-key": key}, content="{}")
+    answer = asyncio.run(main())
+    assert answer.status_code == 201 and answer.json() == {"other": "in_progress"}, answer.text
+    assert key_row(admin, key, "asgi.hold") == ("COMPLETED", 1)
+    assert runs[key] == 1

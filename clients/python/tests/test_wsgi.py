@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from psycopg_pool import ConnectionPool
 
-from conftest import SETTINGS, effects, expire_result, key_row
+from conftest import SETTINGS, connect, effects, expire_result, key_row
 
 flask = pytest.importorskip("flask", reason="python3-flask is not installed")
 from pg_idempotency.flask import Idempotency, context  # noqa: E402
@@ -239,6 +239,30 @@ def test_flask_a_classify_that_raises_records_by_default_and_is_logged(flask_app
     assert runs[key] == 1
     assert any("classify raised" in r.getMessage() and "classify is broken" in (r.exc_text or "")
                for r in caplog.records)
+
+
+def test_flask_the_heartbeat_is_not_queued_behind_a_pool_whose_every_connection_is_taken(admin):
+    # Through the pool, the beats waited for a connection past the lease:
+    # the key was taken over and its work ran twice.
+    key = f"f-{uuid.uuid4()}"
+    with ConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=2, max_size=2) as small:
+        app = flask.Flask("hold")
+        Idempotency(app, pool=small, scope="flask.hold", paths=["/hold"], lease=1)
+
+        @app.post("/hold")
+        def hold():
+            runs[context().key] += 1
+            with small.connection(), small.connection():
+                time.sleep(1.5)
+                with connect(autocommit=True) as other:
+                    outcome = other.execute("SELECT outcome::text FROM idempotency.idem_claim(%s, scope => 'flask.hold')",
+                                            (key,)).fetchone()[0]
+                time.sleep(1.0)
+            return flask.jsonify(other=outcome), 201
+        answer = post(app.test_client(), "/hold", key)
+    assert answer.status_code == 201 and answer.get_json() == {"other": "in_progress"}, answer.data
+    assert key_row(admin, key, "flask.hold") == ("COMPLETED", 1)
+    assert runs[key] == 1
 
 
 def test_django(pool):

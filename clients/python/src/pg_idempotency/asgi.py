@@ -28,6 +28,7 @@ from typing import Any, Optional
 import psycopg
 
 from . import _record, _sql
+from ._beat_lane import alane_of
 from ._options import header_name, scope_name, seconds
 from ._state import JobState, dict_cursor
 from ._steps import AsyncStep, StepHolder, arun_step, step_key
@@ -237,11 +238,17 @@ class IdempotencyMiddleware:
         async def record(sql, **params):
             await _record.arecord(pool, job, sql, job.params(**params))
 
+        lane = alane_of(pool)
+
         async def renew():   # a lost beat: the next one tries again
+            if lane is not None:
+                return await lane.beat(job.params())
             async with pool.connection() as conn:
                 await conn.execute(_sql.HEARTBEAT, job.params())
         done = self.owners.hold(job)
         published = None        # what the duplicates waiting in this process are answered
+        if lane is not None:
+            lane.acquire()
         beat, stopping = start_beat(job, renew)
         recorder = _Recorder()
         try:
@@ -292,6 +299,8 @@ class IdempotencyMiddleware:
                     self.hooks.fenced(job, **self._http(scope, response.status))
         finally:
             stopping.set()
+            if lane is not None:
+                lane.release()
             self.owners.release(job, done, published)
         await _send(send, response)
 

@@ -13,6 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from . import _record, _sql
+from ._beat_lane import lane_of
 from ._options import header_name, scope_name, seconds
 from ._state import JobState
 from ._steps import StepHolder, SyncStep, run_step
@@ -181,12 +182,18 @@ class SyncIdempotency:
         def record(sql, **params):
             _record.record(pool, job, sql, job.params(**params))
 
+        lane = lane_of(pool)
+
         def renew():   # a lost beat: the next one tries again
+            if lane is not None:
+                return lane.beat(job.params())
             with pool.connection() as conn:
                 conn.execute(_sql.HEARTBEAT, job.params())
         done = self.owners.hold(job)
         published = None        # what the duplicates waiting in this process are answered
         beat = _Beat(job, renew)
+        if lane is not None:
+            lane.acquire()
         beat.start()
         try:
             try:
@@ -228,6 +235,8 @@ class SyncIdempotency:
                     self.hooks.fenced(job, status=response.status, **http)
         finally:
             beat.stopping.set()
+            if lane is not None:
+                lane.release()
             self.owners.release(job, done, published)
         return response
 
