@@ -28,6 +28,12 @@ type ClaimOptions struct {
 	Wait time.Duration
 	// NoHeartbeat: Run and the middleware do not renew the lease.
 	NoHeartbeat bool
+	// Heartbeats: the pool the heartbeat renews the lease through (nil:
+	// the claim's). Give a pool of its own where the application's has a
+	// limit (SetMaxOpenConns) that its handlers can fill: there a beat
+	// waits for a connection behind them, and one that waits past the
+	// lease lets another worker take the key over while the work runs on.
+	Heartbeats *sql.DB
 }
 
 const defaultLease = 30 * time.Second
@@ -105,6 +111,7 @@ const claimAfterCallerLeft = 10 * time.Second
 
 // claimStatement runs idem_claim; a claim it makes comes with its release.
 func claimStatement(ctx context.Context, db *sql.DB, key string, req any, o ClaimOptions) (tryResult, error) {
+	started := time.Now()
 	r, err := claimOnce(ctx, db, key, req, o)
 	if err != nil {
 		return tryResult{}, err
@@ -113,7 +120,7 @@ func claimStatement(ctx context.Context, db *sql.DB, key string, req any, o Clai
 	if !ok {
 		return tryResult{res: r}, nil
 	}
-	c.db = db
+	c.db, c.beats, c.leaseEnds = db, o.Heartbeats, started.Add(c.Lease)
 	release := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -308,6 +309,41 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 	})
 	if err != nil || string(done.Result) != `"kept"` {
 		t.Fatalf("%#v %v", done, err)
+	}
+}
+
+// A pool whose every connection the work holds: the heartbeat goes through
+// ClaimOptions.Heartbeats, not behind the work in the pool, and keeps the
+// lease. Through the pool (no Heartbeats) the beats wait past the lease and
+// another claim takes the key over while the work runs on.
+func TestHeartbeatsThroughAPoolOfTheirOwn(t *testing.T) {
+	small := openDB(t)
+	small.SetMaxOpenConns(2)
+	beats := openDB(t)
+	other := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	opts := &idempotency.ClaimOptions{Lease: time.Second, Heartbeats: beats}
+	runs := 0
+	done, err := idempotency.Run(ctx, small, key, nil, opts, func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+		runs++
+		for i := 0; i < 2; i++ {
+			held, err := small.Conn(ctx)
+			if err != nil {
+				return nil, err
+			}
+			defer held.Close()
+		}
+		time.Sleep(1500 * time.Millisecond)
+		r, err := idempotency.Claim(ctx, other, key, nil, &idempotency.ClaimOptions{Lease: time.Second})
+		if err != nil {
+			return nil, err
+		}
+		time.Sleep(1000 * time.Millisecond)
+		return fmt.Sprintf("%T", r), nil
+	})
+	if err != nil || string(done.Result) != `"*idempotency.InProgress"` || runs != 1 {
+		t.Fatalf("%#v %v (runs %d)", done, err, runs)
 	}
 }
 

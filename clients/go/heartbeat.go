@@ -12,7 +12,8 @@ import (
 // is no longer PROCESSING, IK003; LeaseLost says which) or ctx ends, and a
 // stop function that ends the heartbeat and waits for it. The heartbeat
 // also stops with ctx. Other errors (a dropped connection) are transient:
-// the next beat tries again.
+// the next beat tries again. It runs through ClaimOptions.Heartbeats when
+// the claim was given one.
 func (c *Claimed) KeepAlive(ctx context.Context) (context.Context, func()) {
 	return c.keepAlive(ctx, nil)
 }
@@ -21,6 +22,10 @@ func (c *Claimed) KeepAlive(ctx context.Context) (context.Context, func()) {
 // for another reason than a lost lease.
 func (c *Claimed) keepAlive(ctx context.Context, failed func(error)) (context.Context, func()) {
 	work, cancel := context.WithCancel(ctx)
+	db := c.beats
+	if db == nil {
+		db = c.db
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -32,7 +37,13 @@ func (c *Claimed) keepAlive(ctx context.Context, failed func(error)) (context.Co
 				return
 			case <-ticker.C:
 			}
-			_, err := c.db.ExecContext(work, sqlHeartbeat, c.Key, c.Token, c.Lease.Seconds(), c.Scope)
+			started := time.Now()
+			_, err := db.ExecContext(work, sqlHeartbeat, c.Key, c.Token, c.Lease.Seconds(), c.Scope)
+			if err == nil {
+				c.mu.Lock()
+				c.leaseEnds = started.Add(c.Lease)
+				c.mu.Unlock()
+			}
 			if err = wrap(err); errors.Is(err, ErrFenced) || errors.Is(err, ErrWrongState) {
 				c.mu.Lock()
 				c.lost = err

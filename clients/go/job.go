@@ -22,13 +22,15 @@ type Claimed struct {
 	Attempt int // 1 the first time
 	Lease   time.Duration
 
-	db       *sql.DB
-	mu       sync.Mutex
-	lost     error  // set by the heartbeat when the lease is lost
-	finished string // "completed" or "released" once recorded
-	result   []byte
-	steps    map[string]FinishedStep // multi-step work: the steps finished so far (steps.go)
-	resumed  bool                    // the claim resumed after steps an earlier attempt finished
+	db        *sql.DB
+	beats     *sql.DB // the heartbeat's pool; nil: db
+	mu        sync.Mutex
+	lost      error     // set by the heartbeat when the lease is lost
+	leaseEnds time.Time // at the latest, as the claim or the last beat set it (zero: unknown)
+	finished  string    // "completed" or "released" once recorded
+	result    []byte
+	steps     map[string]FinishedStep // multi-step work: the steps finished so far (steps.go)
+	resumed   bool                    // the claim resumed after steps an earlier attempt finished
 	// a step's result could not be stored (steps.go): the middleware then
 	// fails the key for good, whatever the handler answered
 	unstorableStep bool
@@ -38,7 +40,7 @@ type Claimed struct {
 // key and token), to heartbeat, fence, complete or fail it.
 func Resume(db *sql.DB, key string, token int64, opts *ClaimOptions) *Claimed {
 	o := opts.normalized()
-	return &Claimed{Key: key, Scope: o.Scope, Token: token, Attempt: 1, Lease: o.Lease, db: db}
+	return &Claimed{Key: key, Scope: o.Scope, Token: token, Attempt: 1, Lease: o.Lease, db: db, beats: o.Heartbeats}
 }
 
 // AssertOwner fences tx: ErrFenced unless the key is still this claim's;
@@ -55,7 +57,7 @@ func (c *Claimed) Complete(ctx context.Context, result any) error {
 	if err != nil {
 		return err
 	}
-	lost, err := retryLost(ctx, func(ctx context.Context) error { return c.completeWith(ctx, c.db, value) })
+	lost, err := retryLost(ctx, c.patience(), func(ctx context.Context) error { return c.completeWith(ctx, c.db, value) })
 	if lost && errors.Is(err, ErrWrongState) {
 		if _, stored, ok := c.recordedByThisClaim(ctx, "COMPLETED"); ok {
 			c.recordFinished("completed", stored)
@@ -183,7 +185,7 @@ func (c *Claimed) Transaction(ctx context.Context, fn func(tx *sql.Tx) (any, err
 // again (record.go).
 func (c *Claimed) Fail(ctx context.Context, cause error) (*Failed, error) {
 	var failed *Failed
-	lost, err := retryLost(ctx, func(ctx context.Context) (err error) {
+	lost, err := retryLost(ctx, c.patience(), func(ctx context.Context) (err error) {
 		failed, err = c.failOnce(ctx, cause)
 		return err
 	})

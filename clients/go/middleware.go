@@ -90,6 +90,9 @@ type MiddlewareOptions struct {
 	// ExpiredProblem, a 410, unless set.
 	ExpiredResponse                            func(key string) Response
 	OnReplay, OnConflict, OnMismatch, OnFenced func(Event)
+	// Heartbeats: the pool the claim mode's heartbeats go through (nil:
+	// the middleware's); see ClaimOptions.Heartbeats.
+	Heartbeats *sql.DB
 	// OnError hears each error the middleware keeps from the client: a
 	// claim or a record that failed (answered with a 500), a heartbeat that
 	// failed; wrapped with the key and what was being done. nil: log.Print.
@@ -275,7 +278,7 @@ func (o *MiddlewareOptions) check() error {
 // begin claims (or registers) the key as the mode says. Register mode does
 // not wait: its key waits for a worker, not for another request.
 func (o *MiddlewareOptions) begin(ctx context.Context, db *sql.DB, key string, req any) (tryResult, error) {
-	claim := ClaimOptions{Scope: o.Scope, Lease: o.Lease}
+	claim := ClaimOptions{Scope: o.Scope, Lease: o.Lease, Heartbeats: o.Heartbeats}
 	switch o.Mode {
 	case ModeTransaction:
 		return claimWaiting(ctx, db, waitID("transaction", key, req, claim), o.Wait, func(ctx context.Context) (tryResult, error) {
@@ -311,7 +314,7 @@ func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next h
 		// The handler panicked: the key fails retryably (for good after a
 		// step whose result could not be stored), the panic goes on.
 		stop()
-		record, cancel := recordingContext(r.Context())
+		record, cancel := job.recordingContext(r.Context())
 		defer cancel()
 		cause := Retry(errors.New("the handler panicked"), o.RetryIn)
 		if job.hadUnstorableStep() {
@@ -355,7 +358,7 @@ const tooLargeMessage = "the response is larger than the server stores (idempote
 var errTooLarge = errors.New("idempotency: " + tooLargeMessage)
 
 func (o *MiddlewareOptions) record(ctx context.Context, job *Claimed, resp Response) error {
-	record, cancel := recordingContext(ctx)
+	record, cancel := job.recordingContext(ctx)
 	defer cancel()
 	doc, err := encodeResponse(resp)
 	if err != nil {

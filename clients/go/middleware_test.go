@@ -264,3 +264,43 @@ func TestMiddlewareAnswers410OnceTheResponseExpired(t *testing.T) {
 		t.Fatalf("OnReplay: %#v", replays)
 	}
 }
+
+// The middleware's heartbeats go through MiddlewareOptions.Heartbeats: a
+// handler that holds every connection of its pool for 2.5 leases still
+// holds a live lease. Through the pool, its beats wait behind it and the
+// lease ends.
+func TestMiddlewareHeartbeatsThroughAPoolOfTheirOwn(t *testing.T) {
+	small := openDB(t)
+	small.SetMaxOpenConns(2)
+	admin := adminDB(t)
+	var runs atomic.Int64
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		for i := 0; i < 2; i++ {
+			held, err := small.Conn(r.Context())
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			defer held.Close()
+		}
+		time.Sleep(2500 * time.Millisecond)
+		var live bool
+		err := admin.QueryRowContext(r.Context(), `SELECT coalesce(lease_until > now(), false)
+		  FROM idempotency.idempotency_keys WHERE scope = 'go.beats' AND key = $1`,
+			idempotency.ClaimOf(r.Context()).Key).Scan(&live)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "lease live: %v", live)
+	})
+	server := httptest.NewServer(idempotency.Middleware(small, &idempotency.MiddlewareOptions{
+		Scope: "go.beats", Lease: time.Second, Heartbeats: openDB(t)})(handler))
+	defer server.Close()
+	got := post(t, server.URL, newKey(t), `{}`)
+	if got.status != http.StatusCreated || string(got.body) != "lease live: true" || runs.Load() != 1 {
+		t.Fatalf("%d %s (runs %d)", got.status, got.body, runs.Load())
+	}
+}

@@ -9,13 +9,35 @@ import (
 )
 
 // Complete and Fail outlive a brief loss of the database (a restart, a
-// dropped connection): a record lost that way would leave the key held
-// until its lease ends, and its work would run again. They try again for
-// up to recordPatience. A try whose answer was lost may have committed:
-// the next one then finds the key no longer PROCESSING (IK003), and the
-// key itself says whether this claim's record is the one it holds.
+// dropped connection) and a wait for a busy pool: a record lost that way
+// would leave the key held until its lease ends, and its work would run
+// again. They try again for up to recordPatience, or until the claim's
+// lease ends when that is later: until then the key is the claim's to
+// record, and a record given up leaves it to run again. A try whose answer
+// was lost may have committed: the next one then finds the key no longer
+// PROCESSING (IK003), and the key itself says whether this claim's record
+// is the one it holds.
 
-const recordPatience = 10 * time.Second
+var recordPatience = 10 * time.Second
+
+// patience: how long a record of this claim keeps trying.
+func (c *Claimed) patience() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if left := time.Until(c.leaseEnds); left > recordPatience {
+		return left
+	}
+	return recordPatience
+}
+
+// recordingContext: the end of the work is recorded even when ctx is
+// cancelled before or while it is (a stopping worker, a client that went
+// away), within the record's patience: a record cut short would leave the
+// key held, and its work run again once the lease ends. The values of ctx
+// are kept.
+func (c *Claimed) recordingContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(withoutCancel{ctx}, c.patience())
+}
 
 // lostConnection: the statement may not have reached the server, or its
 // answer did not come back (no SQLSTATE: the network, a closed connection;
@@ -29,10 +51,10 @@ func lostConnection(err error) bool {
 }
 
 // retryLost runs try until it does not fail with a lost connection, for at
-// most recordPatience or until ctx ends, 100 ms apart, twice as long each
-// time up to 1 s. lost: a try before the last lost its connection.
-func retryLost(ctx context.Context, try func(context.Context) error) (lost bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, recordPatience)
+// most patience or until ctx ends, 100 ms apart, twice as long each time up
+// to 1 s. lost: a try before the last lost its connection.
+func retryLost(ctx context.Context, patience time.Duration, try func(context.Context) error) (lost bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, patience)
 	defer cancel()
 	pause := 100 * time.Millisecond
 	for {

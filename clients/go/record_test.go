@@ -80,3 +80,26 @@ func TestRunRecordWhoseAnswerWasLost(t *testing.T) {
 		t.Fatalf("the failed key is %s after %d attempts", status, attempts)
 	}
 }
+
+// A record waits for a busy pool while the claim's lease lasts, beyond its
+// least patience (10 s; here 0.5 s): given up, it would leave the key held
+// until the lease ends, and the work would run again.
+func TestARecordWaitsForABusyPoolWhileTheLeaseLasts(t *testing.T) {
+	defer idempotency.SetRecordPatience(500 * time.Millisecond)()
+	small := openDB(t)
+	small.SetMaxOpenConns(1)
+	ctx := testContext(t, 30*time.Second)
+	opts := &idempotency.ClaimOptions{Lease: 5 * time.Second, NoHeartbeat: true}
+	done, err := idempotency.Run(ctx, small, newKey(t), nil, opts, func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+		// Another request takes the pool's only connection for 1.5 s.
+		conn, err := small.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		time.AfterFunc(1500*time.Millisecond, func() { conn.Close() })
+		return "done", nil
+	})
+	if err != nil || string(done.Result) != `"done"` {
+		t.Fatalf("%#v %v", done, err)
+	}
+}

@@ -44,7 +44,7 @@ func Run(ctx context.Context, db *sql.DB, key string, request any, opts *ClaimOp
 	}
 	value, workErr := runWork(workCtx, job, work, stop)
 
-	record, cancel := recordingContext(ctx)
+	record, cancel := job.recordingContext(ctx)
 	defer cancel()
 	finished, result := job.state()
 	switch {
@@ -108,21 +108,13 @@ func runWork(ctx context.Context, job *Claimed, work Work, stop func()) (value a
 		if finished {
 			return
 		}
-		record, cancel := recordingContext(ctx)
+		record, cancel := job.recordingContext(ctx)
 		defer cancel()
 		job.Fail(record, errors.New("the work panicked")) //nolint:errcheck
 	}()
 	value, err = work(ctx, job)
 	finished = true
 	return value, err
-}
-
-// recordingContext: the end of the work is recorded even when ctx is
-// cancelled before or while it is (a stopping worker, a client that went
-// away), within a bound: a record cut short would leave the key held, and
-// its work run again once the lease ends. The values of ctx are kept.
-func recordingContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(withoutCancel{ctx}, 10*time.Second)
 }
 
 // withoutCancel has the values of its parent, not its deadline or end.

@@ -265,6 +265,33 @@ def test_flask_the_heartbeat_is_not_queued_behind_a_pool_whose_every_connection_
     assert runs[key] == 1
 
 
+def test_flask_a_record_waits_for_a_busy_pool_while_the_lease_lasts(admin, monkeypatch):
+    # A record that gave up at its 10 s (here 0.5 s) while the pool was busy
+    # left the key held until its lease ended, and the work ran again.
+    monkeypatch.setattr("pg_idempotency._record.PATIENCE", 0.5)
+    key = f"f-{uuid.uuid4()}"
+    with ConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=1, max_size=1) as small:
+        app = flask.Flask("busy")
+        Idempotency(app, pool=small, scope="flask.busy", paths=["/busy"], lease=5)
+        taken = threading.Event()
+
+        def another_request():     # takes the pool's only connection for 1.5 s
+            with small.connection():
+                taken.set()
+                time.sleep(1.5)
+
+        @app.post("/busy")
+        def busy():
+            runs[context().key] += 1
+            threading.Thread(target=another_request).start()
+            taken.wait(10)
+            return flask.jsonify(ok=True), 201
+        answer = post(app.test_client(), "/busy", key)
+    assert answer.status_code == 201, answer.data
+    assert key_row(admin, key, "flask.busy") == ("COMPLETED", 1)
+    assert runs[key] == 1
+
+
 def test_django(pool):
     django = pytest.importorskip("django", reason="python3-django is not installed")
     from django.conf import settings

@@ -3,7 +3,9 @@ restart, a dropped connection): a record lost that way would leave the key
 held until its lease ends, and its work would run again. The middlewares,
 which record on a pool, try again when a try fails without an answer from
 the server: 0.1 s later and then twice as long each time up to 1 s, for at
-most 10 s. A try whose answer was lost may have committed: the next one
+most 10 s, or until the claim's lease ends when that is later (until then
+the key is the claim's to record, and a record given up leaves it to run
+again). The wait for a pool connection counts in that time. A try whose answer was lost may have committed: the next one
 then finds the key no longer PROCESSING (IK003), and the key itself says
 whether this claim's record is the one it holds."""
 
@@ -47,7 +49,7 @@ class _Tries:
 
     def __init__(self, job, sql):
         self.job, self.statuses = job, _RECORDED[sql]
-        self.deadline = time.monotonic() + PATIENCE
+        self.deadline = max(time.monotonic() + PATIENCE, job.lease_ends)
         self.pause, self.lost = 0.1, False
 
     def left(self):

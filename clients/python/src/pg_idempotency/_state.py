@@ -1,6 +1,8 @@
 """What sync and async claims share: the state of a claimed key, read from
 the extension's answers, and how a job's error becomes a failure."""
 
+import time
+
 from psycopg.rows import dict_row
 
 from . import _sql
@@ -57,6 +59,9 @@ class JobState:
         # (an earlier attempt's, which the claim resumes after, then this job's).
         self.steps = {}
         self.resumed = False
+        # When the lease ends at the latest (time.monotonic()), as the claim
+        # or the last heartbeat set it: a record keeps trying until then.
+        self.lease_ends = 0.0
 
     def __repr__(self):
         return f"<Job {self.scope}/{self.key} {self.outcome}>"
@@ -75,6 +80,8 @@ class JobState:
         """Takes in the claim's answer."""
         self.outcome = row["outcome"]
         self.claimed = self.outcome == "claimed"
+        if self.claimed:
+            self.lease_ends = time.monotonic() + self.lease
         self.token = row["token"]
         self.attempt = row["attempt"]
         self.result_expired = bool(row.get("result_expired"))
@@ -86,6 +93,10 @@ class JobState:
             self.error, self.retryable, self.replayed = row["error"], False, True
         elif self.outcome in ("in_progress", "retry_later"):
             self.retry_after = row["retry_after"] or 0.0
+
+    def renewed(self, started):
+        """A heartbeat sent at ``started`` (time.monotonic()) renewed the lease."""
+        self.lease_ends = max(self.lease_ends, started + self.lease)
 
     def failure(self, exc):
         """The idem_fail parameters for an error raised by the block."""

@@ -22,6 +22,7 @@ requests replay what it stored).
 import asyncio
 import contextlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -241,10 +242,13 @@ class IdempotencyMiddleware:
         lane = alane_of(pool)
 
         async def renew():   # a lost beat: the next one tries again
+            started = time.monotonic()
             if lane is not None:
-                return await lane.beat(job.params())
-            async with pool.connection() as conn:
-                await conn.execute(_sql.HEARTBEAT, job.params())
+                await lane.beat(job.params())
+            else:
+                async with pool.connection() as conn:
+                    await conn.execute(_sql.HEARTBEAT, job.params())
+            job.renewed(started)
         done = self.owners.hold(job)
         published = None        # what the duplicates waiting in this process are answered
         if lane is not None:

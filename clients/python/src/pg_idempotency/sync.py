@@ -8,6 +8,7 @@ the heartbeat of claim mode is a thread, stopped by a flag."""
 import contextlib
 import json
 import threading
+import time
 
 import psycopg
 from psycopg.rows import dict_row
@@ -185,10 +186,13 @@ class SyncIdempotency:
         lane = lane_of(pool)
 
         def renew():   # a lost beat: the next one tries again
+            started = time.monotonic()
             if lane is not None:
-                return lane.beat(job.params())
-            with pool.connection() as conn:
-                conn.execute(_sql.HEARTBEAT, job.params())
+                lane.beat(job.params())
+            else:
+                with pool.connection() as conn:
+                    conn.execute(_sql.HEARTBEAT, job.params())
+            job.renewed(started)
         done = self.owners.hold(job)
         published = None        # what the duplicates waiting in this process are answered
         beat = _Beat(job, renew)
