@@ -12,6 +12,8 @@ CREATE EXTENSION idempotency;
 RESET client_min_messages;
 CREATE TEMP TABLE t (label text PRIMARY KEY, token bigint);
 SHOW idempotency.key_retention;
+-- No tombstone yet, the table never analyzed: 0, not unknown.
+SELECT tombstones FROM idempotency.idem_tombstones;
 -- The digest as docs/keys.md writes it in SQL: the purge computes it so,
 -- the claims in C++; the answers below find the purge's tombstones.
 CREATE FUNCTION pg_temp.digest(scope text, key text) RETURNS uuid LANGUAGE sql AS $$
@@ -98,7 +100,7 @@ SELECT count(*) AS tombstones FROM idempotency.key_tombstones;
 -- The views count them apart: idem_stats has the live and finished keys
 -- (tb-kept and the two claimed just now), idem_tombstones the tombstones.
 SELECT scope, received, processing, completed, failed_final FROM idempotency.idem_stats ORDER BY scope;
-SELECT tombstones FROM idempotency.idem_tombstones;  -- NULL: not analyzed yet
+SELECT tombstones FROM idempotency.idem_tombstones;  -- NULL: rows, not analyzed yet
 ANALYZE idempotency.key_tombstones;
 SELECT tombstones, bytes > 0 AS has_bytes FROM idempotency.idem_tombstones;
 

@@ -874,9 +874,11 @@ CREATE VIEW idempotency.idem_metrics AS SELECT * FROM idempotency.idem_metrics_r
 -- by VACUUM and ANALYZE (autovacuum, and purge_tombstones after a large
 -- batch): NULL before the first; counting the rows would read the whole
 -- table.
+-- tombstones: the table's row estimate; before the table's first VACUUM
+-- or ANALYZE, 0 while it has no block, unknown (NULL) after.
 CREATE VIEW idempotency.idem_tombstones AS
-SELECT CASE WHEN c.reltuples OPERATOR(pg_catalog.>=) 0
-            THEN c.reltuples::pg_catalog.int8 END AS tombstones,
+SELECT CASE WHEN c.reltuples OPERATOR(pg_catalog.>=) 0 THEN c.reltuples::pg_catalog.int8
+            WHEN pg_catalog.pg_relation_size(c.oid) OPERATOR(pg_catalog.=) 0 THEN 0 END AS tombstones,
        pg_catalog.pg_total_relation_size(c.oid) AS bytes
   FROM pg_catalog.pg_class c
  WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.key_tombstones'::pg_catalog.regclass;
