@@ -491,6 +491,11 @@ awaited at once, within --http-timeout):
   connection lost      retried, as a nack, on a new connection
   larger than NATS's max_payload
                        dead
+  larger than RabbitMQ's max_message_size
+                       that message dead; the others of its group retried,
+                       as a nack
+  headers larger than an AMQP frame (the broker's frame_max)
+                       dead, before it is published
   auth refused: NATS or RabbitMQ refused the user, password or token; a
   missing RabbitMQ vhost; a TLS certificate not trusted (see --ca-file)
   stream missing: JetStream's API says no stream takes the subject; a

@@ -370,6 +370,30 @@ check "RabbitMQ max_message_size: the dead letter says why" \
 stop_relay "$relay_pid" 20
 rabbitmqctl_test eval 'application:set_env(rabbit, max_message_size, 134217728).' >/dev/null
 
+log "RabbitMQ: an event whose headers do not fit in one AMQP frame"
+# The properties travel in one frame of at most frame_max (128 kB): such an
+# event is dead before it is published, and the connection goes on with
+# the others of its group. Before, the failed publish broke the connection
+# and the event was retried as "connection lost" until its attempts ran out.
+$brokers amqp-queue "$amqp_port" r_headers || give_up "cannot declare queue r_headers"
+sql -c "SELECT idempotency.outbox_enqueue('r_headers', jsonb_build_object('seq', g), 'h' || g,
+          headers => CASE WHEN g = 2 THEN jsonb_build_object('x-big', repeat('y', 200000)) ELSE '{}' END)
+          FROM generate_series(1, 3) g" >/dev/null
+start_relay r_headers --dsn "$dsn" --sink "$amqp_sink" --topics r_headers --lease 5s --http-timeout 1s --progress-interval 0
+if wait_until 60 sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_headers' AND state IN ('delivered', 'dead')" 3 &&
+    sql_is "SELECT string_agg(state || ' ' || attempts, ',' ORDER BY id) FROM idempotency.outbox WHERE topic = 'r_headers'" \
+        "delivered 1,dead 1,delivered 1"; then
+    ok "RabbitMQ headers over frame_max: that event dead at its first attempt, the others delivered"
+else
+    not_ok "RabbitMQ headers over frame_max: that event dead at its first attempt, the others delivered" \
+        "$(sql -c "SELECT id, state, attempts, last_error FROM idempotency.outbox WHERE topic = 'r_headers' ORDER BY id")"
+    show_err r_headers
+fi
+check "RabbitMQ headers over frame_max: the dead letter gives the sizes" \
+    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_headers' AND state = 'dead' AND last_error LIKE '%frame_max%'" 1
+check "RabbitMQ headers over frame_max: the queue holds the two others" test "$($brokers amqp-count "$amqp_port" r_headers)" = 2
+stop_relay "$relay_pid" 20
+
 log "RabbitMQ: unroutable messages and nacks"
 sql -c "SELECT idempotency.outbox_enqueue('r_nowhere', '{\"seq\": 1}', 'n')" >/dev/null
 start_relay unroutable --dsn "$dsn" --sink "$amqp_sink" --topics r_nowhere,r_full --lease 5s \

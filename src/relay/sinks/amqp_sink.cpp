@@ -27,6 +27,7 @@
 #endif
 
 #include "relay/observe/log.hpp"
+#include "relay/sinks/amqp_header_frame.hpp"
 #include "relay/sinks/broker_headers.hpp"
 #include "relay/sinks/sink_fault.hpp"
 #include "relay/sinks/socket_deadline.hpp"
@@ -132,7 +133,13 @@ public:
         // group's deadline, well before the events' leases end.
         watchdog_.arm(amqp_get_sockfd(conn_), deadline);
         for (std::size_t i = 0; i < events.size(); ++i) {
-            if (!publish(*events[i])) {
+            std::string refusal;
+            const Published published = publish(*events[i], &refusal);
+            if (published == Published::Refused) {
+                (*outcomes)[i] = Outcome::dead(refusal);
+                continue;
+            }
+            if (published == Published::Failed) {
                 error = Clock::now() >= deadline
                             ? "AMQP publish: not sent within " + std::to_string(timeout_.count()) +
                                   " ms (is the connection blocked by a broker alarm?)"
@@ -280,7 +287,10 @@ private:
         conn_ = nullptr;
     }
 
-    bool publish(const Event& event) {
+    enum class Published { Sent, Failed, Refused };
+
+    // Publishes event; Refused (why in *refusal) when it can never be sent.
+    Published publish(const Event& event, std::string* refusal) {
         std::string content_type;
         const HeaderList own = event_headers(event, amqp_reserved, &content_type);
         const std::string key = idempotency_key(event);
@@ -322,10 +332,29 @@ private:
         }
         properties.headers.num_entries = static_cast<int>(entries.size());
         properties.headers.entries = entries.data();
+        if (std::optional<std::string> refused = header_frame_refusal(
+                property_sizes(properties), static_cast<std::size_t>(amqp_get_frame_max(conn_)))) {
+            *refusal = std::move(*refused);
+            return Published::Refused;
+        }
         const int status =
             amqp_basic_publish(conn_, kChannel, bytes_of(address_.exchange), bytes_of(event.topic),
                                1 /* mandatory */, 0, &properties, bytes_of(event.payload));
-        return status == AMQP_STATUS_OK;
+        return status == AMQP_STATUS_OK ? Published::Sent : Published::Failed;
+    }
+
+    static AmqpPropertySizes property_sizes(const amqp_basic_properties_t& properties) {
+        AmqpPropertySizes sizes;
+        sizes.content_type = properties.content_type.len;
+        if (properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) sizes.message_id = properties.message_id.len;
+        for (int i = 0; i < properties.headers.num_entries; ++i) {
+            const amqp_table_entry_t& entry = properties.headers.entries[i];
+            if (entry.value.kind == AMQP_FIELD_KIND_I64)
+                sizes.number_headers.push_back(entry.key.len);
+            else
+                sizes.text_headers.emplace_back(entry.key.len, entry.value.value.bytes.len);
+        }
+        return sizes;
     }
 
     // Reads the broker's answers until every publish is confirmed, the
