@@ -46,7 +46,9 @@ func (c *Claimed) keepAlive(ctx context.Context, failed func(error)) (context.Co
 			}
 			if err = wrap(err); errors.Is(err, ErrFenced) || errors.Is(err, ErrWrongState) {
 				c.mu.Lock()
-				c.lost = err
+				if !c.recording { // else the record says what happened
+					c.lost = err
+				}
 				c.mu.Unlock()
 				cancel()
 				return

@@ -27,6 +27,7 @@ type Claimed struct {
 	mu        sync.Mutex
 	lost      error     // set by the heartbeat when the lease is lost
 	leaseEnds time.Time // at the latest, as the claim or the last beat set it (zero: unknown)
+	recording bool      // the outcome is being recorded, the heartbeat still running
 	finished  string    // "completed" or "released" once recorded
 	result    []byte
 	steps     map[string]FinishedStep // multi-step work: the steps finished so far (steps.go)

@@ -306,6 +306,10 @@ func (o *MiddlewareOptions) covers(method string) bool {
 func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next http.Handler, st *requestState) {
 	job := st.claim
 	ctx, stop := job.keepAlive(r.Context(), func(err error) { o.report("renewing the lease", job.Key, err) })
+	// The heartbeat goes on while the response is recorded: a record that
+	// waits for a busy pool must not let the lease end, or a duplicate
+	// takes the key over and runs the handler again.
+	defer stop()
 	finished := false
 	defer func() {
 		if finished {
@@ -313,7 +317,7 @@ func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next h
 		}
 		// The handler panicked: the key fails retryably (for good after a
 		// step whose result could not be stored), the panic goes on.
-		stop()
+		job.startRecording()
 		record, cancel := job.recordingContext(r.Context())
 		defer cancel()
 		cause := Retry(errors.New("the handler panicked"), o.RetryIn)
@@ -327,10 +331,10 @@ func (o *MiddlewareOptions) serve(w http.ResponseWriter, r *http.Request, next h
 	rec := newRecorder()
 	next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, stateKey{}, st)))
 	finished = true
-	stop()
 	if lost := job.LeaseLost(); lost != nil {
 		o.hook(o.OnFenced, Event{Key: job.Key, Scope: o.Scope, Mode: o.Mode, During: "heartbeat", Err: lost})
 	}
+	job.startRecording()
 	resp := rec.response()
 	if err := o.record(r.Context(), job, resp); err != nil {
 		if errors.Is(err, errTooLarge) {

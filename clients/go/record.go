@@ -20,6 +20,14 @@ import (
 
 var recordPatience = 10 * time.Second
 
+// startRecording: from now on a beat that finds the key taken or finished
+// stops without a word; the record says what happened.
+func (c *Claimed) startRecording() {
+	c.mu.Lock()
+	c.recording = true
+	c.mu.Unlock()
+}
+
 // patience: how long a record of this claim keeps trying.
 func (c *Claimed) patience() time.Duration {
 	c.mu.Lock()

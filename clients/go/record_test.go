@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -101,5 +102,46 @@ func TestARecordWaitsForABusyPoolWhileTheLeaseLasts(t *testing.T) {
 	})
 	if err != nil || string(done.Result) != `"done"` {
 		t.Fatalf("%#v %v", done, err)
+	}
+}
+
+// The heartbeat goes on while the record waits for a busy pool: stopped
+// before it, the lease ended, another worker took the key over and the
+// work ran again.
+func TestTheHeartbeatGoesOnWhileABusyPoolDelaysTheRecord(t *testing.T) {
+	small := openDB(t)
+	small.SetMaxOpenConns(2)
+	other := openDB(t)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	opts := &idempotency.ClaimOptions{Lease: time.Second, Heartbeats: openDB(t)}
+	seen := make(chan string, 1)
+	done, err := idempotency.Run(ctx, small, key, nil, opts, func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+		// Another request holds both pool connections for 2.5 leases, and
+		// a worker elsewhere tries the key meanwhile.
+		var held []*sql.Conn
+		for i := 0; i < 2; i++ {
+			conn, err := small.Conn(ctx)
+			if err != nil {
+				return nil, err
+			}
+			held = append(held, conn)
+		}
+		go func() {
+			time.Sleep(2 * time.Second)
+			r, err := idempotency.Claim(context.Background(), other, key, nil, nil)
+			seen <- fmt.Sprintf("%T %v", r, err)
+			time.Sleep(500 * time.Millisecond)
+			for _, conn := range held {
+				conn.Close()
+			}
+		}()
+		return "done", nil
+	})
+	if err != nil || string(done.Result) != `"done"` {
+		t.Fatalf("%#v %v", done, err)
+	}
+	if got := <-seen; got != "*idempotency.InProgress <nil>" {
+		t.Fatalf("the other worker got %s", got)
 	}
 }

@@ -42,7 +42,12 @@ func Run(ctx context.Context, db *sql.DB, key string, request any, opts *ClaimOp
 	if !o.NoHeartbeat {
 		workCtx, stop = job.KeepAlive(ctx)
 	}
-	value, workErr := runWork(workCtx, job, work, stop)
+	// The heartbeat goes on while the outcome is recorded: a record that
+	// waits for a busy pool must not let the lease end, or another worker
+	// takes the key over and runs the work again.
+	defer stop()
+	value, workErr := runWork(workCtx, job, work)
+	job.startRecording()
 
 	record, cancel := job.recordingContext(ctx)
 	defer cancel()
@@ -97,17 +102,17 @@ func settled(r Result) (*Completed, error) {
 	return nil, r.(error)
 }
 
-// runWork runs work, then stops its heartbeat. Work that panics stops it
-// too, and fails the key retryably (as the middleware does for a handler)
-// before the panic goes on: a heartbeat left running would hold the key
+// runWork runs work. Work that panics fails the key retryably (as the
+// middleware does for a handler) before the panic goes on, and Run's
+// deferred stop ends the heartbeat: left running, it would hold the key
 // until ctx ends.
-func runWork(ctx context.Context, job *Claimed, work Work, stop func()) (value any, err error) {
+func runWork(ctx context.Context, job *Claimed, work Work) (value any, err error) {
 	finished := false
 	defer func() {
-		stop()
 		if finished {
 			return
 		}
+		job.startRecording()
 		record, cancel := job.recordingContext(ctx)
 		defer cancel()
 		job.Fail(record, errors.New("the work panicked")) //nolint:errcheck

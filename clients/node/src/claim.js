@@ -17,15 +17,26 @@ const DEFAULT_LEASE = 30;
 
 // A claimed key, handed to the work function.
 export class Job {
-  constructor(pool, { key, token, scope, attempt, lease, signal, steps = null }) {
+  #beat;
+  #claimedLeaseEnds;
+
+  constructor(pool, { key, token, scope, attempt, lease, signal, steps = null, heartbeat = null }) {
     Object.assign(this, { key, token, scope, attempt, lease, signal });
     this.pool = pool;
+    this.#beat = heartbeat;
+    this.#claimedLeaseEnds = Date.now() + lease * 1000;
     this.finished = null;   // 'completed' or 'released' once recorded
     this.result = undefined;
     // The steps finished so far, by name, in their order: those an earlier
     // attempt finished (this claim resumes after them), then this job's.
     this.steps = parseSteps(steps);
     this.resumed = this.steps.size > 0;
+  }
+
+  // When the lease ends at the latest (ms since the epoch), as the claim or
+  // the last heartbeat set it: a record keeps trying until then (record.js).
+  get leaseEnds() {
+    return Math.max(this.#claimedLeaseEnds, this.#beat?.leaseEnds ?? 0);
   }
 
   // A step of multi-step work: the stored result when it finished before
@@ -160,7 +171,9 @@ async function run(pool, options, row, work) {
   };
   forward(beat?.signal);
   forward(signal);
-  const job = new Job(pool, { key, token: row.token, scope, attempt: row.attempt, lease, signal: controller.signal, steps: row.steps });
+  const job = new Job(pool, {
+    key, token: row.token, scope, attempt: row.attempt, lease, signal: controller.signal, steps: row.steps, heartbeat: beat,
+  });
   let settled;
   let stopped = false;
   const untrack = track(pool, {
@@ -183,9 +196,11 @@ async function run(pool, options, row, work) {
       value = await work(job);
     } catch (err) {
       error = thrown(err);
-    } finally {
-      await beat?.stop();
     }
+    // The heartbeat goes on while the outcome is recorded: a record that
+    // waits for a busy pool must not let the lease end, or another worker
+    // takes the key over and runs the work again.
+    if (beat) beat.recording = true;
     if (stopped) return { outcome: 'released' };   // a shutdown gave the key back
     if (error && job.finished) throw error;   // after the key was recorded: the caller's own error
     try {
@@ -212,6 +227,7 @@ async function run(pool, options, row, work) {
       throw err;
     }
   } finally {
+    await beat?.stop();
     untrack();
     settled();
   }

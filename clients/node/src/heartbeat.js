@@ -73,6 +73,13 @@ export class Heartbeat {
     this.lane?.acquire();
     const through = this.lane ?? pool;
     this.renew = () => through.query(HEARTBEAT, [key, token, lease, scope]);
+    // When the lease ends at the latest (ms since the epoch): from the
+    // claim, which came just before, then from each beat that went through.
+    this.leaseMs = lease * 1000;
+    this.leaseEnds = Date.now() + this.leaseMs;
+    // Set once the outcome is being recorded, the heartbeat still running:
+    // a beat that then finds the key taken or finished stops without a word.
+    this.recording = false;
     // A third of the lease, never under 10 ms: an absurdly short lease
     // must not flood the database.
     this.timer = setInterval(() => {
@@ -83,11 +90,14 @@ export class Heartbeat {
   async once() {
     if (this.lost) return;
     try {
+      const started = Date.now();
       await this.renew();
+      this.leaseEnds = Math.max(this.leaseEnds, started + this.leaseMs);
     } catch (err) {
       if (err.code === 'IK001' || err.code === 'IK003') {
-        this.lost = err;
         this.stopTimer();
+        if (this.recording) return;   // the record says what happened
+        this.lost = err;
         this.controller.abort(err);
       }
     }

@@ -208,9 +208,17 @@ async function beginClaim(opts, key, request, signal) {
   if (row.outcome !== 'claimed') return { response: answer(opts, key, row) };
   const beat = new Heartbeat(pool, { key, token: row.token, scope: opts.scope, lease: opts.lease });
   // Tried again after a lost connection (record.js).
+  // The heartbeat goes on while the response is recorded: a record that
+  // waits for a busy pool must not let the lease end, or a duplicate takes
+  // the key over and runs the handler again.
   const record = async (sql, params, statuses) => {
-    await beat.stop();
-    await retryLost(pool, { key, token: row.token, scope: opts.scope }, () => pool.query(sql, params), statuses, () => null);
+    beat.recording = true;
+    try {
+      await retryLost(pool, { key, token: row.token, scope: opts.scope, leaseEnds: beat.leaseEnds },
+        () => pool.query(sql, params), statuses, () => null);
+    } finally {
+      await beat.stop();
+    }
   };
   return {
     exchange: new Exchange(opts, { key, request, token: row.token, attempt: row.attempt, heartbeat: beat, steps: row.steps }, {

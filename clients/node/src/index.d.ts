@@ -79,6 +79,8 @@ export declare class Job {
   readonly signal: AbortSignal | undefined;
   /** 'completed' or 'released' once recorded. */
   readonly finished: 'completed' | 'released' | null;
+  /** When the lease ends at the latest (ms since the epoch), as the claim or the last heartbeat set it. */
+  readonly leaseEnds: number;
   /** IK001 unless this job still holds the key; locks the key until the transaction ends. */
   fence(client: Queryable): Promise<void>;
   /** Stores the result, on `client` (inside its transaction) or on its own. */

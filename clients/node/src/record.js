@@ -2,13 +2,16 @@
 // database (a restart, a dropped connection): a record lost that way would
 // leave the key held until its lease ends, and its work would run again.
 // A try that fails without an answer from the server is made again, 100 ms
-// later and then twice as long each time up to 1 s, for at most 10 s. A
+// later and then twice as long each time up to 1 s, for at most 10 s, or
+// until the claim's lease ends when that is later (until then the key is
+// the claim's to record, and a record given up leaves it to run again). A
 // try whose answer was lost may have committed: the next one then finds
 // the key no longer PROCESSING (IK003), and the key itself says whether
 // this claim's record is the one it holds.
 import { KEY_RECORD } from './sql.js';
 
-const PATIENCE_MS = 10_000;
+// How long a record tries at least (a test lowers it to spare its time).
+export const recordPatience = { ms: 10_000 };
 
 // The statement may not have reached the server, or its answer did not
 // come back: an error without a SQLSTATE from the server (the network, a
@@ -24,8 +27,9 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 // Runs tryOnce() until it does not fail for a lost connection and returns
 // its value. After a lost answer, an IK003 is looked into: when the key is
 // in one of `statuses` under this claim's token, recovered(row) answers.
-export async function retryLost(pool, { key, token, scope }, tryOnce, statuses, recovered) {
-  const deadline = Date.now() + PATIENCE_MS;
+// `leaseEnds`: when the claim's lease ends at the latest, if known.
+export async function retryLost(pool, { key, token, scope, leaseEnds = 0 }, tryOnce, statuses, recovered) {
+  const deadline = Math.max(Date.now() + recordPatience.ms, leaseEnds);
   let pause = 100;
   let lost = false;
   for (;;) {

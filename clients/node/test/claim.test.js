@@ -4,6 +4,7 @@ import { once } from 'node:events';
 import { after, before, describe, test } from 'node:test';
 import { FinalError, RetryableError, claim } from '../src/index.js';
 import { groupId } from '../src/wait.js';
+import { recordPatience } from '../src/record.js';
 import { expireResult, keyRow, newKey, newPool, sleep, waitFor } from './helpers.js';
 
 const pool = newPool();
@@ -262,6 +263,52 @@ describe('claim', () => {
         }
       });
       assert.equal(outcome.result, 'in_progress', JSON.stringify(outcome));
+      assert.equal((await keyRow(pool, key)).attempts, 1);
+    } finally {
+      await small.end();
+    }
+  });
+
+  test('a record waits for a busy pool while the lease lasts', async () => {
+    // A record that gave up at its least patience (10 s; here 0.5 s) while
+    // the pool was busy left the key held until its lease ended, and the
+    // work ran again.
+    const saved = recordPatience.ms;
+    recordPatience.ms = 500;
+    const small = newPool({}, { max: 1, connectionTimeoutMillis: 200 });
+    try {
+      const key = newKey();
+      const outcome = await claim(small, { key, lease: 5, heartbeat: false }, async () => {
+        const other = await small.connect();   // another request takes the only connection for 1.5 s
+        setTimeout(() => other.release(), 1500);
+        return 'done';
+      });
+      assert.deepEqual([outcome.outcome, outcome.result], ['completed', 'done'], JSON.stringify(outcome));
+      assert.equal((await keyRow(pool, key)).status, 'COMPLETED');
+    } finally {
+      recordPatience.ms = saved;
+      await small.end();
+    }
+  });
+
+  test('the heartbeat goes on while a busy pool delays the record', async () => {
+    // Stopped before the record, the heartbeat let the lease end while the
+    // record waited for the pool: another worker took the key over and the
+    // work ran again.
+    const small = newPool({}, { max: 2 });
+    try {
+      const key = newKey();
+      let other = null;
+      const outcome = await claim(small, { key, lease: 1 }, async () => {
+        const held = [await small.connect(), await small.connect()];   // another request, for 2.5 leases
+        setTimeout(async () => {
+          other = await claim(pool, { key }, async () => 'ran twice');
+          setTimeout(() => held.forEach((client) => client.release()), 500);
+        }, 2000);
+        return 'done';
+      });
+      assert.deepEqual([outcome.outcome, outcome.result], ['completed', 'done'], JSON.stringify(outcome));
+      assert.equal(other?.outcome, 'in_progress', JSON.stringify(other));
       assert.equal((await keyRow(pool, key)).attempts, 1);
     } finally {
       await small.end();

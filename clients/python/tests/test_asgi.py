@@ -727,3 +727,42 @@ def test_a_record_waits_for_a_busy_pool_while_the_lease_lasts(new_key, admin, mo
     assert answer.status_code == 201, answer.text
     assert key_row(admin, key, "asgi.busy") == ("COMPLETED", 1)
     assert runs[key] == 1
+
+
+def test_the_heartbeat_goes_on_while_a_busy_pool_delays_the_record(new_key, admin):
+    # The heartbeat stopped before the record: while the record waited for
+    # a busy pool the lease ended, and a duplicate took the key over and
+    # ran the handler again.
+    key = new_key()
+    seen = {}
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=2,
+                                       max_size=2) as pool:
+            app = FastAPI()
+            taken = asyncio.Event()
+
+            async def another_request():     # holds both pool connections for 2.5 leases
+                async with pool.connection(), pool.connection():
+                    taken.set()
+                    await asyncio.sleep(2.0)
+                    async with await psycopg.AsyncConnection.connect(options=SETTINGS, autocommit=True) as other:
+                        claimed = await other.execute(
+                            "SELECT outcome::text FROM idempotency.idem_claim(%s, scope => 'asgi.recording')", (key,))
+                        seen["other"] = (await claimed.fetchone())[0]
+                    await asyncio.sleep(0.5)
+
+            @app.post("/recording")
+            async def recording(request: Request):
+                runs[request.state.idempotency.key] += 1
+                request.state.other = asyncio.create_task(another_request())
+                await taken.wait()
+                return JSONResponse({"ok": True}, status_code=201)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.recording", lease=1)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+                return await client.post("/recording", headers={"idempotency-key": key}, content="{}")
+    answer = asyncio.run(main())
+    assert answer.status_code == 201, answer.text
+    assert seen == {"other": "in_progress"}
+    assert key_row(admin, key, "asgi.recording") == ("COMPLETED", 1)
+    assert runs[key] == 1

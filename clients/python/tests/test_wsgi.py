@@ -292,6 +292,40 @@ def test_flask_a_record_waits_for_a_busy_pool_while_the_lease_lasts(admin, monke
     assert runs[key] == 1
 
 
+def test_flask_the_heartbeat_goes_on_while_a_busy_pool_delays_the_record(admin):
+    # The heartbeat stopped before the record: while the record waited for
+    # a busy pool the lease ended, and a duplicate took the key over and
+    # ran the handler again.
+    key = f"f-{uuid.uuid4()}"
+    seen = {}
+    with ConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=2, max_size=2) as small:
+        app = flask.Flask("recording")
+        Idempotency(app, pool=small, scope="flask.recording", paths=["/recording"], lease=1)
+        taken = threading.Event()
+
+        def another_request():     # holds both pool connections for 2.5 leases
+            with small.connection(), small.connection():
+                taken.set()
+                time.sleep(2.0)
+                with connect(autocommit=True) as other:
+                    seen["other"] = other.execute(
+                        "SELECT outcome::text FROM idempotency.idem_claim(%s, scope => 'flask.recording')",
+                        (key,)).fetchone()[0]
+                time.sleep(0.5)
+
+        @app.post("/recording")
+        def recording():
+            runs[context().key] += 1
+            threading.Thread(target=another_request).start()
+            taken.wait(10)
+            return flask.jsonify(ok=True), 201
+        answer = post(app.test_client(), "/recording", key)
+    assert answer.status_code == 201, answer.data
+    assert seen == {"other": "in_progress"}
+    assert key_row(admin, key, "flask.recording") == ("COMPLETED", 1)
+    assert runs[key] == 1
+
+
 def test_django(pool):
     django = pytest.importorskip("django", reason="python3-django is not installed")
     from django.conf import settings

@@ -85,13 +85,19 @@ class BeatLane:
 
 
 class AsyncBeatLane:
-    """The lane of a ``psycopg_pool.AsyncConnectionPool``, for tasks."""
+    """The lane of a ``psycopg_pool.AsyncConnectionPool``, for tasks. A beat
+    runs in a task of the lane's, which its caller's cancellation (the
+    heartbeat's bound of a third of the lease) does not cut: a statement
+    cut in flight would leave the connection unusable, and a new one per
+    beat piles up behind a busy pooler. A claim's next beat, while its last
+    is still in flight, waits for that one instead of queueing another."""
 
     def __init__(self, conninfo, kwargs):
         self.conninfo, self.kwargs = conninfo, kwargs
         self.users = 0
         self.conn = None
         self.busy = asyncio.Lock()
+        self.in_flight = {}     # (scope, key, token) -> its beat's task
         self.closing = set()    # the close tasks of discarded connections
 
     def acquire(self):
@@ -103,6 +109,19 @@ class AsyncBeatLane:
             self._discard()
 
     async def beat(self, params):
+        claim = (params["scope"], params["key"], params["token"])
+        task = self.in_flight.get(claim)
+        if task is None:
+            task = self.in_flight[claim] = asyncio.get_running_loop().create_task(self._beat(params))
+            task.add_done_callback(lambda done: self._finished(claim, done))
+        await asyncio.shield(task)
+
+    def _finished(self, claim, task):
+        self.in_flight.pop(claim, None)
+        if not task.cancelled():
+            task.exception()    # retrieved: a caller that left no longer does
+
+    async def _beat(self, params):
         async with self.busy:
             try:
                 if self.conn is None or self.conn.closed:
@@ -113,7 +132,7 @@ class AsyncBeatLane:
                     self.conn = None
                 raise
             except BaseException:
-                self._discard()     # cancelled in a statement: its state is unknown
+                self._discard()     # cancelled in a statement (the loop ending): its state is unknown
                 raise
             finally:
                 if self.users == 0:

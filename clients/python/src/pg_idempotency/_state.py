@@ -62,6 +62,10 @@ class JobState:
         # When the lease ends at the latest (time.monotonic()), as the claim
         # or the last heartbeat set it: a record keeps trying until then.
         self.lease_ends = 0.0
+        # The outcome is being recorded (the heartbeat still runs): a beat
+        # that finds the key taken or finished then says nothing, the record
+        # does.
+        self.recording = False
 
     def __repr__(self):
         return f"<Job {self.scope}/{self.key} {self.outcome}>"

@@ -48,7 +48,8 @@ async def keep_alive(job, renew, stopping):
             await asyncio.wait_for(renew(), period)
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) in ("IK001", "IK003"):
-                job.lost.set()
+                if not job.recording:   # else the record says what happened
+                    job.lost.set()
                 return
             if type(exc).__name__ == "PoolClosed":
                 return

@@ -256,10 +256,13 @@ class IdempotencyMiddleware:
         beat, stopping = start_beat(job, renew)
         recorder = _Recorder()
         try:
+            # The heartbeat goes on while the outcome is recorded: a record
+            # that waits for a busy pool must not let the lease end, or a
+            # duplicate takes the key over and runs the handler again.
             try:
                 await self.app(scope, receive, recorder.send)
             except BaseException as exc:
-                await stop_beat(beat, stopping)
+                job.recording = True
                 # Raised, or cancelled (a client gone, a server stopping):
                 # a retryable failure, so that a retry runs at once. Bounded
                 # and shielded: a second cancel cannot leave the key held.
@@ -269,8 +272,9 @@ class IdempotencyMiddleware:
                         _sql.FAIL, error=error, retryable=not context.unstorable, retry_in=self.retry_in)), 5)
                 except (psycopg.Error, asyncio.TimeoutError, asyncio.CancelledError):
                     pass    # taken over, or the database is gone: the lease ends it
+                await stop_beat(beat, stopping)
                 raise
-            await stop_beat(beat, stopping)
+            job.recording = True
             response = recorder.response()
             kind = "final" if context.unstorable else classify_or(self.classify, default_classify, response)
             stored = encode_response(response)
@@ -301,6 +305,7 @@ class IdempotencyMiddleware:
                 else:
                     job.fenced(exc)
                     self.hooks.fenced(job, **self._http(scope, response.status))
+            await stop_beat(beat, stopping)
         finally:
             stopping.set()
             if lane is not None:

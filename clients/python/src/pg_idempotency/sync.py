@@ -63,7 +63,8 @@ class _Beat(threading.Thread):
                 self.renew()
             except psycopg.Error as exc:
                 if getattr(exc, "sqlstate", None) in ("IK001", "IK003"):
-                    self.job.lost.set()
+                    if not self.job.recording:   # else the record says what happened
+                        self.job.lost.set()
                     return
                 if type(exc).__name__ == "PoolClosed":
                     return
@@ -200,16 +201,20 @@ class SyncIdempotency:
             lane.acquire()
         beat.start()
         try:
+            # The heartbeat goes on while the outcome is recorded: a record
+            # that waits for a busy pool must not let the lease end, or a
+            # duplicate takes the key over and runs the handler again.
             try:
                 response = call(context)
             except BaseException as exc:
-                beat.stop()
+                job.recording = True
                 try:
                     record(_sql.FAIL, error=error_text(exc), retryable=not context.unstorable, retry_in=self.retry_in)
                 except psycopg.Error:
                     pass    # taken over, or the database is gone: the lease ends it
+                beat.stop()
                 raise
-            beat.stop()
+            job.recording = True
             kind = "final" if context.unstorable else classify_or(self.classify, default_classify, response)
             stored = encode_response(response)
             try:
@@ -237,6 +242,7 @@ class SyncIdempotency:
                 else:
                     job.fenced(exc)
                     self.hooks.fenced(job, status=response.status, **http)
+            beat.stop()
         finally:
             beat.stopping.set()
             if lane is not None:
