@@ -89,6 +89,29 @@ while IFS=$'\t' read -r file line role; do
 done <<<"$list"
 [ "$blocks" -ge 5 ] || fail "only $blocks blocks of the README ran"
 
+# expire_on_disconnect run by the owner, who cannot read another role's
+# backend_start: a claim whose session is alive stays held; once the session
+# has gone it is expired. Before, every holder looked gone.
+psql_as sql "$port" app -c "SELECT 1 FROM idempotency.idem_claim('held-live', lease => '5 min')" \
+    -c 'SELECT pg_sleep(60)' >/dev/null 2>&1 &
+holder=$!
+for _ in $(seq 1 100); do
+    [ "$(psql_as sql "$port" idem_owner -At -c "SELECT status FROM idempotency.idempotency_keys WHERE key = 'held-live'")" = PROCESSING ] && break
+    sleep 0.1
+done
+expire_disconnected() {
+    psql_as sql "$port" idem_owner -At -c 'SET idempotency.expire_on_disconnect = on' \
+        -c "SELECT rows FROM idempotency.idem_maintenance() WHERE task = 'expire_disconnected'"
+}
+[ "$(expire_disconnected)" = 0 ] || fail "expire_on_disconnect expired a claim whose session is alive"
+psql_as sql "$port" postgres -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'" >/dev/null
+wait "$holder" 2>/dev/null
+for _ in $(seq 1 100); do
+    [ "$(psql_as sql "$port" idem_owner -At -c "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'")" = 0 ] && break
+    sleep 0.1
+done
+[ "$(expire_disconnected)" = 1 ] || fail "expire_on_disconnect left the claim of a session that has gone"
+
 # The edition's update scripts (src/sql_edition/updates/): a sample update
 # from this version, built as build.sh builds the real ones, runs once as
 # the owner and is refused the second time (the edition is no longer at
@@ -109,4 +132,4 @@ if psql_as sql "$port" idem_owner -f "$dir/script/idempotency-sql--$version--99.
     ! grep -q "this script updates the SQL edition $version; the installed one is 99.0.0" "$dir/update.log"; then
     cat "$dir/update.log"; fail "the update ran again on an edition it is not for"
 fi
-echo "sql edition install: installed without superuser or preload; $blocks README blocks answer as on the C++ extension; a plain update script ran once"
+echo "sql edition install: installed without superuser or preload; $blocks README blocks answer as on the C++ extension; expire_on_disconnect tells a live holder from a gone one; a plain update script ran once"

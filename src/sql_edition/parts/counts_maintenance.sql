@@ -173,8 +173,12 @@ BEGIN
             WITH due AS (
                 SELECT k.ctid FROM idempotency.idempotency_keys k
                  WHERE k.status = 'PROCESSING' AND k.holder_pid IS NOT NULL AND k.lease_until > now
+                   -- backend_start is NULL for another role's backend unless
+                   -- the owner may read all statistics (pg_read_all_stats): a
+                   -- live pid then counts as the holder's.
                    AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(NULL) a
-                                    WHERE a.pid = k.holder_pid AND a.backend_start <= k.claimed_at)
+                                    WHERE a.pid = k.holder_pid
+                                      AND (a.backend_start IS NULL OR a.backend_start <= k.claimed_at))
                    AND k.active_since IS NOT NULL
                  ORDER BY k.active_since LIMIT batch FOR NO KEY UPDATE OF k SKIP LOCKED),
             expired AS (

@@ -84,6 +84,16 @@ BEGIN
         RAISE EXCEPTION 'deliver_at must be a finite timestamp' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF p_key IS NOT NULL THEN
+        -- The key's head is decided from what the statement sees: under a
+        -- transaction snapshot that may miss the key's latest events (one
+        -- acked, or enqueued by a producer that committed since), and the
+        -- event would wait for ever or a key would get two heads.
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'outbox_enqueue of an event with a key needs READ COMMITTED in the SQL edition (this transaction is %)',
+                upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'Enqueue it in a READ COMMITTED transaction, or without a key; the C++ extension takes any level.';
+        END IF;
         PERFORM idempotency.take_key_turn(p_topic, p_key);
         -- The first event of a key with no live one is its head at once: one
         -- write, no second version of the new row (as in the C++ extension).
