@@ -81,14 +81,20 @@ export class Heartbeat {
     // a beat that then finds the key taken or finished stops without a word.
     this.recording = false;
     // A third of the lease, never under 10 ms: an absurdly short lease
-    // must not flood the database.
+    // must not flood the database. A beat still on its way (the lane or the
+    // pooler behind it busy) gets no second one queued behind it: queued
+    // beats of every claim made the lane slower still, until leases ended.
+    this.inFlight = false;
+    this.ended = false;   // the key was found taken or finished
     this.timer = setInterval(() => {
-      this.beat = this.beat.then(() => this.once());
+      if (this.inFlight) return;
+      this.inFlight = true;
+      this.beat = this.once().finally(() => { this.inFlight = false; });
     }, Math.max(10, (lease * 1000) / 3));
   }
 
   async once() {
-    if (this.lost) return;
+    if (this.lost || this.ended) return;
     try {
       const started = Date.now();
       await this.renew();
@@ -96,6 +102,7 @@ export class Heartbeat {
     } catch (err) {
       if (err.code === 'IK001' || err.code === 'IK003') {
         this.stopTimer();
+        this.ended = true;
         if (this.recording) return;   // the record says what happened
         this.lost = err;
         this.controller.abort(err);

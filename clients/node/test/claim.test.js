@@ -5,6 +5,7 @@ import { after, before, describe, test } from 'node:test';
 import { FinalError, RetryableError, claim } from '../src/index.js';
 import { groupId } from '../src/wait.js';
 import { recordPatience } from '../src/record.js';
+import { Heartbeat } from '../src/heartbeat.js';
 import { expireResult, keyRow, newKey, newPool, sleep, waitFor } from './helpers.js';
 
 const pool = newPool();
@@ -267,6 +268,17 @@ describe('claim', () => {
     } finally {
       await small.end();
     }
+  });
+
+  test('a slow heartbeat gets no second beat queued behind it', async () => {
+    // Behind a busy pooler, beats queued behind slow ones piled up on the
+    // heartbeats' connection, which then kept no lease in time.
+    let calls = 0;
+    const slow = { query: () => { calls += 1; return sleep(350); } };
+    const beat = new Heartbeat(slow, { key: newKey(), token: '1', scope: 'default', lease: 0.3 });
+    await sleep(1000);   // ten intervals of 100 ms
+    await beat.stop();
+    assert.ok(calls <= 4, `${calls} beats for about three that could finish`);
   });
 
   test('a record waits for a busy pool while the lease lasts', async () => {
