@@ -148,11 +148,34 @@ class AsyncBeatLane:
             task.add_done_callback(self.closing.discard)
 
 
+class _ThroughPool:
+    """The beats of a pool that does not say how it connects: through it."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def acquire(self):
+        pass
+
+    def release(self):
+        pass
+
+    def beat(self, params):
+        with self.pool.connection() as conn:
+            conn.execute(_sql.HEARTBEAT, params)
+
+
+class _AsyncThroughPool(_ThroughPool):
+    async def beat(self, params):
+        async with self.pool.connection() as conn:
+            await conn.execute(_sql.HEARTBEAT, params)
+
+
 def lane_of(pool):
-    """The lane of a ConnectionPool, or None (beat through the pool)."""
-    return _lane_of(pool, BeatLane)
+    """Where the beats of a ConnectionPool's claims go: its lane."""
+    return _lane_of(pool, BeatLane) or _ThroughPool(pool)
 
 
 def alane_of(pool):
-    """The lane of an AsyncConnectionPool, or None."""
-    return _lane_of(pool, AsyncBeatLane)
+    """The same for an AsyncConnectionPool."""
+    return _lane_of(pool, AsyncBeatLane) or _AsyncThroughPool(pool)

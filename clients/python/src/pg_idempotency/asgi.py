@@ -243,16 +243,11 @@ class IdempotencyMiddleware:
 
         async def renew():   # a lost beat: the next one tries again
             started = time.monotonic()
-            if lane is not None:
-                await lane.beat(job.params())
-            else:
-                async with pool.connection() as conn:
-                    await conn.execute(_sql.HEARTBEAT, job.params())
+            await lane.beat(job.params())
             job.renewed(started)
         done = self.owners.hold(job)
         published = None        # what the duplicates waiting in this process are answered
-        if lane is not None:
-            lane.acquire()
+        lane.acquire()
         beat, stopping = start_beat(job, renew)
         recorder = _Recorder()
         try:
@@ -308,8 +303,7 @@ class IdempotencyMiddleware:
             await stop_beat(beat, stopping)
         finally:
             stopping.set()
-            if lane is not None:
-                lane.release()
+            lane.release()
             self.owners.release(job, done, published)
         await _send(send, response)
 

@@ -188,17 +188,12 @@ class SyncIdempotency:
 
         def renew():   # a lost beat: the next one tries again
             started = time.monotonic()
-            if lane is not None:
-                lane.beat(job.params())
-            else:
-                with pool.connection() as conn:
-                    conn.execute(_sql.HEARTBEAT, job.params())
+            lane.beat(job.params())
             job.renewed(started)
         done = self.owners.hold(job)
         published = None        # what the duplicates waiting in this process are answered
         beat = _Beat(job, renew)
-        if lane is not None:
-            lane.acquire()
+        lane.acquire()
         beat.start()
         try:
             # The heartbeat goes on while the outcome is recorded: a record
@@ -245,8 +240,7 @@ class SyncIdempotency:
             beat.stop()
         finally:
             beat.stopping.set()
-            if lane is not None:
-                lane.release()
+            lane.release()
             self.owners.release(job, done, published)
         return response
 
