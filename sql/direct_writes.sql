@@ -105,6 +105,11 @@ SELECT outcome FROM idempotency.idem_register('direct-7', job_ref => 'direct job
 ALTER TABLE idempotency.idempotency_keys ADD COLUMN direct_extra int DEFAULT 7;
 SELECT outcome FROM idempotency.idem_claim('direct-9');
 SELECT key, direct_extra FROM idempotency.idempotency_keys WHERE key = 'direct-9';
+-- A key stored before the column was added has its default too, in the
+-- table and in idem_get's row, read as a row and as a field.
+SELECT key, direct_extra FROM idempotency.idempotency_keys WHERE key = 'direct-7';
+SELECT key, direct_extra FROM idempotency.idem_get('direct-7');
+SELECT (idempotency.idem_get('direct-7')).direct_extra;
 ALTER TABLE idempotency.idempotency_keys DROP COLUMN direct_extra;
 SELECT outcome FROM idempotency.idem_claim('direct-10');
 

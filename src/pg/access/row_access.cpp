@@ -569,6 +569,24 @@ bool delete_found_row(OpenTable* table) {
 
 void fire_triggers_deferred_to_commit() { AfterTriggerFireDeferred(); }
 
-Datum found_row_datum(OpenTable* table) { return ExecFetchSlotHeapTupleDatum(table->found); }
+Datum found_row_datum(OpenTable* table) {
+    TupleTableSlot* found = table->found;
+    const TupleDesc desc = found->tts_tupleDescriptor;
+    bool copied = false;
+    HeapTuple tuple = ExecFetchSlotHeapTuple(found, false, &copied);
+    // A row stored before ALTER TABLE ... ADD COLUMN lacks the new column: a
+    // table read fills in its default, but a composite datum is read by
+    // descriptors that do not (a function scan's), so the datum is made to
+    // carry every column.
+    Datum row;
+    if (HeapTupleHeaderGetNatts(tuple->t_data) < desc->natts) {
+        slot_getallattrs(found);
+        row = HeapTupleGetDatum(heap_form_tuple(desc, found->tts_values, found->tts_isnull));
+    } else {
+        row = heap_copy_tuple_as_datum(tuple, desc);
+    }
+    if (copied) heap_freetuple(tuple);
+    return row;
+}
 
 }  // namespace idem::pg

@@ -174,7 +174,9 @@ bool delete_found_row(OpenTable* table);
 // them unfired).
 void fire_triggers_deferred_to_commit();
 
-// The found row as a composite datum of the table's row type, copied.
+// The found row as a composite datum of the table's row type, copied, with
+// every column of the table (a column added since the row was stored holds
+// its default, as a table read shows it).
 Datum found_row_datum(OpenTable* table);
 
 }  // namespace idem::pg
