@@ -52,6 +52,11 @@ SELECT task, rows FROM idempotency.idem_maintenance() WHERE task LIKE '%outbox%'
 SELECT outcome FROM idempotency.idem_claim('setup-processing');
 DROP EXTENSION idempotency;
 DROP SCHEMA idempotency CASCADE;
+-- So does a session of a replication tool or a restore
+-- (session_replication_role = replica).
+SET session_replication_role = replica;
+DROP EXTENSION idempotency;
+RESET session_replication_role;
 -- A transaction that holds outbox claims it has not written yet cannot
 -- drop it at all, forced or not.
 SELECT idempotency.outbox_enqueue('setup.t', '"held"') AS held \gset

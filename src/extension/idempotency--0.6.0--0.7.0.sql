@@ -95,6 +95,11 @@ ALTER TABLE idempotency.idempotency_keys ENABLE ALWAYS TRIGGER counts_truncated;
 ALTER TABLE idempotency.outbox ENABLE ALWAYS TRIGGER counts_truncated;
 REVOKE ALL ON FUNCTION idempotency.counts_truncated() FROM PUBLIC;
 
+-- The drop guard fires in sessions with session_replication_role = replica
+-- too (replication tools, restores), which event triggers left at the
+-- default skip.
+ALTER EVENT TRIGGER idempotency_drop_guard ENABLE ALWAYS;
+
 -- ---------------------------------------------------------------- views
 
 -- As in 0.6.0, and counted_by last.

@@ -644,6 +644,9 @@ AS 'MODULE_PATHNAME', 'idem_drop_guard';
 CREATE EVENT TRIGGER idempotency_drop_guard ON ddl_command_start
     WHEN TAG IN ('DROP EXTENSION', 'DROP SCHEMA', 'DROP OWNED')
     EXECUTE FUNCTION idempotency.drop_guard();
+-- Also in sessions with session_replication_role = replica (replication
+-- tools, restores), which event triggers left at the default skip.
+ALTER EVENT TRIGGER idempotency_drop_guard ENABLE ALWAYS;
 
 -- ---------------------------------------------------------------- roles
 
