@@ -58,7 +58,7 @@ func (c *Claimed) Complete(ctx context.Context, result any) error {
 	if err != nil {
 		return err
 	}
-	lost, err := retryLost(ctx, c.patience(), func(ctx context.Context) error { return c.completeWith(ctx, c.db, value) })
+	lost, err := c.retryLost(ctx, func(ctx context.Context) error { return c.completeWith(ctx, c.db, value) })
 	if lost && errors.Is(err, ErrWrongState) {
 		if _, stored, ok := c.recordedByThisClaim(ctx, "COMPLETED"); ok {
 			c.recordFinished("completed", stored)
@@ -186,7 +186,7 @@ func (c *Claimed) Transaction(ctx context.Context, fn func(tx *sql.Tx) (any, err
 // again (record.go).
 func (c *Claimed) Fail(ctx context.Context, cause error) (*Failed, error) {
 	var failed *Failed
-	lost, err := retryLost(ctx, c.patience(), func(ctx context.Context) (err error) {
+	lost, err := c.retryLost(ctx, func(ctx context.Context) (err error) {
 		failed, err = c.failOnce(ctx, cause)
 		return err
 	})

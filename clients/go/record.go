@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -12,11 +13,11 @@ import (
 // dropped connection) and a wait for a busy pool: a record lost that way
 // would leave the key held until its lease ends, and its work would run
 // again. They try again for up to recordPatience, or until the claim's
-// lease ends when that is later: until then the key is the claim's to
-// record, and a record given up leaves it to run again. A try whose answer
-// was lost may have committed: the next one then finds the key no longer
-// PROCESSING (IK003), and the key itself says whether this claim's record
-// is the one it holds.
+// lease ends when that is later, as the heartbeat moves it on: until then
+// the key is the claim's to record, and a record given up leaves it to run
+// again. A try whose answer was lost may have committed: the next one then
+// finds the key no longer PROCESSING (IK003), and the key itself says
+// whether this claim's record is the one it holds.
 
 var recordPatience = 10 * time.Second
 
@@ -28,14 +29,74 @@ func (c *Claimed) startRecording() {
 	c.mu.Unlock()
 }
 
-// patience: how long a record of this claim keeps trying.
-func (c *Claimed) patience() time.Duration {
+// withPatience: ctx, also ended (DeadlineExceeded) once the record's
+// patience has: recordPatience from now, or the end of the claim's lease
+// when that is later. The end is read again when it comes: a heartbeat
+// still running moves the lease on, and a record waiting for a busy pool
+// while the lease lasts is not given up (the key is still the claim's).
+func (c *Claimed) withPatience(ctx context.Context) (context.Context, context.CancelFunc) {
+	least := time.Now().Add(recordPatience)
+	patient := &patientContext{Context: ctx, done: make(chan struct{})}
+	stop := make(chan struct{})
+	go func() {
+		for {
+			end := c.leaseEnd()
+			if end.Before(least) {
+				end = least
+			}
+			wait := time.Until(end)
+			if wait <= 0 {
+				patient.end(context.DeadlineExceeded)
+				return
+			}
+			timer := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				patient.end(ctx.Err())
+				return
+			case <-stop:
+				timer.Stop()
+				patient.end(context.Canceled)
+				return
+			case <-timer.C:
+			}
+		}
+	}()
+	var once sync.Once
+	return patient, func() { once.Do(func() { close(stop) }) }
+}
+
+// leaseEnd: when the claim's lease ends, as the claim or its last beat set
+// it (zero: unknown).
+func (c *Claimed) leaseEnd() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if left := time.Until(c.leaseEnds); left > recordPatience {
-		return left
-	}
-	return recordPatience
+	return c.leaseEnds
+}
+
+// patientContext is withPatience's context: its parent's values, its own end.
+type patientContext struct {
+	context.Context
+	done chan struct{}
+	mu   sync.Mutex
+	err  error
+}
+
+func (p *patientContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (p *patientContext) Done() <-chan struct{}       { return p.done }
+
+func (p *patientContext) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+func (p *patientContext) end(err error) {
+	p.mu.Lock()
+	p.err = err
+	p.mu.Unlock()
+	close(p.done)
 }
 
 // recordingContext: the end of the work is recorded even when ctx is
@@ -44,7 +105,7 @@ func (c *Claimed) patience() time.Duration {
 // key held, and its work run again once the lease ends. The values of ctx
 // are kept.
 func (c *Claimed) recordingContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(withoutCancel{ctx}, c.patience())
+	return c.withPatience(withoutCancel{ctx})
 }
 
 // lostConnection: the statement may not have reached the server, or its
@@ -59,10 +120,11 @@ func lostConnection(err error) bool {
 }
 
 // retryLost runs try until it does not fail with a lost connection, for at
-// most patience or until ctx ends, 100 ms apart, twice as long each time up
-// to 1 s. lost: a try before the last lost its connection.
-func retryLost(ctx context.Context, patience time.Duration, try func(context.Context) error) (lost bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, patience)
+// most the claim's record patience (withPatience) or until ctx ends, 100 ms
+// apart, twice as long each time up to 1 s. lost: a try before the last
+// lost its connection.
+func (c *Claimed) retryLost(ctx context.Context, try func(context.Context) error) (lost bool, err error) {
+	ctx, cancel := c.withPatience(ctx)
 	defer cancel()
 	pause := 100 * time.Millisecond
 	for {

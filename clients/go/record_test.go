@@ -105,6 +105,34 @@ func TestARecordWaitsForABusyPoolWhileTheLeaseLasts(t *testing.T) {
 	}
 }
 
+// A record waits for a busy pool for as long as the heartbeat keeps the
+// lease: given up when the lease the claim set had ended, the key was left
+// PROCESSING under a live lease, and its work ran again after it.
+func TestARecordWaitsWhileTheHeartbeatKeepsTheLease(t *testing.T) {
+	defer idempotency.SetRecordPatience(500 * time.Millisecond)()
+	small := openDB(t)
+	small.SetMaxOpenConns(1)
+	ctx := testContext(t, 30*time.Second)
+	key := newKey(t)
+	opts := &idempotency.ClaimOptions{Lease: time.Second, Heartbeats: openDB(t)}
+	done, err := idempotency.Run(ctx, small, key, nil, opts, func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+		// Another request takes the pool's only connection for 3 leases.
+		conn, err := small.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		time.AfterFunc(3*time.Second, func() { conn.Close() })
+		return "done", nil
+	})
+	if err != nil || string(done.Result) != `"done"` {
+		t.Fatalf("%#v %v", done, err)
+	}
+	var status string
+	if err := small.QueryRowContext(ctx, "SELECT status FROM idempotency.idem_get($1)", key).Scan(&status); err != nil || status != "COMPLETED" {
+		t.Fatalf("the key is %s (%v)", status, err)
+	}
+}
+
 // The heartbeat goes on while the record waits for a busy pool: stopped
 // before it, the lease ended, another worker took the key over and the
 // work ran again.

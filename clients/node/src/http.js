@@ -214,7 +214,7 @@ async function beginClaim(opts, key, request, signal) {
   const record = async (sql, params, statuses) => {
     beat.recording = true;
     try {
-      await retryLost(pool, { key, token: row.token, scope: opts.scope, leaseEnds: beat.leaseEnds },
+      await retryLost(pool, { key, token: row.token, scope: opts.scope, get leaseEnds() { return beat.leaseEnds; } },
         () => pool.query(sql, params), statuses, () => null);
     } finally {
       await beat.stop();

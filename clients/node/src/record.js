@@ -3,11 +3,11 @@
 // leave the key held until its lease ends, and its work would run again.
 // A try that fails without an answer from the server is made again, 100 ms
 // later and then twice as long each time up to 1 s, for at most 10 s, or
-// until the claim's lease ends when that is later (until then the key is
-// the claim's to record, and a record given up leaves it to run again). A
-// try whose answer was lost may have committed: the next one then finds
-// the key no longer PROCESSING (IK003), and the key itself says whether
-// this claim's record is the one it holds.
+// until the claim's lease ends when that is later, as its heartbeat moves
+// it on (until then the key is the claim's to record, and a record given
+// up leaves it to run again). A try whose answer was lost may have
+// committed: the next one then finds the key no longer PROCESSING (IK003),
+// and the key itself says whether this claim's record is the one it holds.
 import { KEY_RECORD } from './sql.js';
 
 // How long a record tries at least (a test lowers it to spare its time).
@@ -27,9 +27,13 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 // Runs tryOnce() until it does not fail for a lost connection and returns
 // its value. After a lost answer, an IK003 is looked into: when the key is
 // in one of `statuses` under this claim's token, recovered(row) answers.
-// `leaseEnds`: when the claim's lease ends at the latest, if known.
-export async function retryLost(pool, { key, token, scope, leaseEnds = 0 }, tryOnce, statuses, recovered) {
-  const deadline = Math.max(Date.now() + recordPatience.ms, leaseEnds);
+// `job.leaseEnds`: when the claim's lease ends at the latest, if known; read
+// again before each try, as a heartbeat still running moves it on (a record
+// waiting for a busy pool while the lease lasts is not given up).
+export async function retryLost(pool, job, tryOnce, statuses, recovered) {
+  const { key, token, scope } = job;
+  const least = Date.now() + recordPatience.ms;
+  const deadline = () => Math.max(least, job.leaseEnds ?? 0);
   let pause = 100;
   let lost = false;
   for (;;) {
@@ -40,9 +44,9 @@ export async function retryLost(pool, { key, token, scope, leaseEnds = 0 }, tryO
         const row = await pool.query(KEY_RECORD, [key, scope]).then((r) => r.rows[0], () => null);
         if (row && statuses.includes(row.status) && row.token === String(token)) return recovered(row);
       }
-      if (!lostConnection(err) || pool.ending || Date.now() + pause > deadline) throw err;
+      if (!lostConnection(err) || pool.ending || Date.now() >= deadline()) throw err;
       lost = true;
-      await sleep(pause);
+      await sleep(Math.min(pause, deadline() - Date.now()));
       pause = Math.min(pause * 2, 1000);
     }
   }

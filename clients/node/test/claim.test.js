@@ -281,18 +281,51 @@ describe('claim', () => {
     assert.ok(calls <= 4, `${calls} beats for about three that could finish`);
   });
 
+  // A pool of one connection, opened already, whose callers wait at most
+  // 200 ms for it: a record's try then fails while another holds it. The
+  // connection is opened before the limit is set, as opening one can take
+  // longer than that on a busy machine.
+  async function busyablePool() {
+    const small = newPool({}, { max: 1 });
+    (await small.connect()).release();
+    small.options.connectionTimeoutMillis = 200;
+    return small;
+  }
+
   test('a record waits for a busy pool while the lease lasts', async () => {
     // A record that gave up at its least patience (10 s; here 0.5 s) while
     // the pool was busy left the key held until its lease ended, and the
     // work ran again.
     const saved = recordPatience.ms;
     recordPatience.ms = 500;
-    const small = newPool({}, { max: 1, connectionTimeoutMillis: 200 });
+    const small = await busyablePool();
     try {
       const key = newKey();
       const outcome = await claim(small, { key, lease: 5, heartbeat: false }, async () => {
         const other = await small.connect();   // another request takes the only connection for 1.5 s
         setTimeout(() => other.release(), 1500);
+        return 'done';
+      });
+      assert.deepEqual([outcome.outcome, outcome.result], ['completed', 'done'], JSON.stringify(outcome));
+      assert.equal((await keyRow(pool, key)).status, 'COMPLETED');
+    } finally {
+      recordPatience.ms = saved;
+      await small.end();
+    }
+  });
+
+  test('a record waits for a busy pool while the heartbeat keeps the lease', async () => {
+    // A record that gave up once the lease the claim set had ended left the
+    // key PROCESSING under a lease its heartbeat still renewed, and the work
+    // ran again after it.
+    const saved = recordPatience.ms;
+    recordPatience.ms = 500;
+    const small = await busyablePool();
+    try {
+      const key = newKey();
+      const outcome = await claim(small, { key, lease: 1 }, async () => {
+        const other = await small.connect();   // another request takes the only connection for 3 leases
+        setTimeout(() => other.release(), 3000);
         return 'done';
       });
       assert.deepEqual([outcome.outcome, outcome.result], ['completed', 'done'], JSON.stringify(outcome));

@@ -729,6 +729,39 @@ def test_a_record_waits_for_a_busy_pool_while_the_lease_lasts(new_key, admin, mo
     assert runs[key] == 1
 
 
+def test_a_record_waits_for_a_busy_pool_while_the_heartbeat_keeps_the_lease(new_key, admin, monkeypatch):
+    # A record that gave up once the lease the claim set had ended left the
+    # key PROCESSING under a lease its heartbeat still renewed, and the work
+    # ran again after it.
+    monkeypatch.setattr("pg_idempotency._record.PATIENCE", 0.5)
+    key = new_key()
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=1,
+                                       max_size=1) as pool:
+            app = FastAPI()
+            taken = asyncio.Event()
+
+            async def another_request():     # takes the pool's only connection for 3 leases
+                async with pool.connection():
+                    taken.set()
+                    await asyncio.sleep(3.0)
+
+            @app.post("/kept")
+            async def kept(request: Request):
+                runs[request.state.idempotency.key] += 1
+                request.state.other = asyncio.create_task(another_request())
+                await taken.wait()
+                return JSONResponse({"ok": True}, status_code=201)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.kept", lease=1)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+                return await client.post("/kept", headers={"idempotency-key": key}, content="{}")
+    answer = asyncio.run(main())
+    assert answer.status_code == 201, answer.text
+    assert key_row(admin, key, "asgi.kept") == ("COMPLETED", 1)
+    assert runs[key] == 1
+
+
 def test_the_heartbeat_goes_on_while_a_busy_pool_delays_the_record(new_key, admin):
     # The heartbeat stopped before the record: while the record waited for
     # a busy pool the lease ended, and a duplicate took the key over and

@@ -3,11 +3,12 @@ restart, a dropped connection): a record lost that way would leave the key
 held until its lease ends, and its work would run again. The middlewares,
 which record on a pool, try again when a try fails without an answer from
 the server: 0.1 s later and then twice as long each time up to 1 s, for at
-most 10 s, or until the claim's lease ends when that is later (until then
-the key is the claim's to record, and a record given up leaves it to run
-again). The wait for a pool connection counts in that time. A try whose answer was lost may have committed: the next one
-then finds the key no longer PROCESSING (IK003), and the key itself says
-whether this claim's record is the one it holds."""
+most 10 s, or until the claim's lease ends when that is later, as its
+heartbeat moves it on (until then the key is the claim's to record, and a
+record given up leaves it to run again). The wait for a pool connection
+counts in that time. A try whose answer was lost may have committed: the
+next one then finds the key no longer PROCESSING (IK003), and the key
+itself says whether this claim's record is the one it holds."""
 
 import asyncio
 import time
@@ -49,8 +50,15 @@ class _Tries:
 
     def __init__(self, job, sql):
         self.job, self.statuses = job, _RECORDED[sql]
-        self.deadline = max(time.monotonic() + PATIENCE, job.lease_ends)
+        self.least = time.monotonic() + PATIENCE
         self.pause, self.lost = 0.1, False
+
+    @property
+    def deadline(self):
+        """Read again at each try: a heartbeat still running moves the
+        lease on, and a record waiting for a busy pool while the lease lasts
+        is not given up."""
+        return max(self.least, self.job.lease_ends)
 
     def left(self):
         return max(0.1, self.deadline - time.monotonic())
@@ -60,10 +68,11 @@ class _Tries:
 
     def next_pause(self, exc):
         """The pause before the next try, or None to give up (raise exc)."""
-        if not lost_connection(exc) or time.monotonic() + self.pause > self.deadline:
+        left = self.deadline - time.monotonic()
+        if not lost_connection(exc) or left <= 0:
             return None
         self.lost = True
-        pause, self.pause = self.pause, min(self.pause * 2, 1.0)
+        pause, self.pause = min(self.pause, left), min(self.pause * 2, 1.0)
         return pause
 
 
