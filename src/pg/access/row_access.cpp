@@ -141,20 +141,27 @@ void refuse_if_read_only(CmdType command) {
 // against the index key; false when the row is gone, held (skip), or no
 // longer has the key.
 bool lock_found(OpenTable* table, RowLock lock) {
+    const bool skip = lock != RowLock::ForUpdate;
     if (table->via_sql) {
         ItemPointerData seen = table->found->tts_tid;
-        table->found_locked = sql_rows::lock(table->heap, &seen,
-                                             lock == RowLock::ForUpdateIfFree, table->found);
+        table->found_locked = sql_rows::lock(table->heap, &seen, skip, table->found);
         return table->found_locked;
     }
     refuse_if_read_only(CMD_SELECT);
     const bool follow = !IsolationUsesXactSnapshot();
     TM_FailureData failure;
     ItemPointerData tid = table->found->tts_tid;
+    // A transaction waiting to lock a row holds the row's tuple lock while
+    // it waits (the mode of an UPDATE's wait): taken here, it says whether
+    // one waits.
+    ItemPointerData queued = tid;
+    const bool check_queue = lock == RowLock::ForUpdateIfNoneWaits;
+    if (check_queue && !ConditionalLockTuple(table->heap, &queued, ExclusiveLock)) return false;
     const TM_Result result = table_tuple_lock(
         table->heap, &tid, GetActiveSnapshot(), table->found, GetCurrentCommandId(true),
-        LockTupleNoKeyExclusive, lock == RowLock::ForUpdateIfFree ? LockWaitSkip : LockWaitBlock,
+        LockTupleNoKeyExclusive, skip ? LockWaitSkip : LockWaitBlock,
         follow ? TUPLE_LOCK_FLAG_FIND_LAST_VERSION : 0, &failure);
+    if (check_queue) UnlockTuple(table->heap, &queued, ExclusiveLock);
     switch (result) {
         case TM_Ok:
             table->found_locked =

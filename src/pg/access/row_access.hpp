@@ -82,12 +82,19 @@ enum class RowLock {
     None,             // a plain read
     ForUpdate,        // FOR NO KEY UPDATE
     ForUpdateIfFree,  // FOR NO KEY UPDATE SKIP LOCKED: nothing when another holds it
+    // ForUpdateIfFree, and nothing either when another transaction waits to
+    // lock it: the rows' waiters go first, in their order, also when the
+    // row's holder has just ended (a transaction that comes at that moment
+    // would otherwise take the row before them). The direct path only; the
+    // SQL path is SKIP LOCKED.
+    ForUpdateIfNoneWaits,
 };
 
 // Finds the row whose index columns equal `values` (one per index key
 // column, compared with the index's equality operators; at most 4) in a
 // new step, into table->found. False when there is none (or, locking, when
-// it went away, or is held and `lock` is ForUpdateIfFree).
+// it went away, or is held and `lock` is ForUpdateIfFree or
+// ForUpdateIfNoneWaits).
 // With `new_step` false, a later find of the same statement: it reads with
 // the step's snapshot (as one UPDATE of many rows does) instead of a new one.
 bool find_row(OpenTable* table, const Datum* values, RowLock lock, bool new_step = true);

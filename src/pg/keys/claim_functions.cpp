@@ -168,7 +168,7 @@ bool inserted_over_tombstone(const KeyId& id, const Request& request, OutcomeFie
     }
     KeyRow row;
     StoredKey ours;
-    if (!lock_key(id, false, &ours, &row) || !delete_key(&row))
+    if (!lock_key(id, RowLock::ForUpdate, &ours, &row) || !delete_key(&row))
         elog(ERROR, "idempotency: could not take back a key inserted over its tombstone");
     close_key(&row);
     return true;
@@ -290,9 +290,17 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
         // Lock the row and decide again on what is there now. A row that
         // another transaction has locked is waited for (within the bound)
         // without taking the lock, then read afresh.
+        // A claim that does not wait also gives way to a transaction waiting
+        // to lock the row (a heartbeat that waited for a fenced transaction)
+        // and answers in_progress. A waiting claim does not: its wait
+        // (when_locked) locks the row for a moment, and would take it from
+        // that waiter again in each round; it may take a row whose waiter
+        // has not run yet, as before.
         KeyRow locked;
         StoredKey current;
-        if (!lock_key(args.id, true, &current, &locked)) {
+        const RowLock lock = args.deadline > now ? RowLock::ForUpdateIfFree
+                                                 : RowLock::ForUpdateIfNoneWaits;
+        if (!lock_key(args.id, lock, &current, &locked)) {
             close_key(&locked);
             if (when_locked(args, stored, out) == Round::Answered) return;
             continue;

@@ -73,7 +73,7 @@ FenceVerdict check_as_holder(HolderCall call, const KeyId& id, std::int64_t toke
 FenceVerdict find_as_holder(HolderCall call, const KeyId& id, std::int64_t token, bool lock,
                             StoredKey* stored, KeyRow* row) {
     const bool found =
-        lock ? lock_key(id, false, stored, row) : find_key_to_change(id, stored, row);
+        lock ? lock_key(id, RowLock::ForUpdate, stored, row) : find_key_to_change(id, stored, row);
     if (!found) {
         close_key(row);
         raise_no_such_key(id);

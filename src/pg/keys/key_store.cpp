@@ -81,13 +81,11 @@ bool find_key_to_change(const KeyId& id, StoredKey* out, KeyRow* row) {
     return true;
 }
 
-bool lock_key(const KeyId& id, bool skip_if_held, StoredKey* out, KeyRow* row) {
+bool lock_key(const KeyId& id, RowLock lock, StoredKey* out, KeyRow* row) {
     const ExtensionObjects& objects = extension_objects();
     row->table = open_to_write(objects.keys);
     const KeyIdValues key = key_id_values(id);
-    if (!find_row(&row->table, key.values,
-                  skip_if_held ? RowLock::ForUpdateIfFree : RowLock::ForUpdate))
-        return false;
+    if (!find_row(&row->table, key.values, lock)) return false;
     read_stored_key(row->table.found, columns_of(row), objects.status_type, out);
     return true;
 }

@@ -58,10 +58,13 @@ static_assert(std::is_trivially_destructible_v<KeyRow>);
 // Finds the key to change it, as UPDATE ... WHERE finds the row (no lock
 // yet): false when it does not exist. `row` must be closed either way.
 bool find_key_to_change(const KeyId& id, StoredKey* out, KeyRow* row);
-// Finds and locks it (SELECT ... FOR NO KEY UPDATE): false when it does not
-// exist, or, with `skip_if_held`, when another transaction holds a
-// conflicting lock on it (see wait_for_key_lockers).
-bool lock_key(const KeyId& id, bool skip_if_held, StoredKey* out, KeyRow* row);
+// Finds and locks it (SELECT ... FOR NO KEY UPDATE, as `lock` says): false
+// when it does not exist, or when `lock` skips a row that another
+// transaction holds (ForUpdateIfFree) or holds or waits to lock
+// (ForUpdateIfNoneWaits; see wait_for_key_lockers): a heartbeat that waited
+// for a fenced transaction then renews the lease before a claim that comes
+// as that transaction ends takes the key over.
+bool lock_key(const KeyId& id, RowLock lock, StoredKey* out, KeyRow* row);
 // Locks a key found without a lock, waiting for a concurrent change, and
 // reads its newest version: false when it went away.
 bool lock_found_key(KeyRow* row, StoredKey* out);

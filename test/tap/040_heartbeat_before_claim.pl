@@ -1,0 +1,93 @@
+# A heartbeat that waits for the holder's fenced transaction renews the
+# lease before a claim that comes as that transaction ends. The holder claims
+# a key with a short lease, locks its row with idem_assert_owner in a
+# transaction, and a heartbeat from another session waits for that row; once
+# the lease has ended, the holder commits and claims the key again in the
+# same query, right after its commit. PostgreSQL gives an unlocked row to
+# whoever asks first, so without the claim giving way to the row's waiter the
+# claim took the key over (claimed) in most rounds and the heartbeat got
+# IK001; with it, the claim answers in_progress and the heartbeat renews. A
+# claim with `wait` does not give way; it still answers.
+use strict;
+use warnings;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTap;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $rounds = 10;
+
+my $node = idem_node('beat_first', conf => ["idempotency.worker_enabled = off"]);
+$node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+my $holder = $node->background_psql('postgres');
+
+# fenced_round(KEY, CLAIM_ARGS): the holder's fenced transaction, a
+# heartbeat waiting for it past the lease, then the commit and a claim
+# (idem_claim(KEY CLAIM_ARGS)) in one query. Returns the claim's outcome and
+# whether the heartbeat renewed the lease.
+sub fenced_round
+{
+	my ($key, $claim_args) = @_;
+	my $token = $holder->query_safe(
+		"SELECT token FROM idempotency.idem_claim('$key', lease => '300 ms')");
+	$holder->query_safe('BEGIN');
+	$holder->query_safe("SELECT idempotency.idem_assert_owner('$key', $token)");
+
+	my $beat = $node->background_psql('postgres');
+	$beat->query_until(qr/beating\n/,
+		"\\echo beating\nSELECT 'beat:' || (idempotency.idem_heartbeat('$key', $token, extend => '1 min') IS NOT NULL);\n");
+	ok( poll_until(
+			60,
+			sub {
+				$node->safe_psql('postgres',
+					"SELECT count(*) FROM pg_stat_activity
+					  WHERE wait_event_type = 'Lock' AND query LIKE '%idem_heartbeat%'") == 1;
+			}),
+		"$key: the heartbeat waits for the fenced transaction");
+	ok( poll_until(
+			60,
+			sub {
+				$node->safe_psql('postgres',
+					"SELECT lease_until < clock_timestamp() FROM idempotency.idempotency_keys
+					  WHERE key = '$key'") eq 't';
+			}),
+		"$key: the lease has ended");
+
+	# One query: the claim starts right after the commit, before the woken
+	# heartbeat has had a chance to run.
+	$holder->{stderr} = '';
+	my $claim = $holder->query(
+		"COMMIT \\; SELECT 'claim:' || outcome FROM idempotency.idem_claim('$key'$claim_args);");
+	# A refused heartbeat ends its psql (ON_ERROR_STOP): its error is on stderr.
+	my $answer = eval { $beat->query('SELECT 1') } // '';
+	my $beat_stderr = $beat->{stderr};
+	eval { $beat->quit };
+	my $outcome = $claim =~ /claim:(\w+)/ ? $1 : "none ($claim $holder->{stderr})";
+	my $renewed = $answer =~ /beat:true/ ? 'renewed' : "refused ($beat_stderr)";
+	return ($outcome, $renewed);
+}
+
+my (@claims, @beats);
+for my $round (1 .. $rounds)
+{
+	my ($claim, $beat) = fenced_round("fenced-$round", '');
+	push @claims, $claim;
+	push @beats, $beat;
+}
+is(scalar(grep { $_ eq 'in_progress' } @claims), $rounds,
+	"in each of $rounds rounds the claim right after the commit answers in_progress")
+  or diag(join(', ', @claims));
+is(scalar(grep { $_ eq 'renewed' } @beats), $rounds,
+	"in each round the heartbeat that waited renews the lease")
+  or diag(join(', ', @beats));
+
+# A claim that waits does not give way, but it answers: it neither loops
+# against the waiting heartbeat nor fails.
+my ($waiting) = fenced_round('fenced-waiting', ", wait => '5 s'");
+like($waiting, qr/^(claimed|in_progress)$/, 'a waiting claim right after the commit answers');
+
+$holder->quit;
+done_testing();
