@@ -292,49 +292,32 @@ describe('claim', () => {
     return small;
   }
 
-  test('a record waits for a busy pool while the lease lasts', async () => {
-    // A record that gave up at its least patience (10 s; here 0.5 s) while
-    // the pool was busy left the key held until its lease ended, and the
-    // work ran again.
-    const saved = recordPatience.ms;
-    recordPatience.ms = 500;
-    const small = await busyablePool();
-    try {
-      const key = newKey();
-      const outcome = await claim(small, { key, lease: 5, heartbeat: false }, async () => {
-        const other = await small.connect();   // another request takes the only connection for 1.5 s
-        setTimeout(() => other.release(), 1500);
-        return 'done';
-      });
-      assert.deepEqual([outcome.outcome, outcome.result], ['completed', 'done'], JSON.stringify(outcome));
-      assert.equal((await keyRow(pool, key)).status, 'COMPLETED');
-    } finally {
-      recordPatience.ms = saved;
-      await small.end();
-    }
-  });
-
-  test('a record waits for a busy pool while the heartbeat keeps the lease', async () => {
-    // A record that gave up once the lease the claim set had ended left the
-    // key PROCESSING under a lease its heartbeat still renewed, and the work
-    // ran again after it.
-    const saved = recordPatience.ms;
-    recordPatience.ms = 500;
-    const small = await busyablePool();
-    try {
-      const key = newKey();
-      const outcome = await claim(small, { key, lease: 1 }, async () => {
-        const other = await small.connect();   // another request takes the only connection for 3 leases
-        setTimeout(() => other.release(), 3000);
-        return 'done';
-      });
-      assert.deepEqual([outcome.outcome, outcome.result], ['completed', 'done'], JSON.stringify(outcome));
-      assert.equal((await keyRow(pool, key)).status, 'COMPLETED');
-    } finally {
-      recordPatience.ms = saved;
-      await small.end();
-    }
-  });
+  // A record that gave up at its least patience (10 s; here 0.5 s) while
+  // the pool was busy left the key held until its lease ended, and the work
+  // ran again. With a lease shorter than the wait, the heartbeat keeps the
+  // lease: a record that gave up once the lease the claim set had ended
+  // left the key PROCESSING under a lease its heartbeat still renewed.
+  for (const [name, lease, holdMs, heartbeat] of [['while the lease lasts', 5, 1500, false],
+    ['while the heartbeat keeps the lease', 1, 3000, true]]) {
+    test(`a record waits for a busy pool ${name}`, async () => {
+      const saved = recordPatience.ms;
+      recordPatience.ms = 500;
+      const small = await busyablePool();
+      try {
+        const key = newKey();
+        const outcome = await claim(small, { key, lease, heartbeat }, async () => {
+          const other = await small.connect();   // another request takes the only connection
+          setTimeout(() => other.release(), holdMs);
+          return 'done';
+        });
+        assert.deepEqual([outcome.outcome, outcome.result], ['completed', 'done'], JSON.stringify(outcome));
+        assert.equal((await keyRow(pool, key)).status, 'COMPLETED');
+      } finally {
+        recordPatience.ms = saved;
+        await small.end();
+      }
+    });
+  }
 
   test('the heartbeat goes on while a busy pool delays the record', async () => {
     // Stopped before the record, the heartbeat let the lease end while the

@@ -696,9 +696,13 @@ def test_the_heartbeat_is_not_queued_behind_a_pool_whose_every_connection_is_tak
     assert runs[key] == 1
 
 
-def test_a_record_waits_for_a_busy_pool_while_the_lease_lasts(new_key, admin, monkeypatch):
+@pytest.mark.parametrize("lease, hold", [(5, 1.5), (1, 3.0)], ids=["the lease lasts", "the heartbeat keeps it"])
+def test_a_record_waits_for_a_busy_pool_while_the_lease_lasts(new_key, admin, monkeypatch, lease, hold):
     # A record that gave up at its 10 s (here 0.5 s) while the pool was busy
-    # left the key held until its lease ended, and the work ran again.
+    # left the key held until its lease ended, and the work ran again. With
+    # a lease shorter than the wait, the heartbeat keeps the lease: a record
+    # that gave up once the lease the claim set had ended left the key
+    # PROCESSING under a lease its heartbeat still renewed.
     monkeypatch.setattr("pg_idempotency._record.PATIENCE", 0.5)
     key = new_key()
 
@@ -708,57 +712,23 @@ def test_a_record_waits_for_a_busy_pool_while_the_lease_lasts(new_key, admin, mo
             app = FastAPI()
             taken = asyncio.Event()
 
-            async def another_request():     # takes the pool's only connection for 1.5 s
+            async def another_request():     # takes the pool's only connection for `hold` s
                 async with pool.connection():
                     taken.set()
-                    await asyncio.sleep(1.5)
+                    await asyncio.sleep(hold)
 
             @app.post("/busy")
             async def busy(request: Request):
                 runs[request.state.idempotency.key] += 1
-                other = asyncio.create_task(another_request())
+                request.state.other = asyncio.create_task(another_request())
                 await taken.wait()
-                request.state.other = other
                 return JSONResponse({"ok": True}, status_code=201)
-            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.busy", lease=5)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.busy", lease=lease)
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
                 return await client.post("/busy", headers={"idempotency-key": key}, content="{}")
     answer = asyncio.run(main())
     assert answer.status_code == 201, answer.text
     assert key_row(admin, key, "asgi.busy") == ("COMPLETED", 1)
-    assert runs[key] == 1
-
-
-def test_a_record_waits_for_a_busy_pool_while_the_heartbeat_keeps_the_lease(new_key, admin, monkeypatch):
-    # A record that gave up once the lease the claim set had ended left the
-    # key PROCESSING under a lease its heartbeat still renewed, and the work
-    # ran again after it.
-    monkeypatch.setattr("pg_idempotency._record.PATIENCE", 0.5)
-    key = new_key()
-
-    async def main():
-        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS}, min_size=1,
-                                       max_size=1) as pool:
-            app = FastAPI()
-            taken = asyncio.Event()
-
-            async def another_request():     # takes the pool's only connection for 3 leases
-                async with pool.connection():
-                    taken.set()
-                    await asyncio.sleep(3.0)
-
-            @app.post("/kept")
-            async def kept(request: Request):
-                runs[request.state.idempotency.key] += 1
-                request.state.other = asyncio.create_task(another_request())
-                await taken.wait()
-                return JSONResponse({"ok": True}, status_code=201)
-            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.kept", lease=1)
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
-                return await client.post("/kept", headers={"idempotency-key": key}, content="{}")
-    answer = asyncio.run(main())
-    assert answer.status_code == 201, answer.text
-    assert key_row(admin, key, "asgi.kept") == ("COMPLETED", 1)
     assert runs[key] == 1
 
 
