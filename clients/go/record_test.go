@@ -82,54 +82,49 @@ func TestRunRecordWhoseAnswerWasLost(t *testing.T) {
 	}
 }
 
-// A record waits for a busy pool while the claim's lease lasts, beyond its
-// least patience (10 s; here 0.5 s): given up, it would leave the key held
-// until the lease ends, and the work would run again.
+// A record waits for a busy pool while the lease lasts: one that gave up at
+// its least patience (10 s, here 0.5 s) left the key held until its lease
+// ended, and the work ran again. With a lease shorter than the wait, the
+// heartbeat keeps the lease: a record that gave up once the lease the claim
+// set had ended left the key PROCESSING under a lease its heartbeat still
+// renewed.
 func TestARecordWaitsForABusyPoolWhileTheLeaseLasts(t *testing.T) {
 	defer idempotency.SetRecordPatience(500 * time.Millisecond)()
-	small := openDB(t)
-	small.SetMaxOpenConns(1)
-	ctx := testContext(t, 30*time.Second)
-	opts := &idempotency.ClaimOptions{Lease: 5 * time.Second, NoHeartbeat: true}
-	done, err := idempotency.Run(ctx, small, newKey(t), nil, opts, func(ctx context.Context, job *idempotency.Claimed) (any, error) {
-		// Another request takes the pool's only connection for 1.5 s.
-		conn, err := small.Conn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		time.AfterFunc(1500*time.Millisecond, func() { conn.Close() })
-		return "done", nil
-	})
-	if err != nil || string(done.Result) != `"done"` {
-		t.Fatalf("%#v %v", done, err)
-	}
-}
-
-// A record waits for a busy pool for as long as the heartbeat keeps the
-// lease: given up when the lease the claim set had ended, the key was left
-// PROCESSING under a live lease, and its work ran again after it.
-func TestARecordWaitsWhileTheHeartbeatKeepsTheLease(t *testing.T) {
-	defer idempotency.SetRecordPatience(500 * time.Millisecond)()
-	small := openDB(t)
-	small.SetMaxOpenConns(1)
-	ctx := testContext(t, 30*time.Second)
-	key := newKey(t)
-	opts := &idempotency.ClaimOptions{Lease: time.Second, Heartbeats: openDB(t)}
-	done, err := idempotency.Run(ctx, small, key, nil, opts, func(ctx context.Context, job *idempotency.Claimed) (any, error) {
-		// Another request takes the pool's only connection for 3 leases.
-		conn, err := small.Conn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		time.AfterFunc(3*time.Second, func() { conn.Close() })
-		return "done", nil
-	})
-	if err != nil || string(done.Result) != `"done"` {
-		t.Fatalf("%#v %v", done, err)
-	}
-	var status string
-	if err := small.QueryRowContext(ctx, "SELECT status FROM idempotency.idem_get($1)", key).Scan(&status); err != nil || status != "COMPLETED" {
-		t.Fatalf("the key is %s (%v)", status, err)
+	for _, c := range []struct {
+		name  string
+		lease time.Duration
+		hold  time.Duration
+		beats bool
+	}{
+		{"the lease lasts", 5 * time.Second, 1500 * time.Millisecond, false},
+		{"the heartbeat keeps it", time.Second, 3 * time.Second, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			small := openDB(t)
+			small.SetMaxOpenConns(1)
+			ctx := testContext(t, 30*time.Second)
+			key := newKey(t)
+			opts := &idempotency.ClaimOptions{Lease: c.lease, NoHeartbeat: !c.beats}
+			if c.beats {
+				opts.Heartbeats = openDB(t)
+			}
+			done, err := idempotency.Run(ctx, small, key, nil, opts, func(ctx context.Context, job *idempotency.Claimed) (any, error) {
+				// Another request takes the pool's only connection.
+				conn, err := small.Conn(ctx)
+				if err != nil {
+					return nil, err
+				}
+				time.AfterFunc(c.hold, func() { conn.Close() })
+				return "done", nil
+			})
+			if err != nil || string(done.Result) != `"done"` {
+				t.Fatalf("%#v %v", done, err)
+			}
+			var status string
+			if err := small.QueryRowContext(ctx, "SELECT status FROM idempotency.idem_get($1)", key).Scan(&status); err != nil || status != "COMPLETED" {
+				t.Fatalf("the key is %s (%v)", status, err)
+			}
+		})
 	}
 }
 
