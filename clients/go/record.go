@@ -21,6 +21,12 @@ import (
 
 var recordPatience = 10 * time.Second
 
+// recordMostPatience bounds how long the heartbeat keeps a record trying
+// (unless the lease the claim set at the record's start ends later): a
+// try that keeps failing as a lost connection while the beats still get
+// through must not hold the caller for ever.
+const recordMostPatience = time.Minute
+
 // startRecording: from now on a beat that finds the key taken or finished
 // stops without a word; the record says what happened.
 func (c *Claimed) startRecording() {
@@ -33,14 +39,23 @@ func (c *Claimed) startRecording() {
 // patience has: recordPatience from now, or the end of the claim's lease
 // when that is later. The end is read again when it comes: a heartbeat
 // still running moves the lease on, and a record waiting for a busy pool
-// while the lease lasts is not given up (the key is still the claim's).
+// while the lease lasts is not given up (the key is still the claim's),
+// for up to recordMostPatience or the lease it started with.
 func (c *Claimed) withPatience(ctx context.Context) (context.Context, context.CancelFunc) {
-	least := time.Now().Add(recordPatience)
+	start := time.Now()
+	least := start.Add(recordPatience)
+	most := start.Add(recordMostPatience)
+	if atStart := c.leaseEnd(); atStart.After(most) {
+		most = atStart
+	}
 	patient := &patientContext{Context: ctx, done: make(chan struct{})}
 	stop := make(chan struct{})
 	go func() {
 		for {
 			end := c.leaseEnd()
+			if end.After(most) {
+				end = most
+			}
 			if end.Before(least) {
 				end = least
 			}

@@ -13,6 +13,12 @@ import { KEY_RECORD } from './sql.js';
 // How long a record tries at least (a test lowers it to spare its time).
 export const recordPatience = { ms: 10_000 };
 
+// How long the heartbeat keeps a record trying at most (unless the lease
+// the claim set at the record's start ends later): a try that keeps
+// failing as a lost connection while the beats still get through must not
+// hold the caller for ever.
+const RECORD_MOST_PATIENCE_MS = 60_000;
+
 // The statement may not have reached the server, or its answer did not
 // come back: an error without a SQLSTATE from the server (the network, a
 // closed connection), or a connection failure or a server shutting down.
@@ -29,11 +35,14 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 // in one of `statuses` under this claim's token, recovered(row) answers.
 // `job.leaseEnds`: when the claim's lease ends at the latest, if known; read
 // again before each try, as a heartbeat still running moves it on (a record
-// waiting for a busy pool while the lease lasts is not given up).
+// waiting for a busy pool while the lease lasts is not given up), for up to
+// a minute or the lease it started with.
 export async function retryLost(pool, job, tryOnce, statuses, recovered) {
   const { key, token, scope } = job;
-  const least = Date.now() + recordPatience.ms;
-  const deadline = () => Math.max(least, job.leaseEnds ?? 0);
+  const start = Date.now();
+  const least = start + recordPatience.ms;
+  const most = Math.max(start + RECORD_MOST_PATIENCE_MS, job.leaseEnds ?? 0);
+  const deadline = () => Math.max(least, Math.min(job.leaseEnds ?? 0, most));
   let pause = 100;
   let lost = false;
   for (;;) {

@@ -21,7 +21,8 @@ export function httpSuite(framework, startServer) {
     // A pool whose idem_complete is refused (as a revoked grant would be).
     const refusing = {
       query: (text, params) => (/idem_complete/.test(text)
-        ? Promise.reject(Object.assign(new Error('permission denied for function idem_complete'), { code: '42501' }))
+        ? Promise.reject(Object.assign(new Error('permission denied for function idem_complete'),
+          { code: '42501', severity: 'ERROR' }))
         : pool.query(text, params)),
       connect: () => pool.connect(),
       get ending() { return pool.ending; },

@@ -19,6 +19,12 @@ from . import _sql
 
 PATIENCE = 10.0
 
+# How long the heartbeat keeps a record trying at most (unless the lease the
+# claim set at the record's start ends later): a try that keeps failing as a
+# lost connection while the beats still get through must not hold the
+# caller for ever.
+MOST_PATIENCE = 60.0
+
 # The states of a key that each record leaves.
 _RECORDED = {_sql.COMPLETE: ("COMPLETED",), _sql.FAIL: ("FAILED_RETRYABLE", "FAILED_FINAL")}
 
@@ -50,15 +56,18 @@ class _Tries:
 
     def __init__(self, job, sql):
         self.job, self.statuses = job, _RECORDED[sql]
-        self.least = time.monotonic() + PATIENCE
+        start = time.monotonic()
+        self.least = start + PATIENCE
+        self.most = max(start + MOST_PATIENCE, job.lease_ends)
         self.pause, self.lost = 0.1, False
 
     @property
     def deadline(self):
         """Read again at each try: a heartbeat still running moves the
         lease on, and a record waiting for a busy pool while the lease lasts
-        is not given up."""
-        return max(self.least, self.job.lease_ends)
+        is not given up, for up to MOST_PATIENCE or the lease it started
+        with."""
+        return max(self.least, min(self.job.lease_ends, self.most))
 
     def left(self):
         return max(0.1, self.deadline - time.monotonic())
