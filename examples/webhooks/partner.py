@@ -133,10 +133,12 @@ class Store:
                              event.get("type"), event.get("order_id"), behaviour))
         return n, behaviour
 
-    def end_request(self, n, result, status):
+    def end_request(self, n, result, status, answered_at=None):
+        """answered_at: when the answer was written, taken before this waits for the lock."""
+        t_end = answered_at or time.time()
         with self.lock:
             self.db.execute("UPDATE requests SET t_end = ?, result = coalesce(result, ?), status = ? WHERE n = ?",
-                            (time.time(), result, str(status), n))
+                            (t_end, result, str(status), n))
 
     def answering(self, n):
         with self.lock:
@@ -280,9 +282,9 @@ class Partner:
             return store.end_request(n, "rejected", 400)
         if behaviour in ("503", "500"):             # down for a moment: nothing applied
             status = int(behaviour)
-            http.answer(status, {"error": "service unavailable" if status == 503 else "internal error"},
-                        [("Retry-After", "1")] if status == 503 else [])
-            return store.end_request(n, "failed", status)
+            sent = http.answer(status, {"error": "service unavailable" if status == 503 else "internal error"},
+                               [("Retry-After", "1")] if status == 503 else [])
+            return store.end_request(n, "failed", status if sent else "none", time.time())
 
         error = None
         with store.lock:
@@ -294,8 +296,9 @@ class Partner:
                     store.in_progress.add(key)
         if busy:
             # Another request with this key is being applied right now: come back later.
-            http.answer(409, {"error": "a request with this Idempotency-Key is in progress"}, [("Retry-After", "1")])
-            return store.end_request(n, "in_progress", 409)
+            sent = http.answer(409, {"error": "a request with this Idempotency-Key is in progress"},
+                               [("Retry-After", "1")])
+            return store.end_request(n, "in_progress", 409 if sent else "none", time.time())
         if previous is None and error is not None:
             http.answer(400, {"error": error})
             return store.end_request(n, "rejected", 400)
@@ -317,7 +320,7 @@ class Partner:
         headers = [("Idempotent-Replayed", "true")] if result == "duplicate" else []
         store.answering(n)
         sent = http.answer(200, response, headers)
-        store.end_request(n, result, 200 if sent else "none")
+        store.end_request(n, result, 200 if sent else "none", time.time())
 
 
 def serve(args):
