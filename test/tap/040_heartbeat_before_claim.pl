@@ -7,7 +7,8 @@
 # whoever asks first, so without the claim giving way to the row's waiter the
 # claim took the key over (claimed) in most rounds and the heartbeat got
 # IK001; with it, the claim answers in_progress and the heartbeat renews. A
-# claim with `wait` does not give way; it still answers.
+# claim with `wait` does so too: it waits for the heartbeat's transaction,
+# then answers in_progress from the renewed lease.
 use strict;
 use warnings;
 
@@ -70,24 +71,68 @@ sub fenced_round
 	return ($outcome, $renewed);
 }
 
-my (@claims, @beats);
-for my $round (1 .. $rounds)
+# rounds(NAME, CLAIM_ARGS): $rounds fenced rounds; each claim must answer
+# in_progress and each heartbeat renew.
+sub rounds
 {
-	my ($claim, $beat) = fenced_round("fenced-$round", '');
-	push @claims, $claim;
-	push @beats, $beat;
+	my ($name, $claim_args) = @_;
+	my (@claims, @beats);
+	for my $round (1 .. $rounds)
+	{
+		my ($claim, $beat) = fenced_round("$name-$round", $claim_args);
+		push @claims, $claim;
+		push @beats, $beat;
+	}
+	is(scalar(grep { $_ eq 'in_progress' } @claims), $rounds,
+		"$name: in each of $rounds rounds the claim right after the commit answers in_progress")
+	  or diag(join(', ', @claims));
+	is(scalar(grep { $_ eq 'renewed' } @beats), $rounds,
+		"$name: in each round the heartbeat that waited renews the lease")
+	  or diag(join(', ', @beats));
 }
-is(scalar(grep { $_ eq 'in_progress' } @claims), $rounds,
-	"in each of $rounds rounds the claim right after the commit answers in_progress")
-  or diag(join(', ', @claims));
-is(scalar(grep { $_ eq 'renewed' } @beats), $rounds,
-	"in each round the heartbeat that waited renews the lease")
-  or diag(join(', ', @beats));
 
-# A claim that waits does not give way, but it answers: it neither loops
-# against the waiting heartbeat nor fails.
-my ($waiting) = fenced_round('fenced-waiting', ", wait => '5 s'");
-like($waiting, qr/^(claimed|in_progress)$/, 'a waiting claim right after the commit answers');
+rounds('fenced', '');
+# A claim that may wait waits for the heartbeat first (its wait does not
+# take the row before it), then finds the renewed lease.
+rounds('fenced-waiting', ", wait => '5 s'");
+
+# The transaction that holds the row claims the key itself, waiting: the
+# heartbeat waits for this very transaction, so the claim does not wait for
+# it (that would be a deadlock); it takes the key over, as the holder of the
+# row may.
+{
+	my $token = $holder->query_safe(
+		"SELECT token FROM idempotency.idem_claim('own-row', lease => '300 ms')");
+	$holder->query_safe('BEGIN');
+	$holder->query_safe("SELECT idempotency.idem_assert_owner('own-row', $token)");
+	my $beat = $node->background_psql('postgres');
+	$beat->query_until(qr/beating\n/,
+		"\\echo beating\nSELECT idempotency.idem_heartbeat('own-row', $token, extend => '1 min');\n");
+	ok( poll_until(
+			60,
+			sub {
+				$node->safe_psql('postgres',
+					"SELECT count(*) FROM pg_stat_activity
+					  WHERE wait_event_type = 'Lock' AND query LIKE '%idem_heartbeat%'") == 1
+				  && $node->safe_psql('postgres',
+					"SELECT lease_until < clock_timestamp() FROM idempotency.idempotency_keys
+					  WHERE key = 'own-row'") eq 't';
+			}),
+		'own-row: the heartbeat waits for the transaction, whose lease has ended');
+	$holder->{stderr} = '';
+	my $claim = $holder->query(
+		"SELECT 'claim:' || outcome FROM idempotency.idem_claim('own-row', wait => '5 s')");
+	is($claim, 'claim:claimed', 'own-row: the claim in the transaction that holds the row takes the key')
+	  or diag($holder->{stderr});
+	$holder->query_safe('COMMIT');
+	# Had the claim waited for the heartbeat, the deadlock check would have
+	# ended one of the two: the claim, or (when the claim came within
+	# deadlock_timeout of the heartbeat's wait) the heartbeat.
+	eval { $beat->query('SELECT 1') };
+	like($beat->{stderr}, qr/stale token/,
+		'own-row: the heartbeat is then refused, as the key was claimed again (no deadlock)');
+	eval { $beat->quit };
+}
 
 $holder->quit;
 done_testing();

@@ -136,6 +136,18 @@ void refuse_if_read_only(CmdType command) {
     pg_unreachable();
 }
 
+// Whether this transaction locked or changed the row version (its xmax is
+// this transaction's own, not a MultiXact).
+bool held_by_this_transaction(TupleTableSlot* row) {
+    bool copied = false;
+    HeapTuple tuple = ExecFetchSlotHeapTuple(row, false, &copied);
+    const uint16 infomask = tuple->t_data->t_infomask;
+    const bool held = (infomask & (HEAP_XMAX_INVALID | HEAP_XMAX_IS_MULTI)) == 0 &&
+                      TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetRawXmax(tuple->t_data));
+    if (copied) heap_freetuple(tuple);
+    return held;
+}
+
 // Locks the row in table->found as SELECT ... FOR NO KEY UPDATE does
 // (ExecLockRows): under READ COMMITTED its newest version, rechecked
 // against the index key; false when the row is gone, held (skip), or no
@@ -154,8 +166,10 @@ bool lock_found(OpenTable* table, RowLock lock) {
     // A transaction waiting to lock a row holds the row's tuple lock while
     // it waits (the mode of an UPDATE's wait): taken here, it says whether
     // one waits.
+    // A row this transaction holds already has no waiter to give way to.
     ItemPointerData queued = tid;
-    const bool check_queue = lock == RowLock::ForUpdateIfNoneWaits;
+    const bool check_queue =
+        lock == RowLock::ForUpdateIfNoneWaits && !held_by_this_transaction(table->found);
     if (check_queue && !ConditionalLockTuple(table->heap, &queued, ExclusiveLock)) return false;
     const TM_Result result = table_tuple_lock(
         table->heap, &tid, GetActiveSnapshot(), table->found, GetCurrentCommandId(true),

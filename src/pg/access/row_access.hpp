@@ -85,8 +85,9 @@ enum class RowLock {
     // ForUpdateIfFree, and nothing either when another transaction waits to
     // lock it: the rows' waiters go first, in their order, also when the
     // row's holder has just ended (a transaction that comes at that moment
-    // would otherwise take the row before them). The direct path only; the
-    // SQL path is SKIP LOCKED.
+    // would otherwise take the row before them); a row this transaction
+    // holds already is locked as it is. The direct path only; the SQL path
+    // is SKIP LOCKED.
     ForUpdateIfNoneWaits,
 };
 

@@ -288,6 +288,18 @@ bool wait_for_transaction(TransactionId xid, Micros timeout) {
     });
 }
 
+bool wait_for_row_waiters(Oid relation, const ItemPointerData& tid, Micros timeout) {
+    LOCKTAG tag;
+    SET_LOCKTAG_TUPLE(tag, MyDatabaseId, relation, ItemPointerGetBlockNumber(&tid),
+                      ItemPointerGetOffsetNumber(&tid));
+    // The mode a row lock's wait takes (FOR NO KEY UPDATE, UPDATE); the
+    // subtransaction's rollback releases it.
+    return in_subtransaction(std::max<Micros>(timeout, 1), [&] {
+        (void)LockAcquire(&tag, ExclusiveLock, false, false);
+        return false;
+    });
+}
+
 Portal open_cursor(Statement& statement, const Params& params) {
     constexpr int kOptions = CURSOR_OPT_NO_SCROLL | CURSOR_OPT_FAST_PLAN | CURSOR_OPT_GENERIC_PLAN;
     Portal cursor = nullptr;

@@ -104,6 +104,12 @@ bool wait_within(Statement& statement, const Params& params, Micros timeout);
 // false when the time ran out first.
 bool wait_for_transaction(TransactionId xid, Micros timeout);
 
+// Waits at most `timeout` for the transactions queued to lock row version
+// `tid` of `relation` (a waiter holds the version's tuple lock while it
+// waits, as PostgreSQL's row locks do) to have taken it, as a lock wait that
+// keeps nothing; false when the time ran out first.
+bool wait_for_row_waiters(Oid relation, const ItemPointerData& tid, Micros timeout);
+
 // A cursor over a SELECT's rows, planned once per backend (a generic plan
 // tuned for fetching the first rows). Every fetch reads with the snapshot
 // taken when the cursor opened, however many statements run in between.

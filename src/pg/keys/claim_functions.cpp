@@ -288,19 +288,13 @@ void claim_once(const ClaimArgs& args, OutcomeFields* out) {
         }
         if (read_only) raise_read_only("idem_claim");
         // Lock the row and decide again on what is there now. A row that
-        // another transaction has locked is waited for (within the bound)
-        // without taking the lock, then read afresh.
-        // A claim that does not wait also gives way to a transaction waiting
-        // to lock the row (a heartbeat that waited for a fenced transaction)
-        // and answers in_progress. A waiting claim does not: its wait
-        // (when_locked) locks the row for a moment, and would take it from
-        // that waiter again in each round; it may take a row whose waiter
-        // has not run yet, as before.
+        // another transaction has locked, or waits to lock (a heartbeat that
+        // waited for a fenced transaction that has just ended), is waited
+        // for (within the bound) without taking the lock, waiters first,
+        // then read afresh; a claim that may not wait answers in_progress.
         KeyRow locked;
         StoredKey current;
-        const RowLock lock = args.deadline > now ? RowLock::ForUpdateIfFree
-                                                 : RowLock::ForUpdateIfNoneWaits;
-        if (!lock_key(args.id, lock, &current, &locked)) {
+        if (!lock_key(args.id, RowLock::ForUpdateIfNoneWaits, &current, &locked)) {
             close_key(&locked);
             if (when_locked(args, stored, out) == Round::Answered) return;
             continue;

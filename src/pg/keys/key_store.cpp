@@ -1,6 +1,7 @@
 #include "pg/keys/key_store.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "pg/access/extension_objects.hpp"
 #include "pg/access/spi.hpp"
@@ -103,6 +104,19 @@ void reread_key(KeyRow* row, StoredKey* out) {
 void close_key(KeyRow* row) { close_table(&row->table); }
 
 bool wait_for_key_lockers(const KeyId& id, Micros timeout) {
+    const Micros until = GetCurrentTimestamp() + timeout;
+    // The row's waiters first: the lock below, taken as the row's holder
+    // ends, would have the row before them (for a moment, but in every
+    // round of a claim that waits).
+    const Oid keys = extension_objects().keys;
+    OpenTable table = open_to_read(keys);
+    const KeyIdValues key = key_id_values(id);
+    std::optional<ItemPointerData> version;
+    if (find_row(&table, key.values, RowLock::None)) version = table.found->tts_tid;
+    close_table(&table);
+    if (version && !wait_for_row_waiters(keys, *version, timeout)) return false;
+    timeout = until - GetCurrentTimestamp();
+    if (timeout <= 0) return false;
     Params params;
     params.add_text(id.scope).add_text(id.key);
     connect_spi();

@@ -61,9 +61,10 @@ bool find_key_to_change(const KeyId& id, StoredKey* out, KeyRow* row);
 // Finds and locks it (SELECT ... FOR NO KEY UPDATE, as `lock` says): false
 // when it does not exist, or when `lock` skips a row that another
 // transaction holds (ForUpdateIfFree) or holds or waits to lock
-// (ForUpdateIfNoneWaits; see wait_for_key_lockers): a heartbeat that waited
-// for a fenced transaction then renews the lease before a claim that comes
-// as that transaction ends takes the key over.
+// (ForUpdateIfNoneWaits; wait_for_key_lockers then waits for them in
+// turn): a heartbeat that waited for a fenced transaction then renews the
+// lease before a claim that comes as that transaction ends takes the key
+// over.
 bool lock_key(const KeyId& id, RowLock lock, StoredKey* out, KeyRow* row);
 // Locks a key found without a lock, waiting for a concurrent change, and
 // reads its newest version: false when it went away.
@@ -73,7 +74,8 @@ void reread_key(KeyRow* row, StoredKey* out);
 void close_key(KeyRow* row);
 
 // Waits until no other transaction holds a conflicting lock on the key's
-// row, without keeping a lock on it; false when `timeout` ran out first.
+// row or waits to lock it (those go first, in their order), without keeping
+// a lock on it; false when `timeout` ran out first.
 bool wait_for_key_lockers(const KeyId& id, Micros timeout);
 
 // The transitions of a key found to change. Each is one UPDATE (or DELETE)
