@@ -6,6 +6,7 @@
 #include "core/retry.hpp"
 #include "pg/access/extension_objects.hpp"
 #include "pg/boundary/text_bytes.hpp"
+#include "pg/outbox/index_shape.hpp"
 #include "pg/outbox/store.hpp"
 
 extern "C" {
@@ -25,8 +26,8 @@ namespace idem::pg {
 namespace {
 
 // The outbox's ready-queue indexes and the columns read, for one layout of
-// the extension's objects (an index replaced by REINDEX CONCURRENTLY, or
-// dropped and created again, is found again by its name).
+// the extension's objects (an index replaced by REINDEX CONCURRENTLY,
+// dropped and created again, or renamed, is found again by its shape).
 struct Layout {
     std::uint64_t layout;
     Oid ready;      // (topic, ready_at, id) WHERE ready_at IS NOT NULL
@@ -40,11 +41,41 @@ struct Layout {
 
 Layout known{};
 
-Oid outbox_index(const ExtensionObjects& objects, const char* name) {
-    const Oid index = get_relname_relid(name, objects.schema);
+bool fits(Oid index, OutboxIndex which, const OutboxShapeColumns& columns) {
+    const ExtensionObjects& objects = extension_objects();
     if (!OidIsValid(index) || get_rel_relkind(index) != RELKIND_INDEX ||
         IndexGetRelation(index, false) != objects.outbox)
-        elog(ERROR, "idempotency: the outbox has no index %s: update the extension", name);
+        return false;
+    Relation relation = index_open(index, AccessShareLock);
+    const bool shaped = has_outbox_index_shape(relation, which, columns);
+    index_close(relation, AccessShareLock);
+    return shaped;
+}
+
+// The index of that name when it has the shape the reads need, else any
+// index of the outbox that has it (one renamed, or built by hand beside it).
+Oid outbox_index(const ExtensionObjects& objects, OutboxIndex which,
+                 const OutboxShapeColumns& columns) {
+    const char* name = outbox_index_name(which);
+    Oid index = get_relname_relid(name, objects.schema);
+    if (!fits(index, which, columns)) {
+        index = InvalidOid;
+        Relation heap = table_open(objects.outbox, AccessShareLock);
+        List* indexes = RelationGetIndexList(heap);
+        table_close(heap, AccessShareLock);
+        ListCell* cell = nullptr;
+        foreach (cell, indexes) {
+            if (fits(lfirst_oid(cell), which, columns)) {
+                index = lfirst_oid(cell);
+                break;
+            }
+        }
+    }
+    if (!OidIsValid(index))
+        ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                        errmsg("idempotency: the outbox has no index of the definition of %s", name),
+                        errhint("Create it again as the extension defines it: %s.",
+                                outbox_index_definition(which))));
     watch_relation(index);
     return index;
 }
@@ -60,9 +91,6 @@ const Layout& layout() {
     const ExtensionObjects& objects = extension_objects();
     if (known.layout == objects.layout) return known;
     Layout found{};
-    found.ready = outbox_index(objects, "outbox_ready");
-    found.ready_all = outbox_index(objects, "outbox_ready_all");
-    found.key_order = outbox_index(objects, "outbox_key_order");
     found.id = outbox_column(objects, "id");
     found.ready_at = outbox_column(objects, "ready_at");
     found.state = outbox_column(objects, "state");
@@ -77,6 +105,15 @@ const Layout& layout() {
     found.pending = outbox_state_value("pending");
     found.in_flight = outbox_state_value("in_flight");
     found.dead = outbox_state_value("dead");
+    Oid topic_collation = InvalidOid;
+    get_atttypetypmodcoll(objects.outbox, found.topic, &type, &typmod, &topic_collation);
+    const OutboxShapeColumns shape{found.id,      found.ready_at,  found.state,
+                                   found.key_seq, found.topic,     found.key,
+                                   topic_collation, found.key_collation,
+                                   found.pending, found.in_flight, found.dead};
+    found.ready = outbox_index(objects, OutboxIndex::Ready, shape);
+    found.ready_all = outbox_index(objects, OutboxIndex::ReadyAll, shape);
+    found.key_order = outbox_index(objects, OutboxIndex::KeyOrder, shape);
     const Datum sequence = DirectFunctionCall2(
         pg_get_serial_sequence,
         CStringGetTextDatum(qualified_table_name(objects.outbox)), CStringGetTextDatum("id"));
