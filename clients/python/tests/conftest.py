@@ -97,3 +97,15 @@ def expire_result(admin, key, scope="default"):
                now() + interval '1 day', ('x' || encode(substr(fingerprint, 1, 4), 'hex'))::bit(32)::int4, status
           FROM gone""", (scope, key)).rowcount
     assert moved == 1, f"no finished key {scope}/{key} to expire"
+
+
+def terminate_backends(admin, application_name):
+    """Ends the server sessions of ``application_name``, as a restart does,
+    and waits until they are gone."""
+    admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                  (application_name,))
+    deadline = time.monotonic() + 30
+    while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                        (application_name,)).fetchone()[0] > 0:
+        assert time.monotonic() < deadline, "the sessions did not end"
+        time.sleep(0.05)

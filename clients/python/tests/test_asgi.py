@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 import pg_idempotency as idem
 from pg_idempotency.asgi import IdempotencyMiddleware
 from pg_idempotency.http import Response as StoredResponse
-from conftest import SETTINGS, effects, estimates_retry_after, expire_result, key_row
+from conftest import SETTINGS, effects, estimates_retry_after, expire_result, key_row, terminate_backends
 
 runs = Counter()     # per key: how many times a handler ran
 
@@ -769,3 +769,25 @@ def test_the_heartbeat_goes_on_while_a_busy_pool_delays_the_record(new_key, admi
     assert seen == {"other": "in_progress"}
     assert key_row(admin, key, "asgi.recording") == ("COMPLETED", 1)
     assert runs[key] == 1
+
+
+def test_requests_after_the_server_closed_the_pools_connections_are_answered(new_key, admin):
+    # A restart closes the pool's idle connections: each failed a request
+    # with the framework's 500 (the claim was not tried again).
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS,
+                                               "application_name": "idem-asgi-closed"},
+                                       min_size=3, max_size=3) as pool:
+            await pool.wait()
+            app = FastAPI()
+
+            @app.post("/closed")
+            async def closed():
+                return JSONResponse({"ok": True}, status_code=201)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.closed")
+            terminate_backends(admin, "idem-asgi-closed")
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                return [(await client.post("/closed", headers={"idempotency-key": new_key()})).status_code
+                        for _ in range(5)]
+    assert asyncio.run(main()) == [201] * 5

@@ -45,6 +45,19 @@ def test_a_wait_or_retry_in_that_is_not_seconds_is_refused(conn, new_key, retry_
     ("scope", "a\ud800", "scope must be"),
     ("header", "Idempotency Key", "header must be an HTTP header name"),
     ("replay_header", "Idempotent-Replayed\n", "replay_header must be an HTTP header name"),
+    # A string's letters were taken for methods or prefixes: no request was
+    # covered, or every one was.
+    ("methods", "POST", "methods must be a list or tuple of HTTP method names"), ("methods", [1], "methods must be"),
+    ("methods", (), "methods must be"), ("methods", ["PO ST"], "methods must be"),
+    ("paths", "/orders", "paths must be a list or tuple of path prefixes"), ("paths", [""], "paths must be"),
+    ("required", "no", "required must be True or False"), ("required", None, "required must be"),
+    ("fingerprint", 1, "fingerprint must be a function"), ("classify", "x", "classify must be a function"),
+    ("completed_response", "x", "completed_response must be a function"),
+    ("failed_response", 1, "failed_response must be a function"),
+    ("expired_response", "x", "expired_response must be a function"),
+    ("on_replay", "x", "on_replay must be a function"), ("on_conflict", 1, "on_conflict must be a function"),
+    ("on_fenced", "x", "on_fenced must be a function"),
+    ("pool", object(), "pool must be a psycopg_pool connection pool"),
 ])
 def test_a_middleware_option_every_request_would_fail_on_is_refused_when_given(option, value, message):
     # A 64-byte scope failed every request (22001); a header name no request
@@ -54,6 +67,7 @@ def test_a_middleware_option_every_request_would_fail_on_is_refused_when_given(o
     with pytest.raises(ValueError, match=message):
         SyncIdempotency(conninfo="", **{option: value})
     assert SyncIdempotency(conninfo="", scope="é" * 31 + "s").scope == "é" * 31 + "s"   # 63 bytes
+    assert SyncIdempotency(conninfo="", methods=["post"], paths={"/a"}).methods == {"POST"}
 
 
 @pytest.mark.parametrize("option, value, message", [

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from psycopg_pool import ConnectionPool
 
-from conftest import SETTINGS, connect, effects, expire_result, key_row
+from conftest import SETTINGS, connect, effects, expire_result, key_row, terminate_backends
 
 flask = pytest.importorskip("flask", reason="python3-flask is not installed")
 from pg_idempotency.flask import Idempotency, context  # noqa: E402
@@ -263,6 +263,24 @@ def test_flask_the_heartbeat_is_not_queued_behind_a_pool_whose_every_connection_
     assert answer.status_code == 201 and answer.get_json() == {"other": "in_progress"}, answer.data
     assert key_row(admin, key, "flask.hold") == ("COMPLETED", 1)
     assert runs[key] == 1
+
+
+def test_flask_requests_after_the_server_closed_the_pools_connections_are_answered(admin):
+    # A restart closes the pool's idle connections: each failed a request
+    # with 500 (the claim was not tried again).
+    with ConnectionPool(kwargs={"autocommit": True, "options": SETTINGS, "application_name": "idem-flask-closed"},
+                        min_size=3, max_size=3) as closed_pool:
+        closed_pool.wait()
+        app = flask.Flask("closed")
+        Idempotency(app, pool=closed_pool, scope="flask.closed", paths=["/closed"])
+
+        @app.post("/closed")
+        def closed():
+            return flask.jsonify(ok=True), 201
+        terminate_backends(admin, "idem-flask-closed")
+        client = app.test_client()
+        statuses = [post(client, "/closed", f"c-{uuid.uuid4()}").status_code for _ in range(5)]
+    assert statuses == [201] * 5
 
 
 def test_flask_a_record_waits_for_a_busy_pool_while_the_lease_lasts(admin, monkeypatch):

@@ -47,6 +47,49 @@ def header_name(name, value):
     return value
 
 
+def methods(value):
+    """The HTTP methods covered, as a set of upper-case names. A string is
+    refused: its letters would be taken for methods, and no request would
+    be covered."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)) or not value \
+            or not all(isinstance(m, str) and _HTTP_TOKEN.fullmatch(m) for m in value):
+        raise ValueError(f"methods must be a list or tuple of HTTP method names, such as ('POST', 'PATCH'), "
+                         f"not {value!r}")
+    return {m.upper() for m in value}
+
+
+def paths(value):
+    """The path prefixes covered (None: every path). A string is refused, as
+    for methods."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)) \
+            or not all(isinstance(p, str) and p for p in value):
+        raise ValueError(f"paths must be a list or tuple of path prefixes, such as ('/orders',), not {value!r}")
+    return tuple(value) or None
+
+
+def flag(name, value):
+    """A yes-or-no option: True or False, nothing taken for one."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
+def function(name, value):
+    """A function option (None where it has a default)."""
+    if value is not None and not callable(value):
+        raise ValueError(f"{name} must be a function, not {value!r}")
+    return value
+
+
+def pool_of(value):
+    """A connection pool: something with ``connection()`` (psycopg_pool's)."""
+    if value is not None and not callable(getattr(value, "connection", None)):
+        raise ValueError(f"pool must be a psycopg_pool connection pool, not {value!r}")
+    return value
+
+
 def scope_name(value):
     """A scope idem_claim takes: 1 to 63 bytes of UTF-8 (another failed
     every request)."""

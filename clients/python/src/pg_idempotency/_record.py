@@ -8,7 +8,9 @@ heartbeat moves it on (until then the key is the claim's to record, and a
 record given up leaves it to run again). The wait for a pool connection
 counts in that time. A try whose answer was lost may have committed: the
 next one then finds the key no longer PROCESSING (IK003), and the key
-itself says whether this claim's record is the one it holds."""
+itself says whether this claim's record is the one it holds. A middleware's
+claim is tried again too (claim_tried_again), so that a request after a
+restart is not answered 500 by a connection the restart closed."""
 
 import asyncio
 import time
@@ -49,6 +51,45 @@ def _connection(pool, timeout):
         return pool.connection(timeout=timeout)
     except TypeError:
         return pool.connection()
+
+
+def claim_tried_again(pool, run):
+    """``run()``, a claim on a connection of ``pool``, tried again after a
+    lost connection, for up to PATIENCE seconds. A database restart leaves
+    the pool's idle connections closed, and each would fail a request at
+    once: the pool checks them (psycopg_pool's ``check``) before the next
+    try. A claim whose answer was lost may have been made: tried again, it
+    answers in_progress, never a second claim."""
+    end, pause = time.monotonic() + PATIENCE, 0.0
+    while True:
+        try:
+            return run()
+        except psycopg.Error as exc:
+            left = end - time.monotonic()
+            if not lost_connection(exc) or left <= 0:
+                raise
+        check = getattr(pool, "check", None)
+        if check is not None and pause == 0.0:
+            check()
+        time.sleep(min(pause, max(0.0, left)))
+        pause = min(max(pause * 2, 0.05), 1.0)
+
+
+async def aclaim_tried_again(pool, run):
+    """``claim_tried_again`` on an AsyncConnectionPool."""
+    end, pause = time.monotonic() + PATIENCE, 0.0
+    while True:
+        try:
+            return await run()
+        except psycopg.Error as exc:
+            left = end - time.monotonic()
+            if not lost_connection(exc) or left <= 0:
+                raise
+        check = getattr(pool, "check", None)
+        if check is not None and pause == 0.0:
+            await check()
+        await asyncio.sleep(min(pause, max(0.0, left)))
+        pause = min(max(pause * 2, 0.05), 1.0)
 
 
 class _Tries:

@@ -30,7 +30,8 @@ import psycopg
 
 from . import _record, _sql
 from ._beat_lane import alane_of
-from ._options import header_name, scope_name, seconds
+from ._options import flag, function, header_name, pool_of, scope_name, seconds
+from ._options import methods as check_methods, paths as check_paths
 from ._state import JobState, dict_cursor
 from ._steps import AsyncStep, StepHolder, arun_step, step_key
 from .aclaim import start_beat, stop_beat
@@ -172,26 +173,29 @@ class IdempotencyMiddleware:
         if mode not in _MODES:
             raise ValueError(f"unknown mode {mode!r}")
         self.app = app
-        self.pool = pool
+        self.pool = pool_of(pool)
         self.conninfo = conninfo
         self.own_pool = pool is None
         self.pool_lock = asyncio.Lock()
         self.scope = scope_name(scope)
         self.mode = mode
-        self.required = required
-        self.methods = {m.upper() for m in methods}
+        self.required = flag("required", required)
+        self.methods = check_methods(methods)
         self.header = header_name("header", header).lower().encode("latin-1")
         self.replay_header = header_name("replay_header", replay_header).lower()
         self.lease = seconds("lease", lease, 30, positive=True)
         self.wait = seconds("wait", wait, 0)
         self.retry_in = seconds("retry_in", retry_in, None, most=MAX_RETRY_IN)   # None: the extension's backoff
-        self.fingerprint = fingerprint
-        self.classify = classify
-        self.completed_response = completed_response or (lambda result: json_response(200, result))
-        self.failed_response = failed_response or (lambda error: problem(500, "Request failed", error))
-        self.expired_response = expired_response      # None: expired_problem(key), a 410
-        self.paths = tuple(paths) if paths else None
-        self.hooks = Hooks(on_replay, on_conflict, on_fenced)
+        self.fingerprint = function("fingerprint", fingerprint) or default_fingerprint
+        self.classify = function("classify", classify) or default_classify
+        self.completed_response = function("completed_response", completed_response) \
+            or (lambda result: json_response(200, result))
+        self.failed_response = function("failed_response", failed_response) \
+            or (lambda error: problem(500, "Request failed", error))
+        self.expired_response = function("expired_response", expired_response)   # None: expired_problem(key), a 410
+        self.paths = check_paths(paths)
+        self.hooks = Hooks(function("on_replay", on_replay), function("on_conflict", on_conflict),
+                           function("on_fenced", on_fenced))
         self.owners = AsyncOwners()
 
     async def __call__(self, scope, receive, send):
@@ -222,8 +226,10 @@ class IdempotencyMiddleware:
     # ------------------------------------------------------------ the modes
 
     async def _claim_once(self, pool, job):
-        async with pool.connection() as conn:
-            return await (await dict_cursor(conn).execute(_sql.CLAIM, job.claim_params(None))).fetchone()
+        async def claim():
+            async with pool.connection() as conn:
+                return await (await dict_cursor(conn).execute(_sql.CLAIM, job.claim_params(None))).fetchone()
+        return await _record.aclaim_tried_again(pool, claim)
 
     async def _run_claimed(self, context, scope, receive, send):
         pool = await self._pool()

@@ -15,7 +15,8 @@ from psycopg.rows import dict_row
 
 from . import _record, _sql
 from ._beat_lane import lane_of
-from ._options import header_name, scope_name, seconds
+from ._options import flag, function, header_name, pool_of, scope_name, seconds
+from ._options import methods as check_methods, paths as check_paths
 from ._state import JobState
 from ._steps import StepHolder, SyncStep, run_step
 from .asgi import IdempotencyContext
@@ -102,21 +103,25 @@ class SyncIdempotency:
             raise TypeError("the Idempotency-Key middleware needs a pool or a conninfo")
         if mode not in _MODES:
             raise ValueError(f"unknown mode {mode!r} (threaded servers: 'claim' or 'transaction')")
-        self._pool, self.conninfo, self.pool_options = pool, conninfo, dict(pool_options or {})
+        self._pool, self.conninfo, self.pool_options = pool_of(pool), conninfo, dict(pool_options or {})
         self.pool_lock = threading.Lock()
-        self.scope, self.mode, self.required = scope_name(scope), mode, required
-        self.methods = {m.upper() for m in methods}
+        self.scope, self.mode, self.required = scope_name(scope), mode, flag("required", required)
+        self.methods = check_methods(methods)
         self.header = header_name("header", header)
         self.replay_header = header_name("replay_header", replay_header).lower()
         self.lease = seconds("lease", lease, 30, positive=True)
         self.wait = seconds("wait", wait, 0)
         self.retry_in = seconds("retry_in", retry_in, None, most=MAX_RETRY_IN)   # None: the extension's backoff
-        self.fingerprint, self.classify = fingerprint, classify
-        self.completed_response = completed_response or (lambda result: json_response(200, result))
-        self.failed_response = failed_response or (lambda error: problem(500, "Request failed", error))
-        self.expired_response = expired_response      # None: expired_problem(key), a 410
-        self.paths = tuple(paths) if paths else None
-        self.hooks = Hooks(on_replay, on_conflict, on_fenced)
+        self.fingerprint = function("fingerprint", fingerprint) or default_fingerprint
+        self.classify = function("classify", classify) or default_classify
+        self.completed_response = function("completed_response", completed_response) \
+            or (lambda result: json_response(200, result))
+        self.failed_response = function("failed_response", failed_response) \
+            or (lambda error: problem(500, "Request failed", error))
+        self.expired_response = function("expired_response", expired_response)   # None: expired_problem(key), a 410
+        self.paths = check_paths(paths)
+        self.hooks = Hooks(function("on_replay", on_replay), function("on_conflict", on_conflict),
+                           function("on_fenced", on_fenced))
         self.owners = ThreadOwners()
 
     def pool(self):
@@ -160,8 +165,12 @@ class SyncIdempotency:
     def _claim_once(self, job, conn=None):
         if conn is not None:
             return conn.cursor(row_factory=dict_row).execute(_sql.CLAIM, job.claim_params(None)).fetchone()
-        with self.pool().connection() as c:
-            return c.cursor(row_factory=dict_row).execute(_sql.CLAIM, job.claim_params(None)).fetchone()
+        pool = self.pool()
+
+        def claim():
+            with pool.connection() as c:
+                return c.cursor(row_factory=dict_row).execute(_sql.CLAIM, job.claim_params(None)).fetchone()
+        return _record.claim_tried_again(pool, claim)
 
     def _answer(self, row, job, http):
         response = answer(row, self.completed_response, self.failed_response, self.replay_header,
