@@ -76,6 +76,10 @@ export function httpOptions(options = {}) {
   for (const name of ['fingerprint', 'classify', 'completedResponse', 'failedResponse', 'expiredResponse']) {
     if (typeof opts[name] !== 'function') throw new TypeError(`idempotency: ${name} must be a function`);
   }
+  // A hook that is not a function was ignored, and its logging lost.
+  for (const name of ['onReplay', 'onConflict', 'onMismatch', 'onFenced', 'onError']) {
+    if (opts[name] != null && typeof opts[name] !== 'function') throw new TypeError(`idempotency: ${name} must be a function`);
+  }
   for (const name of ['header', 'replayHeader', 'scope']) {
     if (typeof opts[name] !== 'string' || opts[name] === '') throw new TypeError(`idempotency: ${name} must be a non-empty string`);
   }

@@ -35,6 +35,9 @@ test('a value every request would fail on is refused when the middleware is made
     [{ retryIn: 36000 * 86400 + 1 }, /retryIn must be a number of seconds from 0 to 3,110,400,000/],
     [{ retryIn: 1e11 }, /retryIn must be/],
     [{ classify: 'default' }, /classify must be a function/],
+    [{ onReplay: 'x' }, /onReplay must be a function/], [{ onConflict: 1 }, /onConflict must be a function/],
+    [{ onMismatch: 'x' }, /onMismatch must be a function/], [{ onFenced: {} }, /onFenced must be a function/],
+    [{ onError: 'log' }, /onError must be a function/],
     [{ header: '' }, /header must be a non-empty string/],
     [{ methods: 'POST' }, /methods must be an array/],
     // Each failed every request, or every replay.
