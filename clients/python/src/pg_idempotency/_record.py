@@ -53,43 +53,61 @@ def _connection(pool, timeout):
         return pool.connection()
 
 
+class _ClaimTries:
+    """The schedule of a middleware claim's tries after a lost connection:
+    at once, then 0.05 s and twice as long each time up to 1 s, for at most
+    PATIENCE seconds. A database restart leaves the pool's idle connections
+    closed, and each would fail a request at once: the pool checks them
+    (psycopg_pool's ``check``) before the first new try. A claim whose
+    answer was lost may have been made: tried again, it answers in_progress,
+    never a second claim."""
+
+    def __init__(self, pool):
+        self.check = getattr(pool, "check", None)
+        self.end, self.pause = time.monotonic() + PATIENCE, 0.0
+
+    def after(self, exc):
+        """(check the pool first?, the pause before the next try), or None
+        to give up (raise exc)."""
+        left = self.end - time.monotonic()
+        if not lost_connection(exc) or left <= 0:
+            return None
+        first, pause = self.pause == 0.0, min(self.pause, left)
+        self.pause = min(max(self.pause * 2, 0.05), 1.0)
+        return first and self.check is not None, pause
+
+
 def claim_tried_again(pool, run):
     """``run()``, a claim on a connection of ``pool``, tried again after a
-    lost connection, for up to PATIENCE seconds. A database restart leaves
-    the pool's idle connections closed, and each would fail a request at
-    once: the pool checks them (psycopg_pool's ``check``) before the next
-    try. A claim whose answer was lost may have been made: tried again, it
-    answers in_progress, never a second claim."""
-    end, pause = time.monotonic() + PATIENCE, 0.0
+    lost connection (_ClaimTries)."""
+    tries = _ClaimTries(pool)
     while True:
         try:
             return run()
         except psycopg.Error as exc:
-            left = end - time.monotonic()
-            if not lost_connection(exc) or left <= 0:
+            next_try = tries.after(exc)
+            if next_try is None:
                 raise
-        check = getattr(pool, "check", None)
-        if check is not None and pause == 0.0:
-            check()
-        time.sleep(min(pause, max(0.0, left)))
-        pause = min(max(pause * 2, 0.05), 1.0)
+        check, pause = next_try
+        if check:
+            tries.check()
+        time.sleep(pause)
 
 
 async def aclaim_tried_again(pool, run):
     """``claim_tried_again`` on an AsyncConnectionPool."""
-    end, pause = time.monotonic() + PATIENCE, 0.0
+    tries = _ClaimTries(pool)
     while True:
         try:
             return await run()
         except psycopg.Error as exc:
-            left = end - time.monotonic()
-            if not lost_connection(exc) or left <= 0:
+            next_try = tries.after(exc)
+            if next_try is None:
                 raise
-        check = getattr(pool, "check", None)
-        if check is not None and pause == 0.0:
-            await check()
-        await asyncio.sleep(min(pause, max(0.0, left)))
-        pause = min(max(pause * 2, 0.05), 1.0)
+        check, pause = next_try
+        if check:
+            await tries.check()
+        await asyncio.sleep(pause)
 
 
 class _Tries:

@@ -40,7 +40,7 @@ from .pooler import awith_unprepared
 from .waiting import AsyncOwners, answered_row
 from .errors import MAX_RETRY_IN, classify_or, error_text
 from .http import (NOT_UTF8, TOO_LARGE, Response, answer, default_classify, default_fingerprint, encode_response,
-                   header_text, json_response, problem, unrecorded)
+                   header_text, problem, response_builders, unrecorded)
 
 _MODES = ("claim", "transaction", "register")
 _SAVEPOINT = "idempotent_handler"
@@ -188,14 +188,10 @@ class IdempotencyMiddleware:
         self.retry_in = seconds("retry_in", retry_in, None, most=MAX_RETRY_IN)   # None: the extension's backoff
         self.fingerprint = function("fingerprint", fingerprint) or default_fingerprint
         self.classify = function("classify", classify) or default_classify
-        self.completed_response = function("completed_response", completed_response) \
-            or (lambda result: json_response(200, result))
-        self.failed_response = function("failed_response", failed_response) \
-            or (lambda error: problem(500, "Request failed", error))
-        self.expired_response = function("expired_response", expired_response)   # None: expired_problem(key), a 410
+        self.completed_response, self.failed_response, self.expired_response = response_builders(
+            completed_response, failed_response, expired_response)
         self.paths = check_paths(paths)
-        self.hooks = Hooks(function("on_replay", on_replay), function("on_conflict", on_conflict),
-                           function("on_fenced", on_fenced))
+        self.hooks = Hooks(on_replay, on_conflict, on_fenced)
         self.owners = AsyncOwners()
 
     async def __call__(self, scope, receive, send):

@@ -12,14 +12,16 @@ and ``status`` (the HTTP status sent). A hook that raises is logged (logger
 
 import logging
 
+from ._options import function
+
 log = logging.getLogger("pg_idempotency")
 
 
 class Hooks:
     def __init__(self, on_replay=None, on_conflict=None, on_fenced=None):
-        self.on_replay = on_replay
-        self.on_conflict = on_conflict
-        self.on_fenced = on_fenced
+        self.on_replay = function("on_replay", on_replay)
+        self.on_conflict = function("on_conflict", on_conflict)
+        self.on_fenced = function("on_fenced", on_fenced)
 
     @staticmethod
     def info(job, **extra):

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from . import _canonical
+from ._options import function
 from .errors import log
 
 # Headers that describe one transfer, not the response: never replayed.
@@ -54,6 +55,14 @@ def problem(status, title, detail, headers=None):
     """An RFC 9457 problem document."""
     return Response(status, {"content-type": "application/problem+json", **(headers or {})},
                     json.dumps({"title": title, "status": status, "detail": detail}).encode())
+
+
+def response_builders(completed_response, failed_response, expired_response):
+    """A middleware's response builders, each checked to be a function; None
+    keeps the default (for expired_response: expired_problem(key), a 410)."""
+    return (function("completed_response", completed_response) or (lambda result: json_response(200, result)),
+            function("failed_response", failed_response) or (lambda error: problem(500, "Request failed", error)),
+            function("expired_response", expired_response))
 
 
 def header_text(value):
