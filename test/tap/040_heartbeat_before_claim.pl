@@ -25,13 +25,13 @@ my $node = idem_node('beat_first', conf => ["idempotency.worker_enabled = off"])
 $node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
 my $holder = $node->background_psql('postgres');
 
-# fenced_round(KEY, CLAIM_ARGS): the holder's fenced transaction, a
-# heartbeat waiting for it past the lease, then the commit and a claim
-# (idem_claim(KEY CLAIM_ARGS)) in one query. Returns the claim's outcome and
-# whether the heartbeat renewed the lease.
-sub fenced_round
+# fenced_with_waiting_heartbeat(KEY): the holder claims KEY with a 300 ms
+# lease and locks its row with idem_assert_owner in a transaction left open;
+# a heartbeat from another session waits for that row past the lease.
+# Returns the heartbeat's session.
+sub fenced_with_waiting_heartbeat
 {
-	my ($key, $claim_args) = @_;
+	my ($key) = @_;
 	my $token = $holder->query_safe(
 		"SELECT token FROM idempotency.idem_claim('$key', lease => '300 ms')");
 	$holder->query_safe('BEGIN');
@@ -56,6 +56,17 @@ sub fenced_round
 					  WHERE key = '$key'") eq 't';
 			}),
 		"$key: the lease has ended");
+	return $beat;
+}
+
+# fenced_round(KEY, CLAIM_ARGS): the holder's fenced transaction, a
+# heartbeat waiting for it past the lease, then the commit and a claim
+# (idem_claim(KEY CLAIM_ARGS)) in one query. Returns the claim's outcome and
+# whether the heartbeat renewed the lease.
+sub fenced_round
+{
+	my ($key, $claim_args) = @_;
+	my $beat = fenced_with_waiting_heartbeat($key);
 
 	# One query: the claim starts right after the commit, before the woken
 	# heartbeat has had a chance to run.
@@ -101,24 +112,7 @@ rounds('fenced-waiting', ", wait => '5 s'");
 # it (that would be a deadlock); it takes the key over, as the holder of the
 # row may.
 {
-	my $token = $holder->query_safe(
-		"SELECT token FROM idempotency.idem_claim('own-row', lease => '300 ms')");
-	$holder->query_safe('BEGIN');
-	$holder->query_safe("SELECT idempotency.idem_assert_owner('own-row', $token)");
-	my $beat = $node->background_psql('postgres');
-	$beat->query_until(qr/beating\n/,
-		"\\echo beating\nSELECT idempotency.idem_heartbeat('own-row', $token, extend => '1 min');\n");
-	ok( poll_until(
-			60,
-			sub {
-				$node->safe_psql('postgres',
-					"SELECT count(*) FROM pg_stat_activity
-					  WHERE wait_event_type = 'Lock' AND query LIKE '%idem_heartbeat%'") == 1
-				  && $node->safe_psql('postgres',
-					"SELECT lease_until < clock_timestamp() FROM idempotency.idempotency_keys
-					  WHERE key = 'own-row'") eq 't';
-			}),
-		'own-row: the heartbeat waits for the transaction, whose lease has ended');
+	my $beat = fenced_with_waiting_heartbeat('own-row');
 	$holder->{stderr} = '';
 	my $claim = $holder->query(
 		"SELECT 'claim:' || outcome FROM idempotency.idem_claim('own-row', wait => '5 s')");

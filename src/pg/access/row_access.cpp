@@ -136,18 +136,6 @@ void refuse_if_read_only(CmdType command) {
     pg_unreachable();
 }
 
-// Whether this transaction locked or changed the row version (its xmax is
-// this transaction's own, not a MultiXact).
-bool held_by_this_transaction(TupleTableSlot* row) {
-    bool copied = false;
-    HeapTuple tuple = ExecFetchSlotHeapTuple(row, false, &copied);
-    const uint16 infomask = tuple->t_data->t_infomask;
-    const bool held = (infomask & (HEAP_XMAX_INVALID | HEAP_XMAX_IS_MULTI)) == 0 &&
-                      TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetRawXmax(tuple->t_data));
-    if (copied) heap_freetuple(tuple);
-    return held;
-}
-
 // Locks the row in table->found as SELECT ... FOR NO KEY UPDATE does
 // (ExecLockRows): under READ COMMITTED its newest version, rechecked
 // against the index key; false when the row is gone, held (skip), or no
@@ -168,8 +156,8 @@ bool lock_found(OpenTable* table, RowLock lock) {
     // one waits.
     // A row this transaction holds already has no waiter to give way to.
     ItemPointerData queued = tid;
-    const bool check_queue =
-        lock == RowLock::ForUpdateIfNoneWaits && !held_by_this_transaction(table->found);
+    const bool check_queue = lock == RowLock::ForUpdateIfNoneWaits &&
+                             !TransactionIdIsCurrentTransactionId(row_holder(table->found));
     if (check_queue && !ConditionalLockTuple(table->heap, &queued, ExclusiveLock)) return false;
     const TM_Result result = table_tuple_lock(
         table->heap, &tid, GetActiveSnapshot(), table->found, GetCurrentCommandId(true),
@@ -464,6 +452,17 @@ void insert_row(OpenTable* table, TupleTableSlot* row) {
     if (!wanted)
         elog(ERROR, "idempotency: a trigger on table \"%s\" refused a new row",
              RelationGetRelationName(table->heap));
+}
+
+TransactionId row_holder(TupleTableSlot* row) {
+    bool copied = false;
+    HeapTuple tuple = ExecFetchSlotHeapTuple(row, false, &copied);
+    const HeapTupleHeader header = tuple->t_data;
+    TransactionId xmax = InvalidTransactionId;
+    if (!(header->t_infomask & HEAP_XMAX_INVALID) && !(header->t_infomask & HEAP_XMAX_IS_MULTI))
+        xmax = HeapTupleHeaderGetRawXmax(header);
+    if (copied) heap_freetuple(tuple);
+    return xmax;
 }
 
 bool lock_found_row(OpenTable* table) {

@@ -118,6 +118,10 @@ bool row_being_written(OpenTable* table, const Datum* values);
 // opened it (the table's lock keeps VACUUM from truncating it away).
 bool find_row_version(OpenTable* table, const ItemPointerData* tid, RowLock lock,
                       bool new_step = true);
+// The transaction that locked or changed the row version in `row` (its
+// xmax), when a plain one: invalid when none did, or a MultiXact holds it.
+TransactionId row_holder(TupleTableSlot* row);
+
 // Locks the row found without a lock (FOR NO KEY UPDATE, waiting): false
 // when it went away; table->found then holds its newest version.
 bool lock_found_row(OpenTable* table);

@@ -5,6 +5,7 @@
 
 #include "core/retry.hpp"
 #include "pg/access/extension_objects.hpp"
+#include "pg/access/row_access.hpp"
 #include "pg/boundary/text_bytes.hpp"
 #include "pg/outbox/index_shape.hpp"
 #include "pg/outbox/store.hpp"
@@ -176,18 +177,6 @@ Datum attribute(TupleTableSlot* slot, AttrNumber column, bool* isnull) {
     return slot_getattr(slot, column, isnull);
 }
 
-// The transaction that locked or changed the row version, if a plain one.
-TransactionId holder_of(TupleTableSlot* slot) {
-    bool should_free = false;
-    HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
-    const HeapTupleHeader header = tuple->t_data;
-    TransactionId xmax = InvalidTransactionId;
-    if (!(header->t_infomask & HEAP_XMAX_INVALID) && !(header->t_infomask & HEAP_XMAX_IS_MULTI))
-        xmax = HeapTupleHeaderGetRawXmax(header);
-    if (should_free) heap_freetuple(tuple);
-    return xmax;
-}
-
 bool is_live(const Layout& l, TupleTableSlot* slot, bool* pending) {
     bool isnull = false;
     const Datum state = attribute(slot, l.state, &isnull);
@@ -270,7 +259,7 @@ int read_ready(const text* topic, Micros from, Micros after_at, std::int64_t aft
              ReadyRow& row = out[count++];
              row.id = id;
              row.ready_at = ready_at;
-             row.xmax = holder_of(slot);
+             row.xmax = row_holder(slot);
              ItemPointerCopy(&slot->tts_tid, &row.ctid);
              return count < limit;
          });
