@@ -18,8 +18,9 @@ schedule so that every case happens in every run):
   drop   applies the event, then closes the connection without answering
   hang   applies the event, then answers only after --lost-delay seconds,
          longer than the relay's --http-timeout: the relay has given up
-  slow   waits --lost-delay seconds, then applies the event (after the relay
-         gave up: the retry finds the key in progress, then applied)
+  slow   waits --lost-delay seconds and until a retry of the key was told
+         409 in time (at most 30 s more), then applies the event: the
+         relay gave up, and its retry found the key in progress
   503    answers 503 with Retry-After: 1, applies nothing
   500    answers 500, applies nothing
 The first three are "accepted but the response was lost": the relay retries
@@ -51,6 +52,11 @@ STATUS_BY_TYPE = {"order.created": "created", "order.paid": "paid", "order.shipp
                   "order.refunded": "refunded"}
 # Request number -> forced behaviour, so that each case happens in every run.
 SCHEDULE = {3: "drop", 6: "hang", 9: "slow", 12: "503", 15: "500", 40: "drop", 60: "hang"}
+# A slow request is applied once a retry of its key was answered 409 within TOLD_IN_TIME seconds of its
+# arrival (well within the relay's --http-timeout, so the relay read it), or after RETRY_TOLD_WITHIN seconds:
+# on a busy machine the retry may come after --lost-delay, and every run must see the 409.
+TOLD_IN_TIME = 0.5
+RETRY_TOLD_WITHIN = 30.0
 # Otherwise, per request: (behaviour, probability).
 RATES = [("drop", 0.05), ("hang", 0.05), ("slow", 0.03), ("503", 0.06), ("500", 0.06)]
 
@@ -99,7 +105,7 @@ class Store:
         self.db.executescript(SCHEMA)
         self.lock = threading.Lock()
         self.rng = random.Random(seed)
-        self.in_progress = set()
+        self.in_progress = {}   # key of a slow request being applied -> set once a retry was told 409 in time
         self.requests = self.db.execute("SELECT coalesce(max(n), 0) FROM requests").fetchone()[0]
 
     def refund_reasons(self):
@@ -276,6 +282,7 @@ class Partner:
     def webhook(self, http, event):
         store = self.store
         key = http.headers.get("Idempotency-Key")
+        arrived = time.time()
         n, behaviour = store.begin_request(key, http.headers, event)
         if not key:
             http.answer(400, {"error": "Idempotency-Key required"})
@@ -287,30 +294,37 @@ class Partner:
             return store.end_request(n, "failed", status if sent else "none", time.time())
 
         error = None
+        retry_told = None                           # a slow request's: set once a retry was told 409 in time
         with store.lock:
             previous = store.replay(key)
             busy = previous is None and key in store.in_progress
             if previous is None and not busy:
                 error = store.validate(event)
                 if error is None and behaviour == "slow":
-                    store.in_progress.add(key)
+                    retry_told = store.in_progress[key] = threading.Event()
+            told = store.in_progress.get(key) if busy else None
         if busy:
             # Another request with this key is being applied right now: come back later.
             sent = http.answer(409, {"error": "a request with this Idempotency-Key is in progress"},
                                [("Retry-After", "1")])
-            return store.end_request(n, "in_progress", 409 if sent else "none", time.time())
+            answered = time.time()
+            if sent and answered - arrived < TOLD_IN_TIME:
+                told.set()
+            return store.end_request(n, "in_progress", 409 if sent else "none", answered)
         if previous is None and error is not None:
             http.answer(400, {"error": error})
             return store.end_request(n, "rejected", 400)
 
         if behaviour == "slow":
             time.sleep(self.lost_delay)             # the sender gives up meanwhile
+            if retry_told is not None:
+                retry_told.wait(RETRY_TOLD_WITHIN)
         try:
             result, response = store.apply(key, event, http.headers)
         finally:
-            if behaviour == "slow":
+            if retry_told is not None:
                 with store.lock:
-                    store.in_progress.discard(key)
+                    store.in_progress.pop(key, None)
         store.set_result(n, result)
         if behaviour == "drop":
             http.drop()
