@@ -73,7 +73,12 @@ void WorkerPool::finish(std::vector<Delivery>* taken, const std::vector<std::str
         if (key.empty()) continue;
         if (!one_ordered_thread_) busy_keys_.erase(key);
         if (delivery.outcome.verdict == Verdict::Ack) continue;
-        // The rest of its run waits behind it in the outbox: not tried.
+        // The rest of its run waits behind it in the outbox: not tried. An
+        // event not tried either (a broker that blocks publishing) gives them
+        // its reason, the one that holds for them too.
+        const std::string why = delivery.outcome.verdict == Verdict::Skip
+                                    ? delivery.outcome.error
+                                    : "an earlier event of its key was not delivered";
         std::deque<Queued> kept;
         for (Queued& queued : queue_) {
             if (queued.key != key) {
@@ -82,7 +87,7 @@ void WorkerPool::finish(std::vector<Delivery>* taken, const std::vector<std::str
             }
             Delivery stopped;
             stopped.event = std::move(queued.event);
-            stopped.outcome = Outcome::skip("an earlier event of its key was not delivered");
+            stopped.outcome = Outcome::skip(why);
             results_.push_back(std::move(stopped));
         }
         queue_.swap(kept);

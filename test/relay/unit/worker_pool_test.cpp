@@ -30,6 +30,7 @@ public:
         std::map<std::string, int> running;                      // per key, right now
         int most_at_once = 0;                                    // of one key
         std::vector<std::int64_t> failing;
+        std::vector<std::int64_t> held_back;  // not tried: Skip, as a broker that blocks publishing
         bool all_or_nothing = false;  // a group goes out in order, all or nothing
         std::vector<std::size_t> groups;  // sizes, with all_or_nothing
         // With gated, a delivery, once started, waits until the gate opens.
@@ -45,6 +46,8 @@ public:
         bool fail = false;
         {
             std::lock_guard<std::mutex> lock(shared_.mutex);
+            for (std::int64_t id : shared_.held_back)
+                if (id == event.id) return Outcome::skip("the broker blocked publishing");
             if (event.key)
                 shared_.most_at_once = std::max(shared_.most_at_once, ++shared_.running[key]);
             shared_.order[key].push_back(event.id);
@@ -104,23 +107,31 @@ Event event(std::int64_t id, const char* key) {
     return e;
 }
 
-// Submits the events and collects every result.
-std::map<std::int64_t, Verdict> deliver_all(RecordingTarget& target, int threads,
+// Submits the events and collects every outcome.
+std::map<std::int64_t, Outcome> outcomes_of(RecordingTarget& target, int threads,
                                             std::vector<Event> events) {
     WakePipe wake;
     Stats stats;
     const std::size_t count = events.size();
-    std::map<std::int64_t, Verdict> verdicts;
+    std::map<std::int64_t, Outcome> outcomes;
     {
         WorkerPool pool(target, threads, wake, stats);
         pool.submit(std::move(events));
         const auto deadline = Clock::now() + std::chrono::seconds(30);
-        while (verdicts.size() < count && Clock::now() < deadline) {
-            for (const Delivery& d : pool.take_results()) verdicts[d.event.id] = d.outcome.verdict;
+        while (outcomes.size() < count && Clock::now() < deadline) {
+            for (const Delivery& d : pool.take_results()) outcomes[d.event.id] = d.outcome;
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         pool.stop();
     }
+    return outcomes;
+}
+
+std::map<std::int64_t, Verdict> deliver_all(RecordingTarget& target, int threads,
+                                            std::vector<Event> events) {
+    std::map<std::int64_t, Verdict> verdicts;
+    for (const auto& [id, outcome] : outcomes_of(target, threads, std::move(events)))
+        verdicts[id] = outcome.verdict;
     return verdicts;
 }
 
@@ -163,6 +174,26 @@ TEST(RelayRuns, TheFirstFailureStopsTheRestOfItsKeyOnly) {
     for (std::int64_t id = 6; id <= 9; ++id) EXPECT_EQ(verdicts.at(id), Verdict::Ack) << id;
     // 4 and 5 were never tried.
     EXPECT_EQ(target.shared.order["t/A"], (std::vector<std::int64_t>{1, 2, 3}));
+}
+
+// The events behind one the sink did not try (Skip) are not tried for the
+// same reason, which the relay's log then gives for all of them.
+TEST(RelayRuns, TheRestOfAKeyBehindAnEventNotTriedHasItsReason) {
+    RecordingTarget target(1);
+    target.shared.held_back = {2};
+    target.shared.failing = {5};
+    std::vector<Event> events;
+    for (std::int64_t id = 1; id <= 3; ++id) events.push_back(event(id, "A"));
+    for (std::int64_t id = 4; id <= 6; ++id) events.push_back(event(id, "B"));
+    const auto outcomes = outcomes_of(target, 2, std::move(events));
+    ASSERT_EQ(outcomes.size(), 6u);
+    EXPECT_EQ(outcomes.at(2).verdict, Verdict::Skip);
+    EXPECT_EQ(outcomes.at(3).verdict, Verdict::Skip);
+    EXPECT_EQ(outcomes.at(3).error, "the broker blocked publishing");
+    // Behind a failure, the reason is the failure of an earlier event.
+    EXPECT_EQ(outcomes.at(5).verdict, Verdict::Retry);
+    EXPECT_EQ(outcomes.at(6).verdict, Verdict::Skip);
+    EXPECT_EQ(outcomes.at(6).error, "an earlier event of its key was not delivered");
 }
 
 // A sink whose group goes out in order, all or nothing (stdout), takes a
