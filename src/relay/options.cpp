@@ -484,8 +484,11 @@ awaited at once, within --http-timeout):
                        idempotency.outbox_max_attempts
   return: a RabbitMQ message returned as unroutable (no queue takes it)
                        retried, as a nack
-  blocked: no PubAck or confirm in time, a publish the broker does not read
-  (a RabbitMQ memory or disk alarm)
+  blocked: RabbitMQ's connection.blocked (a memory or disk alarm)
+                       nothing more published on the connection until it
+                       unblocks: the events released within --http-timeout,
+                       no attempt counted
+  no PubAck or confirm in time, a publish the broker does not read
                        the publish is cut at --http-timeout, before the lease
                        ends; retried, as a nack
   connection lost      retried, as a nack, on a new connection

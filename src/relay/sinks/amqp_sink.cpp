@@ -12,6 +12,7 @@
 #include <strings.h>
 #include <sys/time.h>
 #include <optional>
+#include <poll.h>
 #include <unordered_map>
 #include <vector>
 
@@ -39,6 +40,8 @@ namespace {
 constexpr amqp_channel_t kChannel = 1;
 constexpr int kDeliveryModePersistent = 2;
 constexpr const char* kOutboxIdHeader = "X-Outbox-Id";
+// The longest wait for the broker's next frame: a stop is noticed within it.
+constexpr std::chrono::milliseconds kShortWait{50};
 
 // CC and BCC route a message to more queues (sender-selected
 // distribution): an event's own headers may not set them.
@@ -109,7 +112,8 @@ public:
           connect_timeout_(options.connect_timeout), options_(options), aborted_(aborted),
           fault_(fault), watchdog_(aborted) {}
 
-    ~AmqpSink() override { disconnect(true); }
+    // A blocked connection would not read the goodbye.
+    ~AmqpSink() override { disconnect(blocked_.empty()); }
 
     void deliver_group(const std::vector<const Event*>& events,
                        std::vector<Outcome>* outcomes) override {
@@ -128,11 +132,27 @@ public:
         returned_.clear();
         body_sizes_.clear();
         for (const Event* event : events) body_sizes_.push_back(event->payload.size());
+        // A connection the broker blocked publishes nothing until unblocked.
+        if (!blocked_.empty() && !await_unblocked(deadline)) {
+            for (Outcome& outcome : *outcomes)
+                outcome = conn_ != nullptr ? Outcome::skip(held_back()) : Outcome::retry(unconfirmed_);
+            return;
+        }
         // A publish blocks while the broker does not read (a memory or disk
         // alarm blocks publishing connections): the watchdog cuts it at the
         // group's deadline, well before the events' leases end.
         watchdog_.arm(amqp_get_sockfd(conn_), deadline);
         for (std::size_t i = 0; i < events.size(); ++i) {
+            // The broker says it blocked the connection as soon as it reads a
+            // publish during an alarm: the rest of the group waits.
+            if (!read_waiting_frames(outcomes)) {
+                for (std::size_t j = i; j < events.size(); ++j) (*outcomes)[j] = Outcome::retry(unconfirmed_);
+                break;
+            }
+            if (!blocked_.empty()) {
+                for (std::size_t j = i; j < events.size(); ++j) (*outcomes)[j] = Outcome::skip(held_back());
+                break;
+            }
             std::string refusal;
             const Published published = publish(*events[i], &refusal);
             if (published == Published::Refused) {
@@ -154,10 +174,20 @@ public:
             by_tag_[next_tag_++] = i;
             by_id_[events[i]->id] = i;
         }
-        if (conn_ != nullptr) await(deadline, outcomes);
+        // Confirms are awaited with short waits of their own: the watchdog
+        // bounds the writes only, so a blocked connection is kept (below).
         if (watchdog_.disarm() && conn_ != nullptr) disconnect(false);
-        // Whatever is not confirmed now never will be on this channel.
-        for (const auto& [tag, slot] : by_tag_) (*outcomes)[slot] = Outcome::retry(unconfirmed_);
+        if (conn_ != nullptr) await(deadline, outcomes);
+        // Whatever is not confirmed now is retried. While the broker blocks
+        // the connection it has not refused them: they count no attempt, and
+        // the connection stays open, so that the next group knows it is
+        // blocked and publishes nothing until it unblocks. Otherwise the next
+        // group starts on a new connection.
+        const bool held = conn_ != nullptr && !blocked_.empty();
+        for (const auto& [tag, slot] : by_tag_)
+            (*outcomes)[slot] =
+                held ? Outcome::skip(published_while_blocked()) : Outcome::retry(unconfirmed_);
+        if (!by_tag_.empty() && !held) disconnect(false);
         by_tag_.clear();
     }
 
@@ -205,9 +235,23 @@ private:
         timeval rpc_tv = timeval_of(timeout_);
         amqp_set_rpc_timeout(conn_, &rpc_tv);
         amqp_set_handshake_timeout(conn_, &connect_tv);
-        amqp_rpc_reply_t reply =
-            amqp_login(conn_, address_.vhost.c_str(), 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
-                       address_.user.c_str(), address_.password.c_str());
+        // The connection.blocked capability: RabbitMQ then says when (and
+        // why) it stops reading the connection's publishes, and when it
+        // reads them again.
+        amqp_table_entry_t blocked_capability;
+        blocked_capability.key = amqp_cstring_bytes("connection.blocked");
+        blocked_capability.value.kind = AMQP_FIELD_KIND_BOOLEAN;
+        blocked_capability.value.value.boolean = 1;
+        amqp_table_entry_t capabilities;
+        capabilities.key = amqp_cstring_bytes("capabilities");
+        capabilities.value.kind = AMQP_FIELD_KIND_TABLE;
+        capabilities.value.value.table.num_entries = 1;
+        capabilities.value.value.table.entries = &blocked_capability;
+        const amqp_table_t client_properties{1, &capabilities};
+        blocked_.clear();
+        amqp_rpc_reply_t reply = amqp_login_with_properties(
+            conn_, address_.vhost.c_str(), 0, 131072, 0, &client_properties, AMQP_SASL_METHOD_PLAIN,
+            address_.user.c_str(), address_.password.c_str());
         if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
             *error = "cannot log in to " + where + " (vhost " + address_.vhost + "): " + reply_text(reply);
             // The broker answered and refused the user, the password or the
@@ -369,53 +413,111 @@ private:
             const Clock::time_point now = Clock::now();
             if (now >= deadline) return;
             // Short waits, so that a stop is noticed.
-            timeval tv = timeval_of(std::min<Clock::duration>(deadline - now,
-                                                              std::chrono::milliseconds(50)));
-            amqp_maybe_release_buffers(conn_);
-            amqp_frame_t frame;
-            const int status = amqp_simple_wait_frame_noblock(conn_, &frame, &tv);
-            if (status == AMQP_STATUS_TIMEOUT) continue;
-            if (status != AMQP_STATUS_OK) {
-                // The watchdog cut it at the deadline: the broker took the
-                // publishes but neither read nor confirmed them in time.
-                if (Clock::now() < deadline && !aborted_.load())
-                    unconfirmed_ = std::string("AMQP connection lost: ") + amqp_error_string2(status);
-                else if (aborted_.load())
-                    unconfirmed_ = "the relay is stopping now";
-                else
-                    unconfirmed_ += " (is the connection blocked by a broker alarm?)";
-                disconnect(false);
+            if (read_frame(std::min<Clock::duration>(deadline - now, kShortWait), outcomes) == Read::Gone)
                 return;
+        }
+    }
+
+    // Reads the frames the broker has sent already, without waiting. False
+    // when the connection is gone (unconfirmed_ says why).
+    bool read_waiting_frames(std::vector<Outcome>* outcomes) {
+        while (amqp_frames_enqueued(conn_) || amqp_data_in_buffer(conn_) ||
+               readable(amqp_get_sockfd(conn_))) {
+            const Read read = read_frame(Clock::duration::zero(), outcomes);
+            if (read != Read::Handled) return read == Read::Nothing;
+        }
+        return true;
+    }
+
+    static bool readable(int fd) {
+        pollfd ready{fd, POLLIN, 0};
+        return poll(&ready, 1, 0) > 0;
+    }
+
+    // Waits until the broker unblocks the connection, the deadline passes or
+    // the relay is told to hurry. False when still blocked, or the
+    // connection is gone (then conn_ is null and unconfirmed_ says why).
+    bool await_unblocked(Clock::time_point deadline) {
+        std::vector<Outcome> none;  // no publishes of this group yet
+        while (!blocked_.empty() && !aborted_.load() && Clock::now() < deadline) {
+            const Clock::duration left = deadline - Clock::now();
+            if (read_frame(std::min<Clock::duration>(left, kShortWait), &none) == Read::Gone) return false;
+        }
+        return blocked_.empty();
+    }
+
+    enum class Read { Handled, Nothing, Gone };
+
+    // Reads and handles one frame, waiting at most `wait` for it. Gone: the
+    // connection was lost or closed (disconnected; unconfirmed_ says why).
+    Read read_frame(Clock::duration wait, std::vector<Outcome>* outcomes) {
+        timeval tv = timeval_of(wait);
+        amqp_maybe_release_buffers(conn_);
+        amqp_frame_t frame;
+        const int status = amqp_simple_wait_frame_noblock(conn_, &frame, &tv);
+        if (status == AMQP_STATUS_TIMEOUT) return Read::Nothing;
+        if (status != AMQP_STATUS_OK) {
+            unconfirmed_ = aborted_.load()
+                               ? std::string("the relay is stopping now")
+                               : std::string("AMQP connection lost: ") + amqp_error_string2(status);
+            disconnect(false);
+            return Read::Gone;
+        }
+        return handle(frame, outcomes) ? Read::Handled : Read::Gone;
+    }
+
+    std::string held_back() const {
+        return "RabbitMQ has blocked the connection (" + blocked_ + "): not published, no attempt counted";
+    }
+
+    std::string published_while_blocked() const {
+        return "published, not confirmed: RabbitMQ has blocked the connection (" + blocked_ +
+               "); no attempt counted (RabbitMQ may store it when the alarm clears)";
+    }
+
+    // One frame from the broker. False when it closed the channel or the
+    // connection (unconfirmed_ says why; disconnected).
+    bool handle(const amqp_frame_t& frame, std::vector<Outcome>* outcomes) {
+        if (frame.frame_type != AMQP_FRAME_METHOD) return true;
+        switch (frame.payload.method.id) {
+            case AMQP_BASIC_ACK_METHOD: {
+                const auto* ack = static_cast<amqp_basic_ack_t*>(frame.payload.method.decoded);
+                settle(ack->delivery_tag, ack->multiple != 0, true, outcomes);
+                return true;
             }
-            if (frame.frame_type != AMQP_FRAME_METHOD) continue;
-            switch (frame.payload.method.id) {
-                case AMQP_BASIC_ACK_METHOD: {
-                    const auto* ack = static_cast<amqp_basic_ack_t*>(frame.payload.method.decoded);
-                    settle(ack->delivery_tag, ack->multiple != 0, true, outcomes);
-                    break;
-                }
-                case AMQP_BASIC_NACK_METHOD: {
-                    const auto* nack = static_cast<amqp_basic_nack_t*>(frame.payload.method.decoded);
-                    settle(nack->delivery_tag, nack->multiple != 0, false, outcomes);
-                    break;
-                }
-                case AMQP_BASIC_RETURN_METHOD:
-                    if (!read_return(frame, outcomes)) return;
-                    break;
-                case AMQP_CHANNEL_CLOSE_METHOD:
-                case AMQP_CONNECTION_CLOSE_METHOD: {
-                    amqp_rpc_reply_t reply;
-                    reply.reply_type = AMQP_RESPONSE_SERVER_EXCEPTION;
-                    reply.reply = frame.payload.method;
-                    unconfirmed_ = "RabbitMQ " + reply_text(reply);
-                    refuse_oversized(unconfirmed_, outcomes);
-                    // A channel closed on an error (a missing exchange) is not
-                    // reopened here: the next group starts on a new connection.
-                    disconnect(false);
-                    return;
-                }
-                default: break;
+            case AMQP_BASIC_NACK_METHOD: {
+                const auto* nack = static_cast<amqp_basic_nack_t*>(frame.payload.method.decoded);
+                settle(nack->delivery_tag, nack->multiple != 0, false, outcomes);
+                return true;
             }
+            case AMQP_BASIC_RETURN_METHOD: return read_return(frame, outcomes);
+            case AMQP_CONNECTION_BLOCKED_METHOD: {
+                const auto* blocked = static_cast<amqp_connection_blocked_t*>(frame.payload.method.decoded);
+                blocked_ = blocked->reason.len > 0 ? text_of(blocked->reason) : "no reason given";
+                blocked_since_ = Clock::now();
+                log_warning("RabbitMQ blocked the connection (%s): publishing paused, the claimed events "
+                            "released with no attempt counted until it unblocks", log_safe(blocked_).c_str());
+                return true;
+            }
+            case AMQP_CONNECTION_UNBLOCKED_METHOD:
+                if (!blocked_.empty())
+                    log_info("RabbitMQ unblocked the connection after %.1f s: publishing again",
+                             std::chrono::duration<double>(Clock::now() - blocked_since_).count());
+                blocked_.clear();
+                return true;
+            case AMQP_CHANNEL_CLOSE_METHOD:
+            case AMQP_CONNECTION_CLOSE_METHOD: {
+                amqp_rpc_reply_t reply;
+                reply.reply_type = AMQP_RESPONSE_SERVER_EXCEPTION;
+                reply.reply = frame.payload.method;
+                unconfirmed_ = "RabbitMQ " + reply_text(reply);
+                refuse_oversized(unconfirmed_, outcomes);
+                // A channel closed on an error (a missing exchange) is not
+                // reopened here: the next group starts on a new connection.
+                disconnect(false);
+                return false;
+            }
+            default: return true;
         }
     }
 
@@ -488,6 +590,8 @@ private:
     std::unordered_map<std::size_t, std::string> returned_;     // slot: why it came back
     std::vector<std::size_t> body_sizes_;                         // slot: the message body's bytes
     std::string unconfirmed_;
+    std::string blocked_;  // while RabbitMQ blocks the connection: its reason
+    Clock::time_point blocked_since_{};
     const std::string topic_name_ = "X-Outbox-Topic";
     const std::string key_name_ = "X-Outbox-Key";
 };
