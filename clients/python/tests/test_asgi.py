@@ -791,3 +791,96 @@ def test_requests_after_the_server_closed_the_pools_connections_are_answered(new
                 return [(await client.post("/closed", headers={"idempotency-key": new_key()})).status_code
                         for _ in range(5)]
     assert asyncio.run(main()) == [201] * 5
+
+
+def after_closed_connections(admin, name, mode, handler, keys):
+    """Each of ``keys`` posted twice to ``handler`` (POST /closed, behind a
+    middleware in ``mode`` on a pool whose connections the server closed
+    first): the (status, Idempotent-Replayed) of the first requests and of
+    the repeats."""
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS, "application_name": name},
+                                       min_size=3, max_size=3) as pool:
+            await pool.wait()
+            app = FastAPI()
+            app.post("/closed")(handler)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope=name, mode=mode)
+            terminate_backends(admin, name)
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                async def post(key):
+                    res = await client.post("/closed", headers={"idempotency-key": key})
+                    return res.status_code, res.headers.get("idempotent-replayed")
+                first = [await post(key) for key in keys]
+                return first, [await post(key) for key in keys]
+    return asyncio.run(main())
+
+
+def test_transaction_mode_requests_after_the_server_closed_the_pools_connections_are_answered(new_key, admin):
+    # A restart closes the pool's idle connections: the key's transaction
+    # could not begin on them, and each request was answered 500 though
+    # nothing of it had run.
+    keys = [new_key() for _ in range(5)]
+
+    async def closed(request: Request):
+        ctx = request.state.idempotency
+        runs[ctx.key] += 1
+        await ctx.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'closed-tx')", (ctx.key,))
+        return JSONResponse({"written": True}, status_code=201)
+    first, again = after_closed_connections(admin, "idem-asgi-closed-tx", "transaction", closed, keys)
+    assert first == [(201, None)] * 5
+    assert again == [(201, "true")] * 5
+    assert [runs[key] for key in keys] == [1] * 5
+    assert [effects(admin, key) for key in keys] == [["closed-tx"]] * 5
+    assert [key_row(admin, key, "idem-asgi-closed-tx") for key in keys] == [("COMPLETED", 1)] * 5
+
+
+def test_register_mode_requests_after_the_server_closed_the_pools_connections_are_answered(new_key, admin):
+    keys = [new_key() for _ in range(5)]
+
+    async def closed(request: Request):
+        ctx = request.state.idempotency
+        runs[ctx.key] += 1
+        await idem.aenqueue(ctx.conn, "asgi.closed-jobs", {"key": ctx.key}, dedup_key=ctx.key)
+        return JSONResponse({"accepted": ctx.key}, status_code=202)
+    first, again = after_closed_connections(admin, "idem-asgi-closed-register", "register", closed, keys)
+    assert first == [(202, None)] * 5
+    assert again == [(409, None)] * 5      # registered: its worker has not completed it yet
+    assert [runs[key] for key in keys] == [1] * 5
+    assert [key_row(admin, key, "idem-asgi-closed-register")[0] for key in keys] == ["RECEIVED"] * 5
+    jobs = dict(admin.execute("SELECT payload->>'key', count(*) FROM idempotency.outbox"
+                              " WHERE topic = 'asgi.closed-jobs' GROUP BY 1").fetchall())
+    assert [jobs.get(key) for key in keys] == [1] * 5
+
+
+def test_transaction_mode_a_connection_lost_after_the_handler_ran_is_not_tried_again(new_key, admin):
+    # The handler's writes were lost with the key's transaction: a try on a
+    # fresh connection would run it a second time within one request. The
+    # request is answered 500, the key is left as if it never came, and the
+    # client's retry runs the handler.
+    key = new_key()
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS,
+                                               "application_name": "idem-asgi-cut-tx"},
+                                       min_size=2, max_size=2) as pool:
+            app = FastAPI()
+
+            @app.post("/cut")
+            async def cut(request: Request):
+                ctx = request.state.idempotency
+                runs[ctx.key] += 1
+                await ctx.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'cut-tx')", (ctx.key,))
+                if runs[ctx.key] == 1:
+                    terminate_backends(admin, "idem-asgi-cut-tx")
+                return JSONResponse({"written": True}, status_code=201)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope="asgi.cut-tx", mode="transaction")
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                first = await client.post("/cut", headers={"idempotency-key": key})
+                assert (first.status_code, runs[key]) == (500, 1), first.text
+                assert effects(admin, key) == [] and key_row(admin, key, "asgi.cut-tx") is None
+                return (await client.post("/cut", headers={"idempotency-key": key})).status_code
+    assert asyncio.run(main()) == 201
+    assert runs[key] == 2 and effects(admin, key) == ["cut-tx"]
+    assert key_row(admin, key, "asgi.cut-tx") == ("COMPLETED", 1)

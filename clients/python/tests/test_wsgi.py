@@ -396,3 +396,60 @@ def __getattr__(name):
         from django.urls import path
         return [path("orders", _django_orders), path("slow", _django_slow)]
     raise AttributeError(name)
+
+
+def test_flask_transaction_mode_requests_after_the_server_closed_the_pools_connections_are_answered(admin):
+    # A restart closes the pool's idle connections: the key's transaction
+    # could not begin on them, and each request was answered 500 though
+    # nothing of it had run.
+    keys = [f"c-{uuid.uuid4()}" for _ in range(5)]
+    with ConnectionPool(kwargs={"autocommit": True, "options": SETTINGS, "application_name": "idem-flask-closed-tx"},
+                        min_size=3, max_size=3) as closed_pool:
+        closed_pool.wait()
+        app = flask.Flask("closed-tx")
+        Idempotency(app, pool=closed_pool, scope="flask.closed-tx", paths=["/closed"], mode="transaction")
+
+        @app.post("/closed")
+        def closed():
+            ctx = context()
+            runs[ctx.key] += 1
+            ctx.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'flask-closed-tx')", (ctx.key,))
+            return flask.jsonify(written=True), 201
+        terminate_backends(admin, "idem-flask-closed-tx")
+        client = app.test_client()
+        first = [post(client, "/closed", key) for key in keys]
+        again = [post(client, "/closed", key) for key in keys]
+    assert [(a.status_code, a.headers.get("Idempotent-Replayed")) for a in first] == [(201, None)] * 5
+    assert [(a.status_code, a.headers.get("Idempotent-Replayed")) for a in again] == [(201, "true")] * 5
+    assert [runs[key] for key in keys] == [1] * 5
+    assert [effects(admin, key) for key in keys] == [["flask-closed-tx"]] * 5
+    assert [key_row(admin, key, "flask.closed-tx") for key in keys] == [("COMPLETED", 1)] * 5
+
+
+def test_flask_transaction_mode_a_connection_lost_after_the_handler_ran_is_not_tried_again(admin):
+    # The handler's writes were lost with the key's transaction: a try on a
+    # fresh connection would run it a second time within one request. The
+    # request is answered 500, the key is left as if it never came, and the
+    # client's retry runs the handler.
+    key = f"c-{uuid.uuid4()}"
+    with ConnectionPool(kwargs={"autocommit": True, "options": SETTINGS, "application_name": "idem-flask-cut-tx"},
+                        min_size=2, max_size=2) as cut_pool:
+        app = flask.Flask("cut-tx")
+        Idempotency(app, pool=cut_pool, scope="flask.cut-tx", paths=["/cut"], mode="transaction")
+
+        @app.post("/cut")
+        def cut():
+            ctx = context()
+            runs[ctx.key] += 1
+            ctx.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'flask-cut-tx')", (ctx.key,))
+            if runs[ctx.key] == 1:
+                terminate_backends(admin, "idem-flask-cut-tx")
+            return flask.jsonify(written=True), 201
+        client = app.test_client()
+        first = post(client, "/cut", key)
+        assert (first.status_code, runs[key]) == (500, 1), first.data
+        assert effects(admin, key) == [] and key_row(admin, key, "flask.cut-tx") is None
+        again = post(client, "/cut", key)
+    assert again.status_code == 201, again.data
+    assert runs[key] == 2 and effects(admin, key) == ["flask-cut-tx"]
+    assert key_row(admin, key, "flask.cut-tx") == ("COMPLETED", 1)

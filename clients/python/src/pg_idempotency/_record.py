@@ -10,7 +10,9 @@ counts in that time. A try whose answer was lost may have committed: the
 next one then finds the key no longer PROCESSING (IK003), and the key
 itself says whether this claim's record is the one it holds. A middleware's
 claim is tried again too (claim_tried_again), so that a request after a
-restart is not answered 500 by a connection the restart closed."""
+restart is not answered 500 by a connection the restart closed; in the
+transaction and register modes, the key's transaction is, until its
+handler starts."""
 
 import asyncio
 import time
@@ -78,8 +80,9 @@ class _ClaimTries:
 
 
 def claim_tried_again(pool, run):
-    """``run()``, a claim on a connection of ``pool``, tried again after a
-    lost connection (_ClaimTries)."""
+    """``run()``, a claim on a connection of ``pool`` (or the key's
+    transaction, raising only before its handler starts), tried again after
+    a lost connection (_ClaimTries)."""
     tries = _ClaimTries(pool)
     while True:
         try:

@@ -315,8 +315,8 @@ class IdempotencyMiddleware:
         job = JobState(context.key, context.request, self.scope, self.lease, None)
         ran = {}
 
-        async def attempt():
-            row = {"outcome": "error"}      # what the wait is told when the database failed (ran["response"])
+        async def once():
+            handler_started = False
             async with pool.connection() as conn:
                 try:
                     async with conn.transaction() as tx:
@@ -326,17 +326,31 @@ class IdempotencyMiddleware:
                         if row["outcome"] not in ("claimed", "registered"):
                             return row
                         ran["done"] = self.owners.hold(job)
+                        handler_started = True
                         ran["response"], keep = await self._handle_in(conn, row, job, context, scope, receive)
                         if not keep:
                             raise psycopg.Rollback(tx)  # as if the request never came; the response is sent
                 except _AppFailed as failed:
                     raise failed.error
                 except psycopg.Error as exc:
+                    # Before the handler nothing ran and nothing committed:
+                    # raised, to be tried again on a fresh connection. After
+                    # it, its writes were lost with the transaction, and it
+                    # must not run twice in one request: a retryable 500.
+                    if not handler_started:
+                        raise
                     ran["response"] = unrecorded(job.key, exc)
                 finally:
                     if "done" in ran:
                         self.owners.release(job, ran.pop("done"))
             return row
+
+        async def attempt():
+            try:
+                return await _record.aclaim_tried_again(pool, once)
+            except psycopg.Error as exc:
+                ran["response"] = unrecorded(job.key, exc)
+                return {"outcome": "error"}     # what the wait is told when the database failed
 
         row = await self.owners.claim(attempt, job, 0 if registering else self.wait)
         response = ran.get("response") or self._answer(row, job, scope)

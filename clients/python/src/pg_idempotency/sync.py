@@ -254,8 +254,8 @@ class SyncIdempotency:
         job = JobState(context.key, context.request, self.scope, self.lease, None)
         ran = {}
 
-        def attempt():
-            row = {"outcome": "error"}      # what the wait is told when the database failed (ran["response"])
+        def once():
+            handler_started = False
             with pool.connection() as conn:
                 try:
                     with conn.transaction() as tx:
@@ -263,17 +263,31 @@ class SyncIdempotency:
                         if row["outcome"] != "claimed":
                             return row
                         ran["done"] = self.owners.hold(job)
+                        handler_started = True
                         ran["response"], keep = self._handle_in(conn, row, job, context, call)
                         if not keep:
                             raise psycopg.Rollback(tx)
                 except _AppFailed as failed:
                     raise failed.error
                 except psycopg.Error as exc:
+                    # Before the handler nothing ran and nothing committed:
+                    # raised, to be tried again on a fresh connection. After
+                    # it, its writes were lost with the transaction, and it
+                    # must not run twice in one request: a retryable 500.
+                    if not handler_started:
+                        raise
                     ran["response"] = unrecorded(job.key, exc)
                 finally:
                     if "done" in ran:
                         self.owners.release(job, ran.pop("done"))
             return row
+
+        def attempt():
+            try:
+                return _record.claim_tried_again(pool, once)
+            except psycopg.Error as exc:
+                ran["response"] = unrecorded(job.key, exc)
+                return {"outcome": "error"}     # what the wait is told when the database failed
 
         row = self.owners.claim(attempt, job, self.wait)
         return ran.get("response") or self._answer(row, job, http)
