@@ -59,6 +59,24 @@ sub fenced_with_waiting_heartbeat
 	return $beat;
 }
 
+# heartbeat_result(SESSION): the heartbeat's answer (stdout) and error
+# (stderr) once its statement has ended, which it does once the holder's
+# transaction has. A refused heartbeat ends its psql (ON_ERROR_STOP), so no
+# query may be sent after it: the session's output is read as it comes.
+sub heartbeat_result
+{
+	my ($beat) = @_;
+	poll_until(
+		60,
+		sub {
+			eval { $beat->{run}->pump_nb if $beat->{run}->pumpable };
+			$beat->{stdout} =~ /beat:/ || $beat->{stderr} =~ /ERROR/;
+		});
+	my @result = ($beat->{stdout}, $beat->{stderr});
+	eval { $beat->quit };
+	return @result;
+}
+
 # fenced_round(KEY, CLAIM_ARGS): the holder's fenced transaction, a
 # heartbeat waiting for it past the lease, then the commit and a claim
 # (idem_claim(KEY CLAIM_ARGS)) in one query. Returns the claim's outcome and
@@ -73,10 +91,7 @@ sub fenced_round
 	$holder->{stderr} = '';
 	my $claim = $holder->query(
 		"COMMIT \\; SELECT 'claim:' || outcome FROM idempotency.idem_claim('$key'$claim_args);");
-	# A refused heartbeat ends its psql (ON_ERROR_STOP): its error is on stderr.
-	my $answer = eval { $beat->query('SELECT 1') } // '';
-	my $beat_stderr = $beat->{stderr};
-	eval { $beat->quit };
+	my ($answer, $beat_stderr) = heartbeat_result($beat);
 	my $outcome = $claim =~ /claim:(\w+)/ ? $1 : "none ($claim $holder->{stderr})";
 	my $renewed = $answer =~ /beat:true/ ? 'renewed' : "refused ($beat_stderr)";
 	return ($outcome, $renewed);
@@ -122,10 +137,9 @@ rounds('fenced-waiting', ", wait => '5 s'");
 	# Had the claim waited for the heartbeat, the deadlock check would have
 	# ended one of the two: the claim, or (when the claim came within
 	# deadlock_timeout of the heartbeat's wait) the heartbeat.
-	eval { $beat->query('SELECT 1') };
-	like($beat->{stderr}, qr/stale token/,
+	my (undef, $beat_stderr) = heartbeat_result($beat);
+	like($beat_stderr, qr/stale token/,
 		'own-row: the heartbeat is then refused, as the key was claimed again (no deadlock)');
-	eval { $beat->quit };
 }
 
 $holder->quit;
