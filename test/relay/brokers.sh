@@ -455,31 +455,49 @@ alarm_pid=$relay_pid
 # blocked its connection.
 held_back() { grep -c 'not published, no attempt counted' "$dir/$1.err"; }
 # published_while_blocked RELAY: the events it published before it read
-# RabbitMQ's connection.blocked (the broker may store them once the alarm
-# clears: the copies an alarm may add).
+# RabbitMQ's connection.blocked, and those published on a connection cut
+# before it could (the broker may store them once the alarm clears: the
+# copies an alarm may add).
 published_while_blocked() {
-    grep -o '[0-9]*: published, not confirmed: RabbitMQ has blocked' "$dir/$1.err" |
-        awk -F: '{ n += $1 } END { print n + 0 }'
+    local held cut
+    held=$(grep -o '[0-9]*: published, not confirmed: RabbitMQ has blocked' "$dir/$1.err" |
+        awk -F: '{ n += $1 } END { print n + 0 }')
+    cut=$(grep -c 'failed, will be retried: published, not confirmed' "$dir/$1.err")
+    echo $((held + cut))
 }
+# attempts_counted: the attempts of r_alarm's events, not counting those of
+# the events in flight right now (a claim counts one, a release gives it
+# back).
+counted_sql="SELECT sum(attempts) - count(*) FILTER (WHERE state = 'in_flight') FROM idempotency.outbox WHERE topic = 'r_alarm'"
+attempts_counted() { sql -c "$counted_sql"; }
 # in_flight_overdue: events in flight whose lease has run out (another relay
 # could take them over while they are still being published).
 overdue=0
-paused_again_and_again() {
+paused_after() {
     local n
     n=$(sql -c "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_alarm' AND state = 'in_flight' AND lease_until < now()")
     [ "${n:-0}" -gt "$overdue" ] && overdue=$n
-    [ "$(held_back r_alarm1)" -ge 2 ]
+    [ "$(held_back r_alarm1)" -ge "$1" ]
 }
-if wait_until 60 paused_again_and_again; then
-    ok "alarm: the blocked connection publishes nothing, group after group (released within --http-timeout)"
+# Once the relay has read the notice it keeps the connection and counts no
+# attempt. A publish cut before (its write blocked before the notice could be
+# read: on a busy machine, for large messages) counts its attempt, as a
+# publish the broker does not read.
+if wait_until 60 paused_after 1; then
+    counted=$(attempts_counted)
+    if wait_until 60 paused_after 3; then
+        ok "alarm: the blocked connection publishes nothing, group after group (released within --http-timeout)"
+    else
+        not_ok "alarm: the blocked connection publishes nothing, group after group (released within --http-timeout)" \
+            "$(states r_alarm)" "$(tail -n 5 "$dir/r_alarm1.err")"
+    fi
+    check "alarm: no attempt counted once the relay read the notice, no event dead ($counted before, $(attempts_counted) after; $(states r_alarm))" \
+        sql_is "SELECT ($counted_sql) = $counted AND NOT EXISTS (SELECT FROM idempotency.outbox WHERE topic = 'r_alarm' AND state = 'dead')" t
 else
-    not_ok "alarm: the blocked connection publishes nothing, group after group (released within --http-timeout)" \
-        "$(states r_alarm)" "$(tail -n 5 "$dir/r_alarm1.err")"
+    not_ok "alarm: the relay reads RabbitMQ's notice and holds the events back" "$(states r_alarm)" "$(tail -n 5 "$dir/r_alarm1.err")"
 fi
 check "alarm: the relay says RabbitMQ blocked the connection, and why" \
     grep -q 'RabbitMQ blocked the connection (low on memory): publishing paused' "$dir/r_alarm1.err"
-check "alarm: no attempt counted while blocked, no event dead ($(states r_alarm))" \
-    sql_is "SELECT count(*) FROM idempotency.outbox WHERE topic = 'r_alarm' AND (attempts > 0 OR state NOT IN ('pending', 'in_flight'))" 0
 check "alarm: no event in flight past its lease (at most $overdue seen)" test "$overdue" -eq 0
 started=$SECONDS
 stop_relay "$alarm_pid" 30
