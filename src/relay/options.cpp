@@ -492,7 +492,8 @@ awaited at once, within --http-timeout):
                        the publish is cut at --http-timeout, before the lease
                        ends; retried, as a nack
   connection lost      retried, as a nack, on a new connection
-  larger than NATS's max_payload
+  larger than NATS's max_payload, or than the stream's max_msg_size
+  (JetStream error 10054); headers over the stream's limit (10097)
                        dead
   larger than RabbitMQ's max_message_size
                        that message dead; the others of its group retried,
@@ -501,8 +502,9 @@ awaited at once, within --http-timeout):
                        dead, before it is published
   auth refused: NATS or RabbitMQ refused the user, password or token; a
   missing RabbitMQ vhost; a TLS certificate not trusted (see --ca-file)
-  stream missing: JetStream's API says no stream takes the subject; a
-  missing RabbitMQ exchange
+  stream missing: JetStream's API says no stream takes the subject, or
+  nothing serves it for the account (no JetStream); a missing RabbitMQ
+  exchange
                        the sink is misconfigured: the relay stops (exit 1)
                        and says why, the events stay pending, attempts not
                        counted

@@ -6,6 +6,8 @@ JetStream's API and a subscription) and RabbitMQ through pika.
   brokers.py nats-stream PORT STREAM SUBJECT...   create a file stream
   brokers.py nats-stream-window PORT STREAM SECONDS SUBJECT...
                                                   ... with that duplicate window
+  brokers.py nats-stream-max-msg-size PORT STREAM BYTES SUBJECT...
+                                                  ... refusing larger messages
   brokers.py nats-dump PORT STREAM OUT            every message, as JSON lines
   brokers.py nats-count PORT STREAM               how many messages it holds
   brokers.py nats-up PORT                         exit 0 once JetStream answers
@@ -136,9 +138,11 @@ def js(port, api, body=None):
     return reply
 
 
-def nats_stream(port, stream, subjects, window=120.0):
-    js(port, "STREAM.CREATE." + stream, {"name": stream, "subjects": subjects, "storage": "file",
-                                         "duplicate_window": int(window * 10**9)})
+def nats_stream(port, stream, subjects, window=120.0, max_msg_size=None):
+    config = {"name": stream, "subjects": subjects, "storage": "file", "duplicate_window": int(window * 10**9)}
+    if max_msg_size is not None:
+        config["max_msg_size"] = max_msg_size
+    js(port, "STREAM.CREATE." + stream, config)
 
 
 def nats_up(port):
@@ -245,15 +249,19 @@ def check(dump, ids_file, once):
     lines = [line.split() for line in open(ids_file) if line.strip()]
     expected = [int(fields[0]) for fields in lines]
     wanted_msg_id = {int(fields[0]): fields[1] for fields in lines if len(fields) > 1}
+    # On NATS the message id names the subject first (a stream may take
+    # several topics): "subject key".
+    def msg_id_of(arrival, key):
+        return arrival["subject"] + " " + key if "subject" in arrival else key
     arrivals = [json.loads(line) for line in open(dump)]
     seen, msg_ids, problems = {}, {}, []
     for a in arrivals:
         seen[a["id"]] = seen.get(a["id"], 0) + 1
         if msg_ids.setdefault(a["id"], a["msg_id"]) != a["msg_id"]:
             problems.append("event %d arrived with two message ids" % a["id"])
-        if a["id"] in wanted_msg_id and a["msg_id"] != wanted_msg_id[a["id"]]:
+        if a["id"] in wanted_msg_id and a["msg_id"] != msg_id_of(a, wanted_msg_id[a["id"]]):
             problems.append("event %d arrived with message id %r, not %r"
-                            % (a["id"], a["msg_id"], wanted_msg_id[a["id"]]))
+                            % (a["id"], a["msg_id"], msg_id_of(a, wanted_msg_id[a["id"]])))
             break
     missing = [i for i in expected if i not in seen]
     if missing:
@@ -290,6 +298,8 @@ def main(argv):
         nats_stream(int(argv[2]), argv[3], argv[4:])
     elif command == "nats-stream-window":
         nats_stream(int(argv[2]), argv[3], argv[5:], float(argv[4]))
+    elif command == "nats-stream-max-msg-size":
+        nats_stream(int(argv[2]), argv[3], argv[5:], max_msg_size=int(argv[4]))
     elif command == "nats-dump":
         nats_dump(int(argv[2]), argv[3], argv[4])
     elif command == "nats-up":

@@ -327,6 +327,28 @@ check "NATS kill: the $unacked unacked events published again, the stream said d
 run_outage NATS "$nats_sink" stop_nats start_nats 'NATS|PubAck' $brokers nats-dump "$nats_port" N_OUTAGE
 run_drain NATS "$nats_sink" $brokers nats-dump "$nats_port" N_DRAIN
 
+# One stream for two topics that use the same dedup_keys (the outbox keeps
+# a dedup_key unique within its topic): 20 distinct events, none dropped by
+# JetStream as the repeat of another.
+$brokers nats-stream "$nats_port" N_SHARED outbox.n_shared_a outbox.n_shared_b || give_up "cannot create stream N_SHARED"
+sql -c "SELECT idempotency.outbox_enqueue(t, jsonb_build_object('seq', g), 'k' || g, NULL, 'order-' || g)
+          FROM generate_series(1, 10) g, unnest(ARRAY['n_shared_a', 'n_shared_b']) t" >/dev/null
+once n_shared 60 --dsn "$dsn" --sink "$nats_sink" --topics n_shared_a,n_shared_b
+check "NATS shared stream: two topics with the same dedup_keys, all 20 in the stream, none counted duplicate ($(final_line n_shared | grep -o 'duplicates=[0-9]*'))" \
+    test "$($brokers nats-count "$nats_port" N_SHARED)" = 20 -a "$(final_line n_shared | grep -o 'duplicates=[0-9]*')" = duplicates=0
+
+# A message larger than the stream's max_msg_size can never be stored: dead
+# at once with JetStream's reason, not retried through every attempt while
+# its key's next events wait.
+$brokers nats-stream-max-msg-size "$nats_port" N_SMALL 600 outbox.n_small || give_up "cannot create stream N_SMALL"
+sql -c "SELECT idempotency.outbox_enqueue('n_small', jsonb_build_object('seq', g, 'pad', repeat('x', CASE WHEN g = 2 THEN 1000 ELSE 10 END)), 'one')
+          FROM generate_series(1, 3) g" >/dev/null
+once n_small 60 --dsn "$dsn" --sink "$nats_sink" --topics n_small
+check "NATS max_msg_size: the larger event dead after one attempt with JetStream's reason, the one before it delivered ($(states n_small))" \
+    sql_is "SELECT string_agg(state || ':' || attempts, ' ' ORDER BY id) || ' '
+                   || bool_and(last_error LIKE '%message size exceeds maximum%') FILTER (WHERE state = 'dead')
+              FROM idempotency.outbox WHERE topic = 'n_small'" "delivered:1 dead:1 pending:0 true"
+
 # ---------------------------------------------------------------- RabbitMQ
 log "RabbitMQ"
 for topic in r_order r_lanes r_kill r_outage r_drain; do
@@ -576,6 +598,8 @@ start_nats auth "$nats_auth_port" --user relay --pass right
 misconfigured "NATS credentials" "nats://relay:wrong@127.0.0.1:$nats_auth_port/outbox" n_badauth \
     "NATS refused the relay's credentials"
 misconfigured "NATS stream" "$nats_sink" n_nostream "no JetStream stream takes subject outbox.n_nostream"
+misconfigured "NATS without JetStream" "nats://relay:right@127.0.0.1:$nats_auth_port/outbox" n_nojs \
+    "NATS has no JetStream for the relay's account"
 misconfigured "RabbitMQ password" "amqp://guest:wrong@127.0.0.1:$amqp_port/" r_badauth \
     "RabbitMQ refused the relay's login"
 misconfigured "RabbitMQ vhost" "amqp://guest:guest@127.0.0.1:$amqp_port/no-such-vhost" r_badvhost \

@@ -1,5 +1,7 @@
 #include "relay/sinks/broker_address.hpp"
 
+#include "relay/sinks/http_headers.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -229,6 +231,10 @@ bool parse_amqp_url(const std::string& url, AmqpAddress* address, std::string* e
 
 std::string idempotency_key(const Event& event) {
     return event.dedup_key ? *event.dedup_key : "outbox-" + std::to_string(event.id);
+}
+
+std::string nats_message_id(const std::string& subject, const Event& event) {
+    return encode_header_value(subject) + " " + encode_header_value(idempotency_key(event));
 }
 
 }  // namespace idem::relay

@@ -41,4 +41,11 @@ bool parse_amqp_url(const std::string& url, AmqpAddress* address, std::string* e
 // outbox-<id>.
 std::string idempotency_key(const Event& event);
 
+// The Nats-Msg-Id of an event published to subject. JetStream drops a
+// message whose id it holds anywhere in the stream, and one stream may take
+// several topics (and several databases' outboxes, each under its own
+// prefix), whose idempotency keys are unique within their topic only: the
+// subject, a space (never in a subject), then the key as a header value.
+std::string nats_message_id(const std::string& subject, const Event& event);
+
 }  // namespace idem::relay

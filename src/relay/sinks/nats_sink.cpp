@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <strings.h>
@@ -37,7 +38,18 @@ std::string status_text(natsStatus status) { return natsStatus_GetText(status); 
 
 // What the relay knows of the stream a subject goes to (checked once per
 // subject and delivery thread, before its first publish).
-enum class Stream { Unknown, Found, Missing };
+// NoJetStream: the account has no JetStream at all (a server without -js,
+// an account without it).
+enum class Stream { Unknown, Found, Missing, NoJetStream };
+
+// JetStream's error codes for a message that the stream refuses whatever
+// the time: larger than its max_msg_size, headers over its limit. Dead at
+// once, as RabbitMQ's max_message_size (retried, each would keep its key
+// waiting through every attempt's backoff).
+constexpr int kMessageTooLarge = 10054;
+constexpr int kHeadersTooLarge = 10097;
+// "jetstream not enabled for account": the account's answer.
+constexpr int kJetStreamNotEnabled = 10039;
 
 // The first string of a JSON array's text (["A","B"] -> A); "" if none.
 std::string first_string(const std::string& array) {
@@ -188,8 +200,11 @@ private:
 
     // The stream that takes subject, asked of JetStream's API (bounded by
     // the group's deadline). Missing only when the API answered that no
-    // stream takes it; Unknown when the API did not answer (a server still
-    // starting: the publish is tried, and retried as usual).
+    // stream takes it; NoJetStream when nothing serves the API for the
+    // account (no responders) or it says JetStream is not enabled; Unknown
+    // when the API did not answer in time or answered another error (a
+    // cluster electing its leader: the publish is tried, and retried as
+    // usual).
     Stream find_stream(const std::string& subject, Clock::time_point deadline) {
         const long long left =
             std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
@@ -198,10 +213,11 @@ private:
         append_json_string(body, subject);
         body += "}";
         natsMsg* reply = nullptr;
-        if (natsConnection_RequestString(&reply, conn_, "$JS.API.STREAM.NAMES", body.c_str(),
-                                         left) != NATS_OK) {
+        const natsStatus asked =
+            natsConnection_RequestString(&reply, conn_, "$JS.API.STREAM.NAMES", body.c_str(), left);
+        if (asked != NATS_OK) {
             natsMsg_Destroy(reply);
-            return Stream::Unknown;
+            return asked == NATS_NO_RESPONDERS ? Stream::NoJetStream : Stream::Unknown;
         }
         JsonMembers members;
         const bool parsed = parse_json_object(
@@ -211,12 +227,22 @@ private:
         if (!parsed) return Stream::Unknown;
         std::string stream;
         for (const auto& [name, value] : members) {
-            if (name == "error") return Stream::Unknown;
+            if (name == "error") return error_code(value) == kJetStreamNotEnabled ? Stream::NoJetStream
+                                                                                 : Stream::Unknown;
             if (name == "streams") stream = first_string(value);
         }
         if (stream.empty()) return Stream::Missing;
         check_window(stream, subject);
         return Stream::Found;
+    }
+
+    // The err_code of a JetStream API error object; 0 if none.
+    static int error_code(const std::string& error) {
+        JsonMembers members;
+        if (!parse_json_object(error, &members)) return 0;
+        for (const auto& [name, value] : members)
+            if (name == "err_code") return std::atoi(value.c_str());
+        return 0;
     }
 
     // A repeat publish (after a lost ack, a retry) comes at the latest a
@@ -249,9 +275,13 @@ private:
         Stream& known = streams_[subject];
         if (known != Stream::Found) {
             known = find_stream(subject, deadline);
-            if (known == Stream::Missing) {
-                fault_.set("no JetStream stream takes subject " + subject +
-                           " (create a stream for it, or check the prefix of --sink)");
+            if (known == Stream::Missing || known == Stream::NoJetStream) {
+                fault_.set(known == Stream::Missing
+                               ? "no JetStream stream takes subject " + subject +
+                                     " (create a stream for it, or check the prefix of --sink)"
+                               : "NATS has no JetStream for the relay's account (subject " + subject +
+                                     "): start nats-server with JetStream (-js), or enable it for "
+                                     "the account of --sink's user");
                 set_outcome(slot, Outcome::skip(fault_.reason()));
                 return;
             }
@@ -269,8 +299,7 @@ private:
             if (status == NATS_OK)
                 status = natsMsgHeader_Set(message, "Content-Type", content_type.c_str());
             if (status == NATS_OK)
-                status = natsMsgHeader_Set(message, "Nats-Msg-Id",
-                                           encode_header_value(idempotency_key(event)).c_str());
+                status = natsMsgHeader_Set(message, "Nats-Msg-Id", nats_message_id(subject, event).c_str());
         }
         if (status != NATS_OK) {
             natsMsg_Destroy(message);
@@ -314,6 +343,9 @@ private:
                 if (ack != nullptr) {
                     outcome = Outcome::ack();
                     outcome.duplicate = ack->Duplicate;
+                } else if (error != nullptr &&
+                           (error->ErrCode == kMessageTooLarge || error->ErrCode == kHeadersTooLarge)) {
+                    outcome = Outcome::dead(ack_error(message, error));
                 } else {
                     outcome = Outcome::retry(ack_error(message, error));
                     if (error != nullptr && error->Err == NATS_NO_RESPONDERS)

@@ -87,6 +87,29 @@ TEST(IdempotencyKey, DedupKeyOrOutboxId) {
     EXPECT_EQ(idempotency_key(e), "order-7");
 }
 
+// One stream may take several topics, and a dedup_key is unique within its
+// topic only: the message id names the subject too, so that two events
+// never share one.
+TEST(IdempotencyKey, NatsMessageIdNamesTheSubject) {
+    Event paid, refunded;
+    paid.id = 1;
+    paid.dedup_key = "order-7";
+    refunded.id = 2;
+    refunded.dedup_key = "order-7";
+    EXPECT_EQ(nats_message_id("outbox.order.paid", paid), "outbox.order.paid order-7");
+    EXPECT_NE(nats_message_id("outbox.order.paid", paid), nats_message_id("outbox.order.refunded", refunded));
+    // Two databases' events of one id, each under its own prefix.
+    Event first, other;
+    first.id = other.id = 5;
+    EXPECT_NE(nats_message_id("billing.t", first), nats_message_id("crm.t", other));
+    // The key is written as a header value: its space cannot pose as the
+    // separator (topic "a", key "b c" against topic "a b", key "c").
+    Event spaced;
+    spaced.id = 3;
+    spaced.dedup_key = "b c";
+    EXPECT_EQ(nats_message_id("p.a", spaced), "p.a b%20c");
+}
+
 // amqps:// is RabbitMQ over TLS, on 5671 unless a port is given.
 TEST(RelayBrokerAddress, AmqpsIsTls) {
     AmqpAddress a;
