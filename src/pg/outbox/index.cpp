@@ -29,14 +29,14 @@ namespace {
 // The outbox's ready-queue indexes and the columns read, for one layout of
 // the extension's objects (an index replaced by REINDEX CONCURRENTLY,
 // dropped and created again, or renamed, is found again by its shape).
-struct Layout {
+// The columns and states the indexes' shapes name are its base (their
+// key_collation, of the key column, is the index expression's).
+struct Layout : OutboxShapeColumns {
     std::uint64_t layout;
     Oid ready;      // (topic, ready_at, id) WHERE ready_at IS NOT NULL
     Oid ready_all;  // (ready_at, id) WHERE ready_at IS NOT NULL
     Oid key_order;  // (hash of topic and key, COALESCE(key_seq, id), id) WHERE not delivered AND keyed
-    AttrNumber id, ready_at, state, attempts, max_attempts, key_seq, topic, key;
-    Oid key_collation;  // of the topic and key columns: the index expression's
-    Datum pending, in_flight, dead;
+    AttrNumber attempts, max_attempts;
     Oid id_sequence;
 };
 
@@ -106,15 +106,10 @@ const Layout& layout() {
     found.pending = outbox_state_value("pending");
     found.in_flight = outbox_state_value("in_flight");
     found.dead = outbox_state_value("dead");
-    Oid topic_collation = InvalidOid;
-    get_atttypetypmodcoll(objects.outbox, found.topic, &type, &typmod, &topic_collation);
-    const OutboxShapeColumns shape{found.id,      found.ready_at,  found.state,
-                                   found.key_seq, found.topic,     found.key,
-                                   topic_collation, found.key_collation,
-                                   found.pending, found.in_flight, found.dead};
-    found.ready = outbox_index(objects, OutboxIndex::Ready, shape);
-    found.ready_all = outbox_index(objects, OutboxIndex::ReadyAll, shape);
-    found.key_order = outbox_index(objects, OutboxIndex::KeyOrder, shape);
+    get_atttypetypmodcoll(objects.outbox, found.topic, &type, &typmod, &found.topic_collation);
+    found.ready = outbox_index(objects, OutboxIndex::Ready, found);
+    found.ready_all = outbox_index(objects, OutboxIndex::ReadyAll, found);
+    found.key_order = outbox_index(objects, OutboxIndex::KeyOrder, found);
     const Datum sequence = DirectFunctionCall2(
         pg_get_serial_sequence,
         CStringGetTextDatum(qualified_table_name(objects.outbox)), CStringGetTextDatum("id"));

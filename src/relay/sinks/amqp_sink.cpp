@@ -405,17 +405,26 @@ private:
     // deadline passes or the relay is told to hurry.
     void await(Clock::time_point deadline, std::vector<Outcome>* outcomes) {
         unconfirmed_ = "no confirm within " + std::to_string(timeout_.count()) + " ms";
-        while (!by_tag_.empty()) {
+        read_until(deadline, [this] { return by_tag_.empty(); }, outcomes);
+    }
+
+    // Reads and handles the broker's frames until done(), the deadline passes
+    // or the relay is told to hurry. False when the connection is gone (then
+    // conn_ is null and unconfirmed_ says why).
+    template <typename Done>
+    bool read_until(Clock::time_point deadline, Done done, std::vector<Outcome>* outcomes) {
+        while (!done()) {
             if (aborted_.load()) {
                 unconfirmed_ = "the relay is stopping now";
-                return;
+                return true;
             }
             const Clock::time_point now = Clock::now();
-            if (now >= deadline) return;
+            if (now >= deadline) return true;
             // Short waits, so that a stop is noticed.
             if (read_frame(std::min<Clock::duration>(deadline - now, kShortWait), outcomes) == Read::Gone)
-                return;
+                return false;
         }
+        return true;
     }
 
     // Reads the frames the broker has sent already, without waiting. False
@@ -439,11 +448,7 @@ private:
     // connection is gone (then conn_ is null and unconfirmed_ says why).
     bool await_unblocked(Clock::time_point deadline) {
         std::vector<Outcome> none;  // no publishes of this group yet
-        while (!blocked_.empty() && !aborted_.load() && Clock::now() < deadline) {
-            const Clock::duration left = deadline - Clock::now();
-            if (read_frame(std::min<Clock::duration>(left, kShortWait), &none) == Read::Gone) return false;
-        }
-        return blocked_.empty();
+        return read_until(deadline, [this] { return blocked_.empty(); }, &none) && blocked_.empty();
     }
 
     enum class Read { Handled, Nothing, Gone };
