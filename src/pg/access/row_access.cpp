@@ -158,7 +158,7 @@ bool lock_found(OpenTable* table, RowLock lock) {
     ItemPointerData queued = tid;
     const bool check_queue = lock == RowLock::ForUpdateIfNoneWaits &&
                              !TransactionIdIsCurrentTransactionId(row_holder(table->found));
-    if (check_queue && !ConditionalLockTuple(table->heap, &queued, ExclusiveLock)) return false;
+    if (check_queue && !try_lock_tuple(table->heap, &queued, ExclusiveLock)) return false;
     const TM_Result result = table_tuple_lock(
         table->heap, &tid, GetActiveSnapshot(), table->found, GetCurrentCommandId(true),
         LockTupleNoKeyExclusive, skip ? LockWaitSkip : LockWaitBlock,

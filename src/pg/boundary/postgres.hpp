@@ -236,6 +236,16 @@ inline IndexScanDesc begin_index_scan(Relation table, Relation index, Snapshot s
 #endif
 }
 
+// The tuple lock of `tid` in `mode` if no one holds it, without waiting
+// (and, from PostgreSQL 18 on, without logging the miss).
+inline bool try_lock_tuple(Relation relation, ItemPointer tid, LOCKMODE mode) {
+#if PG_VERSION_NUM >= 180000
+    return ConditionalLockTuple(relation, tid, mode, false);
+#else
+    return ConditionalLockTuple(relation, tid, mode);
+#endif
+}
+
 // Whether transaction `xid` has ended, without waiting for it.
 inline bool transaction_ended(TransactionId xid) {
 #if PG_VERSION_NUM >= 180000
