@@ -853,6 +853,44 @@ def test_register_mode_requests_after_the_server_closed_the_pools_connections_ar
     assert [jobs.get(key) for key in keys] == [1] * 5
 
 
+def test_transaction_mode_a_connection_lost_at_the_handlers_savepoint_is_tried_again(new_key, admin, monkeypatch):
+    # The savepoint a final answer rolls back to is set before the handler
+    # runs: lost there, nothing of the request has run, and the key's
+    # transaction is tried again on a fresh connection (it was answered 500).
+    key, name = new_key(), "idem-asgi-savepoint"
+    execute, cut = psycopg.AsyncConnection.execute, []
+
+    async def cut_at_savepoint(self, query, *args, **kwargs):
+        if not cut and str(query).startswith("SAVEPOINT"):
+            # This connection's session only, ended before the statement
+            # is sent (waits until it is gone).
+            cut.append(admin.execute("SELECT pg_terminate_backend(%s, 30000)",
+                                     (self.info.backend_pid,)).fetchone()[0])
+        return await execute(self, query, *args, **kwargs)
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", cut_at_savepoint)
+
+    async def main():
+        async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS, "application_name": name},
+                                       min_size=2, max_size=2) as pool:
+            app = FastAPI()
+
+            @app.post("/savepoint")
+            async def handler(request: Request):
+                ctx = request.state.idempotency
+                runs[ctx.key] += 1
+                await ctx.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'savepoint')", (ctx.key,))
+                return JSONResponse({"written": True}, status_code=201)
+            app.add_middleware(IdempotencyMiddleware, pool=pool, scope=name, mode="transaction")
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                res = await client.post("/savepoint", headers={"idempotency-key": key})
+                return res.status_code, res.text
+    status, text = asyncio.run(main())
+    assert (cut, status) == ([True], 201), text
+    assert runs[key] == 1 and effects(admin, key) == ["savepoint"]
+    assert key_row(admin, key, name) == ("COMPLETED", 1)
+
+
 def test_transaction_mode_a_connection_lost_after_the_handler_ran_is_not_tried_again(new_key, admin):
     # The handler's writes were lost with the key's transaction: a try on a
     # fresh connection would run it a second time within one request. The

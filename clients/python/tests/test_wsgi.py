@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -424,6 +425,38 @@ def test_flask_transaction_mode_requests_after_the_server_closed_the_pools_conne
     assert [runs[key] for key in keys] == [1] * 5
     assert [effects(admin, key) for key in keys] == [["flask-closed-tx"]] * 5
     assert [key_row(admin, key, "flask.closed-tx") for key in keys] == [("COMPLETED", 1)] * 5
+
+
+def test_flask_transaction_mode_a_connection_lost_at_the_handlers_savepoint_is_tried_again(admin, monkeypatch):
+    # The savepoint a final answer rolls back to is set before the handler
+    # runs: lost there, nothing of the request has run, and the key's
+    # transaction is tried again on a fresh connection (it was answered 500).
+    key, name = f"c-{uuid.uuid4()}", "idem-flask-savepoint"
+    execute, cut = psycopg.Connection.execute, []
+
+    def cut_at_savepoint(self, query, *args, **kwargs):
+        if not cut and str(query).startswith("SAVEPOINT"):
+            # This connection's session only, ended before the statement
+            # is sent (waits until it is gone).
+            cut.append(admin.execute("SELECT pg_terminate_backend(%s, 30000)",
+                                     (self.info.backend_pid,)).fetchone()[0])
+        return execute(self, query, *args, **kwargs)
+    monkeypatch.setattr(psycopg.Connection, "execute", cut_at_savepoint)
+    with ConnectionPool(kwargs={"autocommit": True, "options": SETTINGS, "application_name": name},
+                        min_size=2, max_size=2) as savepoint_pool:
+        app = flask.Flask("savepoint")
+        Idempotency(app, pool=savepoint_pool, scope=name, paths=["/savepoint"], mode="transaction")
+
+        @app.post("/savepoint")
+        def handler():
+            ctx = context()
+            runs[ctx.key] += 1
+            ctx.conn.execute("INSERT INTO effects (key, worker) VALUES (%s, 'flask-savepoint')", (ctx.key,))
+            return flask.jsonify(written=True), 201
+        res = post(app.test_client(), "/savepoint", key)
+    assert (cut, res.status_code) == ([True], 201), res.data
+    assert runs[key] == 1 and effects(admin, key) == ["flask-savepoint"]
+    assert key_row(admin, key, name) == ("COMPLETED", 1)
 
 
 def test_flask_transaction_mode_a_connection_lost_after_the_handler_ran_is_not_tried_again(admin):

@@ -326,6 +326,7 @@ class IdempotencyMiddleware:
                         if row["outcome"] not in ("claimed", "registered"):
                             return row
                         ran["done"] = self.owners.hold(job)
+                        await conn.execute(f"SAVEPOINT {_SAVEPOINT}")   # a final answer rolls back to it
                         handler_started = True
                         ran["response"], keep = await self._handle_in(conn, row, job, context, scope, receive)
                         if not keep:
@@ -365,7 +366,6 @@ class IdempotencyMiddleware:
         context.token, context.attempt, context.conn = job.token, job.attempt, conn
         if not registering:
             context.steps, context.connection = job.steps, lambda: contextlib.nullcontext(conn)
-        await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
         recorder = _Recorder()
         try:
             await self.app(scope, receive, recorder.send)

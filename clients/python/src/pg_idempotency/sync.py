@@ -263,6 +263,7 @@ class SyncIdempotency:
                         if row["outcome"] != "claimed":
                             return row
                         ran["done"] = self.owners.hold(job)
+                        conn.execute(f"SAVEPOINT {_SAVEPOINT}")   # a final answer rolls back to it
                         handler_started = True
                         ran["response"], keep = self._handle_in(conn, row, job, context, call)
                         if not keep:
@@ -296,7 +297,6 @@ class SyncIdempotency:
         job.answered(row)
         context.token, context.attempt, context.conn = job.token, job.attempt, conn
         context.steps, context.connection = job.steps, lambda: contextlib.nullcontext(conn)
-        conn.execute(f"SAVEPOINT {_SAVEPOINT}")
         try:
             response = call(context)
         except Exception as exc:
