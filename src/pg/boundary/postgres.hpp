@@ -21,6 +21,7 @@ extern "C" {
 #include "nodes/nodeFuncs.h"
 #include "storage/latch.h"
 #include "storage/lmgr.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/guc.h"
@@ -243,6 +244,15 @@ inline bool try_lock_tuple(Relation relation, ItemPointer tid, LOCKMODE mode) {
     return ConditionalLockTuple(relation, tid, mode, false);
 #else
     return ConditionalLockTuple(relation, tid, mode);
+#endif
+}
+
+// This backend's number among the server's processes (its PGPROC's).
+inline int my_proc_number() {
+#if PG_VERSION_NUM >= 170000
+    return MyProcNumber;
+#else
+    return MyProc->pgprocno;
 #endif
 }
 

@@ -60,9 +60,28 @@ struct ParkedPool {
     Parked entries[FLEXIBLE_ARRAY_MEMBER];
 };
 
+// A committing transaction with adjustments, in its backend's slot from
+// PRE_COMMIT until its commit callback has run. PostgreSQL runs that
+// callback after the commit became visible: a recount whose snapshot sees
+// the transaction in between counts its rows, and may even end before the
+// callback. It marks the transaction counted, and the callback then adds
+// nothing.
+// A slot is one word, so that a recount marks the transaction it read and
+// never the next one of that backend: 0 (none), or the xid shifted left by
+// one with the low bit set once a recount's snapshot saw it.
+struct CommittingSlot {
+    pg_atomic_uint64 state;
+};
+
+constexpr std::uint64_t announced_state(TransactionId xid) {
+    return static_cast<std::uint64_t>(xid) << 1;
+}
+constexpr std::uint64_t kCounted = 1;
+
 LWLock* lock = nullptr;
 Recount* recount = nullptr;
 ParkedPool* parked = nullptr;
+CommittingSlot* committing = nullptr;  // one per backend (MaxBackends)
 
 int parked_capacity() { return max_prepared_xacts * (1 + kParkedPerPrepared); }
 
@@ -76,6 +95,15 @@ int max_in_progress() { return MaxBackends + max_prepared_xacts; }
 Size recount_size() {
     return add_size(offsetof(Recount, xip),
                     mul_size(sizeof(TransactionId), static_cast<Size>(max_in_progress())));
+}
+
+Size committing_size() { return mul_size(sizeof(CommittingSlot), static_cast<Size>(MaxBackends)); }
+
+// This backend's slot (none for an auxiliary process, or without shared memory).
+CommittingSlot* my_committing_slot() {
+    const int number = my_proc_number();
+    return committing != nullptr && number >= 0 && number < MaxBackends ? &committing[number]
+                                                                         : nullptr;
 }
 
 void add_signed(pg_atomic_uint64* value, std::int64_t delta) {
@@ -120,6 +148,8 @@ HTAB* pending = nullptr;
 bool pending_any = false;
 Oid pending_tables[2] = {InvalidOid, InvalidOid};
 TransactionId committing_xid = InvalidTransactionId;
+// committing_xid is in this backend's CommittingSlot.
+bool announced = false;
 // The transaction truncated a counted table: its commit makes the counts unknown.
 bool truncated = false;
 // The entry the last adjustment went to: a claim or an ack adjusts one
@@ -186,6 +216,38 @@ Pending* pending_entry(GaugeFamily family, const text* name) {
     return last_pending;
 }
 
+// At PRE_COMMIT, before the commit is visible: the slot holds the xid
+// before any recount can see the transaction.
+void announce_committing(TransactionId xid) {
+    CommittingSlot* slot = my_committing_slot();
+    if (slot == nullptr || !TransactionIdIsValid(xid)) return;
+    pg_atomic_write_u64(&slot->state, announced_state(xid));
+    announced = true;
+}
+
+void withdraw_committing() {
+    if (!announced) return;
+    pg_atomic_write_u64(&my_committing_slot()->state, 0);
+    announced = false;
+}
+
+// Whether a recount saw this transaction committed (its rows are counted).
+bool counted_by_a_recount() {
+    return announced && (pg_atomic_read_u64(&my_committing_slot()->state) & kCounted) != 0;
+}
+
+// At a recount's start, under the exclusive lock: the announced
+// transactions its snapshot sees committed are marked counted.
+void mark_counted_commits() {
+    for (int i = 0; i < MaxBackends; ++i) {
+        std::uint64_t state = pg_atomic_read_u64(&committing[i].state);
+        const auto xid = static_cast<TransactionId>(state >> 1);
+        if (state == 0 || (state & kCounted) != 0 || !recount_sees(xid)) continue;
+        // Fails only when the backend has moved on from that transaction.
+        (void)pg_atomic_compare_exchange_u64(&committing[i].state, &state, state | kCounted);
+    }
+}
+
 void forget_pending() {
     last_pending = nullptr;
     if (pending_any) {
@@ -196,6 +258,7 @@ void forget_pending() {
     }
     pending_any = false;
     nested_count = 0;
+    withdraw_committing();
     committing_xid = InvalidTransactionId;
     truncated = false;
 }
@@ -226,8 +289,11 @@ bool counts_take(Oid database_id, const Oid tables[2], TransactionId xid) {
     return false;
 }
 
-// The same for this transaction, committing.
-bool counts_take_changes() { return counts_take(MyDatabaseId, pending_tables, committing_xid); }
+// The same for this transaction, committing: never when a recount has
+// counted its rows already (even one that has ended since).
+bool counts_take_changes() {
+    return !counted_by_a_recount() && counts_take(MyDatabaseId, pending_tables, committing_xid);
+}
 
 // At commit (or prepare): nothing here may raise an error. Names already
 // known are added to under the shared lock; new ones are made under the
@@ -435,7 +501,10 @@ void abandon_recount() {
 void on_transaction_end(XactEvent event, void*) {
     switch (event) {
         case XACT_EVENT_PRE_COMMIT:
-            if (pending_any) committing_xid = GetTopTransactionIdIfAny();
+            if (pending_any) {
+                committing_xid = GetTopTransactionIdIfAny();
+                announce_committing(committing_xid);
+            }
             return;
         case XACT_EVENT_PRE_PREPARE:
             // Every prepared transaction is parked, with or without
@@ -605,6 +674,9 @@ Snapshot begin_recount(const TransactionId* prepared, int prepared_count) {
     recount->xmax = snapshot->xmax;
     recount->xcnt = std::min<int>(static_cast<int>(snapshot->xcnt), max_in_progress());
     std::memcpy(recount->xip, snapshot->xip, sizeof(TransactionId) * recount->xcnt);
+    // The transactions this snapshot sees committed whose commit callbacks
+    // have not run yet: counted here, their callbacks add nothing.
+    mark_counted_commits();
     set_state(database, recount_settles_parked(prepared, prepared_count) ? CountState::Counting
                                                                           : CountState::Stale);
     pg_atomic_write_u64(&database->values[1], objects.keys);
@@ -653,8 +725,9 @@ void end_recount() {
 }
 
 Size gauges_size() {
-    return add_size(add_size(gauge_table_size(), MAXALIGN(recount_size())),
-                    MAXALIGN(parked_size()));
+    return add_size(add_size(add_size(gauge_table_size(), MAXALIGN(recount_size())),
+                             MAXALIGN(parked_size())),
+                    MAXALIGN(committing_size()));
 }
 
 void request_gauges_lock() { RequestNamedLWLockTranche(kTrancheName, 1); }
@@ -671,6 +744,11 @@ void init_gauges() {
         std::memset(parked, 0, parked_size());
         pg_atomic_init_u32(&parked->used, 0);
         parked->capacity = parked_capacity();
+    }
+    committing = static_cast<CommittingSlot*>(
+        ShmemInitStruct("idempotency committing transactions", committing_size(), &found));
+    if (!found) {
+        for (int i = 0; i < MaxBackends; ++i) pg_atomic_init_u64(&committing[i].state, 0);
     }
     lock = &(GetNamedLWLockTranche(kTrancheName))->lock;
 }

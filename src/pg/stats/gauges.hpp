@@ -14,7 +14,10 @@
 // idempotency.request_sweep()); until then they are unknown and committing
 // transactions leave them alone. A recount reads the tables with one
 // snapshot and keeps the adjustments of the transactions that snapshot does
-// not see, so it misses and repeats none. Rows written other than through
+// not see, so it misses and repeats none: a transaction is visible before
+// its commit callback adds its adjustments, and one the snapshot saw in
+// between is marked counted, so that its callback adds nothing even after
+// the recount has ended. Rows written other than through
 // the extension's functions are not counted until the next recount; a
 // TRUNCATE of their tables has them recounted at its commit.
 //
