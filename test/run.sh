@@ -293,10 +293,14 @@ else
         out=$(pooled_output "$suite").log
         [ -s "$out" ] || out=$(pooled_output "test/$suite").log  # a TAP file
         [ -s "$out" ] || continue
-        echo "--- what failed in $suite, then its last lines"
-        grep -E '(^|[[:space:]])not ok |--- FAIL|FAILED|DIVERGENCE|[Ee]rror: ' "$out" | head -n 20
-        grep -A 4 '^#   Failed test' "$out" | head -n 40
+        # Its last lines first, what failed after them: a reader of only
+        # the end of the log sees what failed.
+        echo "--- the last lines of $suite"
         tail -n 30 "$out"
+        echo "--- what failed in $suite"
+        grep -E '(^|[[:space:]])not ok |--- FAIL|FAILED|[Ee]rror: ' "$out" | head -n 20
+        grep -A 4 '^#   Failed test' "$out" | head -n 40
+        grep -A 6 'DIVERGENCE' "$out" | head -n 20
     done
     echo "failed suites: ${failures[*]} (outputs kept in $stage)"
 fi

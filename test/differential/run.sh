@@ -86,10 +86,13 @@ else
 fi
 [ -n "${DIFF_REFERENCES:-}" ] && args+=(--references "$DIFF_REFERENCES")
 [ -n "${DIFF_INCLUDE_KNOWN:-}" ] && args+=(--include-known "$DIFF_INCLUDE_KNOWN")
-(cd "$dir" && as_pg /usr/bin/python3 "$dir/driver.py" "${args[@]}")
-status=$?
+(cd "$dir" && as_pg /usr/bin/python3 "$dir/driver.py" "${args[@]}" 2>&1) | tee "$dir/driver.out"
+status=${PIPESTATUS[0]}
 if [ "$status" -ne 0 ]; then
     echo "differential: the server's log ends with:" >&2
     tail -n 15 "$dir/server.log" >&2
+    # What diverged again, last: it is what a reader of the end looks for.
+    echo "differential: what failed:" >&2
+    grep -A 8 -E 'DIVERGENCE|not reached|Traceback' "$dir/driver.out" | tail -n 40 >&2
 fi
 exit "$status"
