@@ -35,45 +35,70 @@ $node->safe_psql('postgres', $complete->('r0'));
 ok(poll_until(30, sub { $node->safe_psql('postgres', $counts) eq '1 commits' }),
 	'one completed key, kept by the commits');
 
-# The held session: its next commit waits, visible, while the file exists.
+# The held session: its commits wait, visible, while the file exists.
 my $held = $node->background_psql('postgres');
 my $held_pid = $held->query_safe('SELECT pg_backend_pid()');
 $held->query_safe("LOAD '$module'");
 my $hold = "$dir/hold";
 $held->query_safe("SET hold_commit.while_file = '$hold'");
-open(my $file, '>', $hold) or die "cannot create $hold: $!";
-close($file);
-$held->query_until(qr/sent/, "\\echo sent\n" . $complete->('r1') . "\n");
-ok( poll_until(
-		30,
-		sub {
-			$node->safe_psql('postgres',
-				q{SELECT status FROM idempotency.idempotency_keys WHERE scope = 'r' AND key = 'r1'})
-			  eq 'COMPLETED';
-		}),
-	'the held commit is visible to other sessions');
+
+# Completes `key` in the held session and returns once its commit is
+# visible to other sessions, its callbacks not yet run.
+my $complete_held = sub {
+	my ($key) = @_;
+	open(my $file, '>', $hold) or die "cannot create $hold: $!";
+	close($file);
+	$held->query_until(qr/sent/, "\\echo sent\n" . $complete->($key) . "\n");
+	ok( poll_until(
+			30,
+			sub {
+				$node->safe_psql('postgres',
+					qq{SELECT status FROM idempotency.idempotency_keys WHERE scope = 'r' AND key = '$key'})
+				  eq 'COMPLETED';
+			}),
+		"the held commit of $key is visible to other sessions");
+};
+
+# Lets the held commit's callbacks run, and waits until it has ended.
+my $release = sub {
+	unlink($hold) or die "cannot remove $hold: $!";
+	ok( poll_until(
+			60,
+			sub {
+				$node->safe_psql('postgres',
+					"SELECT state FROM pg_stat_activity WHERE pid = $held_pid") eq 'idle';
+			}),
+		'the held commit ends');
+};
 
 # A recount now: it sees r1 committed, counts it, and ends.
+$complete_held->('r1');
 $node->safe_psql('postgres', 'SELECT idempotency.request_sweep()');
 ok(poll_until(30, sub { $node->safe_psql('postgres', $counts) eq '2 commits' }),
 	'a recount counts the held commit\'s key and ends');
-
-# The held commit's callbacks run.
-unlink($hold) or die "cannot remove $hold: $!";
-ok( poll_until(
-		60,
-		sub {
-			$node->safe_psql('postgres', "SELECT state FROM pg_stat_activity WHERE pid = $held_pid")
-			  eq 'idle';
-		}),
-	'the held commit ends');
-$held->quit;
+$release->();
 is($node->safe_psql('postgres', $counts), '2 commits',
 	'its commit callback did not count its key a second time');
 
 # And the counts go on from there.
 $node->safe_psql('postgres', $complete->('r2'));
 is($node->safe_psql('postgres', $counts), '3 commits', 'a later commit adds its key once');
+
+# Another database's recount, while a commit here is held, does not count
+# it (it reads its own tables): its callback adds it here.
+$node->safe_psql('postgres', 'CREATE DATABASE other');
+$node->safe_psql('other', 'CREATE EXTENSION idempotency');
+my $other_counts = q{SELECT completed || ' ' || counted_by FROM idempotency.idem_stats WHERE scope = 'o'};
+$node->safe_psql('other',
+	q{SELECT idempotency.idem_complete('o0', (idempotency.idem_claim('o0', scope => 'o')).token, scope => 'o')});
+$complete_held->('r3');
+$node->safe_psql('other', 'SELECT idempotency.request_sweep()');
+ok(poll_until(30, sub { $node->safe_psql('other', $other_counts) eq '1 commits' }),
+	'the other database\'s recount ends');
+$release->();
+is($node->safe_psql('postgres', $counts), '4 commits',
+	'the held commit\'s callback counted its key: the other database\'s recount had not');
+$held->quit;
 
 $node->stop;
 done_testing();

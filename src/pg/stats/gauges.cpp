@@ -66,11 +66,14 @@ struct ParkedPool {
 // the transaction in between counts its rows, and may even end before the
 // callback. It marks the transaction counted, and the callback then adds
 // nothing.
-// A slot is one word, so that a recount marks the transaction it read and
-// never the next one of that backend: 0 (none), or the xid shifted left by
-// one with the low bit set once a recount's snapshot saw it.
+// The state is one word, so that a recount marks the transaction it read
+// and never the next one of that backend: 0 (none), or the xid shifted left
+// by one with the low bit set once a recount's snapshot saw it. A recount
+// marks only its own database's: another database's commit is not in its
+// counts.
 struct CommittingSlot {
     pg_atomic_uint64 state;
+    pg_atomic_uint32 database;  // written before the state
 };
 
 constexpr std::uint64_t announced_state(TransactionId xid) {
@@ -221,6 +224,8 @@ Pending* pending_entry(GaugeFamily family, const text* name) {
 void announce_committing(TransactionId xid) {
     CommittingSlot* slot = my_committing_slot();
     if (slot == nullptr || !TransactionIdIsValid(xid)) return;
+    pg_atomic_write_u32(&slot->database, MyDatabaseId);
+    pg_write_barrier();
     pg_atomic_write_u64(&slot->state, announced_state(xid));
     announced = true;
 }
@@ -237,12 +242,16 @@ bool counted_by_a_recount() {
 }
 
 // At a recount's start, under the exclusive lock: the announced
-// transactions its snapshot sees committed are marked counted.
+// transactions of its database that its snapshot sees committed are marked
+// counted.
 void mark_counted_commits() {
     for (int i = 0; i < MaxBackends; ++i) {
         std::uint64_t state = pg_atomic_read_u64(&committing[i].state);
+        pg_read_barrier();
         const auto xid = static_cast<TransactionId>(state >> 1);
-        if (state == 0 || (state & kCounted) != 0 || !recount_sees(xid)) continue;
+        if (state == 0 || (state & kCounted) != 0 ||
+            pg_atomic_read_u32(&committing[i].database) != recount->database || !recount_sees(xid))
+            continue;
         // Fails only when the backend has moved on from that transaction.
         (void)pg_atomic_compare_exchange_u64(&committing[i].state, &state, state | kCounted);
     }
@@ -748,7 +757,10 @@ void init_gauges() {
     committing = static_cast<CommittingSlot*>(
         ShmemInitStruct("idempotency committing transactions", committing_size(), &found));
     if (!found) {
-        for (int i = 0; i < MaxBackends; ++i) pg_atomic_init_u64(&committing[i].state, 0);
+        for (int i = 0; i < MaxBackends; ++i) {
+            pg_atomic_init_u64(&committing[i].state, 0);
+            pg_atomic_init_u32(&committing[i].database, InvalidOid);
+        }
     }
     lock = &(GetNamedLWLockTranche(kTrancheName))->lock;
 }
