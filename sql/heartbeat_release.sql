@@ -60,6 +60,27 @@ SELECT :'hb'::timestamptz > clock_timestamp() + interval '9 min' AS default_exte
 SELECT idempotency.idem_heartbeat('hb-1', pg_temp.tok('h1'), '5s') <= clock_timestamp() + interval '5s' AS shortened;
 -- Competing claims see the extended lease.
 SELECT outcome, retry_after > '0' AND retry_after <= '5s' AS lease_left FROM idempotency.idem_claim('hb-1');
+-- A renewal slowed by a busy server (here by a user's BEFORE UPDATE trigger
+-- that takes 50 ms) writes the row once: only one that took a tenth of its
+-- extension (at least 10 ms) waited for the row, and is made again from
+-- when it got it (isolation test heartbeat_after_fence).
+CREATE TABLE hb_writes (lease_until timestamptz);
+CREATE FUNCTION hb_slow_write() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    IF NEW.key = 'hb-slow' THEN
+        INSERT INTO public.hb_writes VALUES (NEW.lease_until);
+        PERFORM pg_sleep(0.05);
+    END IF;
+    RETURN NEW;
+END $f$;
+CREATE TRIGGER hb_slow BEFORE UPDATE ON idempotency.idempotency_keys
+    FOR EACH ROW EXECUTE FUNCTION hb_slow_write();
+SELECT * FROM pg_temp.show('h9', idempotency.idem_claim('hb-slow', lease => '1 min'));
+SELECT idempotency.idem_heartbeat('hb-slow', pg_temp.tok('h9'), '1 hour') > clock_timestamp() + interval '59 min' AS renewed;
+SELECT count(*) AS writes_for_one_hour FROM hb_writes;
+DROP TRIGGER hb_slow ON idempotency.idempotency_keys;
+DROP FUNCTION hb_slow_write();
+DROP TABLE hb_writes;
 -- Refusals: IK002 unknown key, IK001 a token that is not the key's.
 SELECT pg_temp.try($$SELECT idempotency.idem_heartbeat('hb-missing', 1)$$);
 SELECT pg_temp.try($$SELECT idempotency.idem_heartbeat('hb-1', pg_temp.tok('h1') + 1000000)$$);

@@ -2,6 +2,8 @@
 // idem_heartbeat, idem_release and idem_assert_owner. Each checks the token
 // with the core's fencing rules (pg/keys/holder_fence.hpp) and raises
 // IK001/IK002/IK003 otherwise.
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "core/retry.hpp"
 #include "pg/access/status_enum.hpp"
@@ -126,8 +128,13 @@ Datum fail_body(FunctionCallInfo fcinfo) {
     return status_datum(get_fn_expr_rettype(fcinfo->flinfo), decision.next);
 }
 
-// Longer than an update that found the row free takes: the renewal waited.
-constexpr Micros kWaitedForRow = 10 * 1000;
+// A renewal that took a tenth of its extension, and at least this, waited
+// for the row. Relative, so that a renewal slowed by a busy server (tens
+// of milliseconds) is not made twice: a second row version, and its WAL,
+// for a lease that lost a negligible part of its length.
+constexpr Micros kShortestWaitForRow = 10 * 1000;
+
+Micros waited_for_row(Micros extend) { return std::max(kShortestWaitForRow, extend / 10); }
 
 Datum heartbeat_body(FunctionCallInfo fcinfo) {
     const KeyId id = key_id_arg(fcinfo, 0, 3);
@@ -151,7 +158,7 @@ Datum heartbeat_body(FunctionCallInfo fcinfo) {
         // from before the wait, the lease could end before the call
         // returned, and the key be taken over as soon as that transaction
         // committed. Now the row is this call's, so the second does not wait.
-        if (waited || GetCurrentTimestamp() - now < kWaitedForRow) break;
+        if (waited || GetCurrentTimestamp() - now < waited_for_row(extend)) break;
         waited = true;
         close_key(&row);
         find_as_holder(HolderCall::Heartbeat, id, token, false, &stored, &row);
