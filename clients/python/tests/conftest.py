@@ -101,11 +101,12 @@ def expire_result(admin, key, scope="default"):
 
 def terminate_backends(admin, application_name):
     """Ends the server sessions of ``application_name``, as a restart does,
-    and waits until they are gone."""
-    admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-                  (application_name,))
+    and waits until they are gone. Those ended are waited for, not the name:
+    a pool still opening a connection opens it with that name afterwards."""
+    pids = [pid for (pid, ended) in admin.execute(
+        "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+        (application_name,)).fetchall() if ended]
     deadline = time.monotonic() + 30
-    while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                        (application_name,)).fetchone()[0] > 0:
-        assert time.monotonic() < deadline, "the sessions did not end"
+    while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()[0] > 0:
+        assert time.monotonic() < deadline, f"the sessions {pids} did not end"
         time.sleep(0.05)

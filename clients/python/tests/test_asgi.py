@@ -902,6 +902,7 @@ def test_transaction_mode_a_connection_lost_after_the_handler_ran_is_not_tried_a
         async with AsyncConnectionPool(kwargs={"autocommit": True, "options": SETTINGS,
                                                "application_name": "idem-asgi-cut-tx"},
                                        min_size=2, max_size=2) as pool:
+            await pool.wait()   # both connections are open when the server ends them
             app = FastAPI()
 
             @app.post("/cut")

@@ -467,6 +467,7 @@ def test_flask_transaction_mode_a_connection_lost_after_the_handler_ran_is_not_t
     key = f"c-{uuid.uuid4()}"
     with ConnectionPool(kwargs={"autocommit": True, "options": SETTINGS, "application_name": "idem-flask-cut-tx"},
                         min_size=2, max_size=2) as cut_pool:
+        cut_pool.wait()     # both connections are open when the server ends them
         app = flask.Flask("cut-tx")
         Idempotency(app, pool=cut_pool, scope="flask.cut-tx", paths=["/cut"], mode="transaction")
 
